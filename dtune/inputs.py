@@ -1,0 +1,230 @@
+"""Input contract of every dtune op: validation before any launch, the problem's shape, and random test inputs.
+
+:func:`check_inputs` turns the tensors a user passes into a :class:`Problem` (or raises a ``ValueError`` /
+``TypeError`` naming the offending argument). :func:`make_inputs` draws inputs that obey the contract —
+L2-normalised keys, strong decays, beta in (0, 1) — for tests, the correctness gate and benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Gate(str, Enum):
+    """How the state decays each step: not at all (DeltaNet), by a scalar (Gated DeltaNet), per key channel (KDA)."""
+
+    NONE = "none"
+    SCALAR = "scalar"
+    CHANNEL = "channel"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Shape of one call: what tuned configs are keyed and bucketed by."""
+
+    B: int  # batch rows (1 with cu_seqlens)
+    T: int  # tokens per row
+    H: int  # query/key heads
+    HV: int  # value heads (HV % H == 0)
+    K: int  # key head dim
+    V: int  # value head dim
+    N: int  # sequences (B, or len(cu_seqlens) - 1)
+    gate: Gate = Gate.NONE
+    varlen: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gate"] = self.gate.value
+        return d
+
+
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name not in FLOAT_DTYPES:
+            raise ValueError(f"dtype {name} is not supported; use one of fp32, fp16, bf16")
+        return name
+    try:
+        return DTYPE_NAMES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPE_NAMES)}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, dt in DTYPE_NAMES.items():
+        if dt == dtype:
+            return name
+    raise ValueError(f"dtype {dtype} is not supported; use one of {', '.join(DTYPE_NAMES)}")
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run under the interpreter (TRITON_INTERPRET=1) on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _need_tensor(name: str, x: Any, ndim: int) -> Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def _need_float(name: str, x: Tensor) -> None:
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+
+
+def check_inputs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: Gate,
+    scale: float | None,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+) -> Problem:
+    """Validate one call's arguments against the contract; return its :class:`Problem`."""
+    _need_tensor("q", q, 4)
+    _need_tensor("k", k, 4)
+    _need_tensor("v", v, 4)
+    _need_tensor("beta", beta, 3)
+    if q.shape != k.shape:
+        raise ValueError(
+            f"q and k must have the same shape [B, T, H, K], got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    B, T, H, K = q.shape
+    if v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B, T, HV, V] with B={B}, T={T} as in q, got v {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if min(B, H, K, HV, V) < 1:
+        raise ValueError(f"empty dimension: q {tuple(q.shape)}, v {tuple(v.shape)}")
+    if HV % H != 0:
+        raise ValueError(f"v has HV={HV} value heads, which is not a multiple of q/k's H={H} heads")
+    if beta.shape != (B, T, HV):
+        raise ValueError(f"beta must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("beta", beta)):
+        _need_float(name, x)
+    if gate is Gate.NONE:
+        if g is not None:
+            raise ValueError("g must be None for the ungated delta rule")
+    else:
+        want = (B, T, HV) if gate is Gate.SCALAR else (B, T, HV, K)
+        if not isinstance(g, torch.Tensor):
+            raise TypeError(f"g must be a torch.Tensor of shape {list(want)} (log-space gate), got {type(g).__name__}")
+        if tuple(g.shape) != want:
+            kind = (
+                "[B, T, HV] (one log decay per value head)"
+                if gate is Gate.SCALAR
+                else "[B, T, HV, K] (per key channel)"
+            )
+            raise ValueError(f"g must have shape {kind} = {want}, got {tuple(g.shape)}")
+        _need_float("g", g)
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+
+    N = B
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be 1-D with at least 2 offsets, got shape {tuple(cu_seqlens.shape)}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs the sequences packed into B = 1, got B = {B}")
+        offs = cu_seqlens.tolist()
+        if offs[0] != 0 or offs[-1] != T:
+            raise ValueError(f"cu_seqlens must run from 0 to T = {T}, got {offs[0]} ... {offs[-1]}")
+        if any(b < a for a, b in zip(offs[:-1], offs[1:])):
+            raise ValueError("cu_seqlens must be non-decreasing")
+        N = len(offs) - 1
+
+    if initial_state is not None:
+        _need_tensor("initial_state", initial_state, 4)
+        if tuple(initial_state.shape) != (N, HV, K, V):
+            raise ValueError(
+                f"initial_state must have shape [N, HV, K, V] = {(N, HV, K, V)}, got {tuple(initial_state.shape)}"
+            )
+        _need_float("initial_state", initial_state)
+
+    named: list[tuple[str, Tensor | None]] = [
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("beta", beta),
+        ("g", g),
+        ("initial_state", initial_state),
+        ("cu_seqlens", cu_seqlens),
+    ]
+    for name, x in named:
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all tensors must be on one device")
+    if q.device.type == "cpu" and not interpreting():
+        raise RuntimeError(
+            "dtune's Triton kernels need a CUDA GPU: move the tensors to 'cuda', or run on the CPU under "
+            "Triton's interpreter with TRITON_INTERPRET=1 set before importing dtune"
+        )
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"tensors on {q.device.type!r} are not supported; use a CUDA GPU")
+    return Problem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None)
+
+
+def make_inputs(
+    problem: Problem,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    gate_min: float = -5.0,
+    seq_lens: list[int] | None = None,
+    initial_state: bool = True,
+) -> dict[str, Any]:
+    """Random inputs obeying the contract: unit-norm q/k, log gates uniform-ish in [gate_min, 0), beta in (0, 1).
+
+    With ``seq_lens`` the sequences are packed (B = 1) and ``cu_seqlens`` is returned. Gates are drawn in
+    float32 (as models keep them); q, k, v, beta in ``dtype``; the initial state in float32.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    p = problem
+    B, T = p.B, p.T
+    cu = None
+    if seq_lens is not None:
+        B, T = 1, sum(seq_lens)
+        cu = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
+
+    def rnd(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    q = torch.nn.functional.normalize(rnd(B, T, p.H, p.K), dim=-1)
+    k = torch.nn.functional.normalize(rnd(B, T, p.H, p.K), dim=-1)
+    v = rnd(B, T, p.HV, p.V)
+    beta = torch.rand(B, T, p.HV, generator=gen) * 0.98 + 0.01
+    g: Tensor | None = None
+    if p.gate is not Gate.NONE:
+        shape = (B, T, p.HV) if p.gate is Gate.SCALAR else (B, T, p.HV, p.K)
+        # A mix of strong and weak decays: 30% of entries near gate_min, the rest spread over (gate_min, 0).
+        u = torch.rand(*shape, generator=gen)
+        g = torch.where(torch.rand(*shape, generator=gen) < 0.3, gate_min * (0.8 + 0.2 * u), gate_min * u**3)
+    n_seq = len(seq_lens) if seq_lens is not None else B
+    h0 = rnd(n_seq, p.HV, p.K, p.V) * 0.5 if initial_state else None
+    out: dict[str, Any] = {
+        "q": q.to(dtype),
+        "k": k.to(dtype),
+        "v": v.to(dtype),
+        "g": g,
+        "beta": beta.to(dtype),
+        "initial_state": h0,
+        "cu_seqlens": cu,
+    }
+    return {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in out.items()}

@@ -1,0 +1,1 @@
+"""Chunkwise templates (issue 3)."""

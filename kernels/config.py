@@ -1,0 +1,38 @@
+"""Launch configurations: the tunable parameters of a kernel template, checked before any launch.
+
+A template declares every parameter that changes speed and the values each may take (``legal``); a
+config is a plain dict naming some of them. :func:`check_config` merges a user's (or the tuner's)
+config over the template's default and rejects unknown keys and illegal values with a clear error.
+Which of the legal configurations are *fast* or *safe* on a given GPU is the search space's business
+(``search_spaces/*.toml``); legality here only means "the template can be built with it".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+Config = dict[str, Any]
+
+
+def check_config(
+    kernel: str, legal: Mapping[str, tuple[Any, ...]], default: Config, config: Mapping[str, Any] | None
+) -> Config:
+    """Return ``default`` updated with ``config``; ValueError naming any unknown key or illegal value."""
+    if config is None:
+        return dict(default)
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config for {kernel} must be a dict of template parameters, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(legal))
+    if unknown:
+        raise ValueError(f"config for {kernel}: unknown parameter(s) {unknown}; known: {sorted(legal)}")
+    merged = dict(default)
+    for name, value in config.items():
+        if value not in legal[name] or isinstance(value, bool) != isinstance(legal[name][0], bool):
+            raise ValueError(f"config for {kernel}: {name}={value!r} is not one of {list(legal[name])}")
+        merged[name] = value
+    return merged
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()

@@ -1,0 +1,170 @@
+"""Fused-recurrent template: one program per (sequence, value head, V tile) walks the tokens in order.
+
+The state tile ``[BK, BV]`` (all key channels, a slice of value channels) lives in registers in float32;
+each token applies decay -> predict -> correct -> write -> read (DESIGN.md §1). The key dimension cannot be
+split (the prediction ``Sᵀk`` reduces over all of K), so the value tile ``BV`` is the parallel axis.
+Serves decoding (T = 1 against a cached state) and short prompts; its roofline is the state's bytes.
+
+Tunable: ``BV`` (value tile), ``num_warps``, ``num_stages`` (software pipelining of the token loop's loads).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .config import Config, next_power_of_2
+
+GATE_CODES = {"none": 0, "scalar": 1, "channel": 2}
+
+PARAMS: dict[str, tuple[int, ...]] = {
+    "BV": (4, 8, 16, 32, 64, 128, 256),
+    "num_warps": (1, 2, 4, 8, 16),
+    "num_stages": (1, 2, 3, 4),
+}
+
+
+def legal_params(gate: str) -> dict[str, tuple[int, ...]]:
+    return PARAMS
+
+
+def default_config(K: int, V: int, gate: str) -> Config:
+    """A configuration that is correct for every supported shape (K, V <= 256) and reasonable everywhere."""
+    BK = next_power_of_2(K)
+    BV = min(next_power_of_2(V), 32 if BK <= 128 else 16)
+    return {"BV": BV, "num_warps": 4 if BK * BV >= 2048 else 1, "num_stages": 1}
+
+
+@triton.jit(do_not_specialize=["T"])
+def fused_recurrent_fwd_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    o,
+    h0,
+    ht,
+    cu_seqlens,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    VARLEN: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+
+    p_q = q + (bos * H + i_h) * K + o_k
+    p_k = k + (bos * H + i_h) * K + o_k
+    p_v = v + (bos * HV + i_hv) * V + o_v
+    p_o = o + (bos * HV + i_hv) * V + o_v
+    p_beta = beta + bos * HV + i_hv
+    if GATE == 1:
+        p_g = g + bos * HV + i_hv
+    elif GATE == 2:
+        p_g = g + (bos * HV + i_hv) * K + o_k
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        p_h0 = h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+        b_h += tl.load(p_h0, mask=m_h, other=0).to(tl.float32)
+
+    for _ in range(bos, eos):
+        b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32) * scale
+        b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
+        b_beta = tl.load(p_beta).to(tl.float32)
+        if GATE == 1:
+            b_h *= tl.exp(tl.load(p_g).to(tl.float32))
+        elif GATE == 2:
+            b_h *= tl.exp(tl.load(p_g, mask=m_k, other=0).to(tl.float32))[:, None]
+        b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # predict, correct
+        b_h += b_k[:, None] * b_u[None, :]  # write
+        b_o = tl.sum(b_h * b_q[:, None], 0)  # read after the write
+        tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_v)
+
+        p_q += H * K
+        p_k += H * K
+        p_v += HV * V
+        p_o += HV * V
+        p_beta += HV
+        if GATE == 1:
+            p_g += HV
+        elif GATE == 2:
+            p_g += HV * K
+
+    if STORE_HT:
+        p_ht = ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
+        tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor,
+    gate: str,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the template on validated inputs with a checked, complete config."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    BK, BV = next_power_of_2(K), config["BV"]
+    o = v.new_empty(B, T, HV, V)
+    ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    h0 = None if initial_state is None else initial_state.contiguous()
+    grid = (triton.cdiv(V, BV), N * HV)
+    fused_recurrent_fwd_kernel[grid](
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        None if g is None else g.contiguous(),
+        beta.contiguous(),
+        o,
+        h0,
+        ht,
+        cu_seqlens,
+        scale,
+        T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        GATE=GATE_CODES[gate],
+        USE_H0=h0 is not None,
+        STORE_HT=output_final_state,
+        VARLEN=cu_seqlens is not None,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )
+    return o, ht
