@@ -168,9 +168,9 @@ def check_inputs(
         ("initial_state", initial_state),
         ("cu_seqlens", cu_seqlens),
     ]
-    for name, x in named:
-        if x is not None and x.device != q.device:
-            raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all tensors must be on one device")
+    for name, t in named:
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must be on one device")
     if q.device.type == "cpu" and not interpreting():
         raise RuntimeError(
             "dtune's Triton kernels need a CUDA GPU: move the tensors to 'cuda', or run on the CPU under "
