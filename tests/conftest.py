@@ -1,0 +1,13 @@
+"""Shared test helpers. Kernels run on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMS error ‖x − ref‖ / ‖ref‖ in float64; inf if x has NaN/Inf."""
+    x64, r64 = x.detach().double().cpu(), ref.detach().double().cpu()
+    if not torch.isfinite(x64).all():
+        return float("inf")
+    return float((x64 - r64).norm() / r64.norm().clamp_min(1e-30))
