@@ -12,7 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 Config = dict[str, Any]
+
+# Debug switch: launchers fill their outputs with NaN before launch, so elements a kernel fails to write show
+# up as NaN in the result instead of passing on leftover memory. Tests and the correctness gate turn it on.
+POISON_OUTPUTS = False
+
+
+def new_output(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised output buffer, NaN-filled when POISON_OUTPUTS is on."""
+    out = torch.empty(*shape, dtype=dtype, device=device)
+    if POISON_OUTPUTS:
+        out.fill_(float("nan"))
+    return out
 
 
 def check_config(

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import Config, next_power_of_2
+from .config import Config, new_output, next_power_of_2
 
 GATE_CODES = {"none": 0, "scalar": 1, "channel": 2}
 
@@ -138,8 +138,8 @@ def forward(
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     BK, BV = next_power_of_2(K), config["BV"]
-    o = v.new_empty(B, T, HV, V)
-    ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
+    o = new_output(B, T, HV, V, dtype=v.dtype, device=v.device)
+    ht = new_output(N, HV, K, V, dtype=torch.float32, device=v.device) if output_final_state else None
     h0 = None if initial_state is None else initial_state.contiguous()
     grid = (triton.cdiv(V, BV), N * HV)
     fused_recurrent_fwd_kernel[grid](
