@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dtune.kernels.config as _kernel_config
+import pytest
 import torch
 
 
@@ -11,11 +13,6 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(x64).all():
         return float("inf")
     return float((x64 - r64).norm() / r64.norm().clamp_min(1e-30))
-
-
-import pytest  # noqa: E402
-
-import dtune.kernels.config as _kernel_config  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -128,7 +128,7 @@ def test_different_devices() -> None:
 
 def test_cpu_without_interpreter_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="need a CUDA GPU.*TRITON_INTERPRET=1"):
+    with pytest.raises(RuntimeError, match=r"need a CUDA GPU.*TRITON_INTERPRET=1"):
         _call(_inputs())
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import torch
+from dtune.kernels import KERNELS
+from dtune.kernels.reference import naive_recurrent
 
 from dtune import ops
 from dtune.inputs import Gate, Problem, make_inputs
-from dtune.kernels import KERNELS
-from dtune.kernels.reference import naive_recurrent
 from tests.conftest import rel_err
 
 OPS = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dtune.kernels.reference import chunk_reference, naive_recurrent
 
 from dtune.inputs import Gate, Problem, make_inputs
-from dtune.kernels.reference import chunk_reference, naive_recurrent
 from tests.conftest import rel_err
 
 CASES = [
