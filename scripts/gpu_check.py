@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 import traceback
 from functools import partial
@@ -21,9 +20,6 @@ from typing import Any
 
 import pandas as pd
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from dtune.kernels.reference import chunk_reference
 
 from dtune import ops
