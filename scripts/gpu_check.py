@@ -24,7 +24,7 @@ from dtune.kernels.reference import chunk_reference
 
 from dtune import ops
 from dtune.inputs import Gate, Problem, dtype_name, make_inputs
-from dtune.measure import ceilings, time_fn, time_graph
+from dtune.measure import ceilings, time_back_to_back, time_graph
 
 OPS = {
     Gate.NONE: "fused_recurrent_delta_rule",
@@ -92,8 +92,9 @@ def fla_ops() -> dict[Gate, Any]:
         Gate.NONE: lambda q, k, v, g, b, h0: fused_recurrent_delta_rule(
             q, k, v, b, initial_state=h0, output_final_state=True
         ),
+        # fla's gated op takes (q, k, v, g, gk, gv, beta, ...): pass g and beta by keyword.
         Gate.SCALAR: lambda q, k, v, g, b, h0: fused_recurrent_gated_delta_rule(
-            q, k, v, g, b, initial_state=h0, output_final_state=True
+            q, k, v, g=g, beta=b, initial_state=h0, output_final_state=True
         ),
         Gate.CHANNEL: lambda q, k, v, g, b, h0: fused_recurrent_kda(
             q, k, v, g, b, initial_state=h0, output_final_state=True
@@ -121,7 +122,7 @@ def bench_decode(quick: bool, copy_gbs: float) -> pd.DataFrame:
                 if gate in fla:
                     impls["fla"] = partial(fla[gate], q, k, v, g, b, h0)
                 for impl, fn in impls.items():
-                    eager = time_fn(fn, warmup=10, repeats=200, flush_l2=True)
+                    eager = time_back_to_back(fn)
                     graph = time_graph(fn)
                     rows.append(
                         {
