@@ -1,0 +1,253 @@
+"""Stage 1 of the chunk forward: gate cumsum, A_kk / A_qk, the triangular solve and W, U (one program per chunk and value head).
+
+The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunks) ``I``. For block ``I``:
+
+1. Over key tiles of ``BK`` channels, accumulate the off-diagonal row block ``A[I, :I]`` (``[BC, BT]``, columns
+   before the block) and the diagonal block ``A[I, I]`` (``[BC, BC]``) of both ``A_kk`` and ``A_qk``.
+   Per-channel gates (KDA) use the reference row ``r`` = first row of ``I`` for the off-diagonal part:
+   ``k_i·exp(γ_i − γ_r)`` and ``k_j·exp(γ_r − γ_j)`` are both ≤ 1, so it is one tensor-core dot with no overflow
+   at any distance. The diagonal block is exact (``DIAG_EXACT``: a loop over its ``BC`` columns, exponent
+   clamped at 0) or a reference-point dot around the block's middle row (fast; unsafe when
+   ``BC/2 · max|g| ≳ 87``, see the package docstring).
+2. ``T_II = (I + A[I, I])⁻¹`` by forward substitution over the ``BC`` rows (registers, CUDA cores).
+3. Block forward substitution directly on W and U:
+   ``W_I = T_II (β_I K_I exp(γ_I) − A[I, :I] W[:I])`` and ``U_I = T_II (β_I V_I − A[I, :I] U[:I])``, where
+   ``W[:I]``, ``U[:I]`` are the rows this program stored for the earlier blocks (read back after a barrier).
+4. Store ``A_qk`` rows (scale included; zeros right of the diagonal) and, for KDA, ``q̃ = scale·q·exp(γ)``,
+   ``k̃ = k·exp(γ_C − γ)`` and ``exp(γ_C)`` so that the later stages never touch the gate again; for the
+   scalar gate the cumulative gate ``γ`` itself ([tokens, HV], float32).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_intra_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    w,
+    u,
+    aqk,
+    qg,
+    kg,
+    gout,
+    chunk_info,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    DIAG_EXACT: tl.constexpr,
+    NB: tl.constexpr,
+    NK: tl.constexpr,
+    NV: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = tl.load(chunk_info + 2 * i_c).to(tl.int64)
+        eos = tl.load(chunk_info + 2 * i_c + 1).to(tl.int64)
+    else:
+        NT = tl.cdiv(T, BT)
+        i_b = i_c // NT
+        bos = i_b.to(tl.int64) * T + (i_c % NT) * BT
+        eos = i_b.to(tl.int64) * T + T
+    L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
+
+    DT = w.dtype.element_ty  # storage / dot-operand dtype of the intermediates
+
+    o_t = tl.arange(0, BT)
+    o_c = tl.arange(0, BC)
+    m_t = o_t < L
+
+    # Scalar gate: the whole chunk's cumulative gate, once (it is one number per row).
+    if GATE == 1:
+        b_g_all = tl.load(g + (bos + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+        b_gam_all = tl.cumsum(b_g_all, 0)
+        tl.store(gout + (bos + o_t) * HV + i_hv, b_gam_all, mask=m_t)
+
+    for I in tl.static_range(NB):
+        r0 = I * BC
+        if r0 < L:
+            rows = r0 + o_c
+            m_r = rows < L
+            b_beta = tl.load(beta + (bos + rows) * HV + i_hv, mask=m_r, other=0).to(tl.float32)
+            b_A = tl.zeros([BC, BT], dtype=tl.float32)  # A_kk[I, :I] (without beta)
+            b_Aq = tl.zeros([BC, BT], dtype=tl.float32)  # A_qk[I, :I] (without scale)
+            b_D = tl.zeros([BC, BC], dtype=tl.float32)  # A_kk[I, I]
+            b_Dq = tl.zeros([BC, BC], dtype=tl.float32)  # A_qk[I, I]
+            for i_k in range(NK):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < K
+                m_rk = m_r[:, None] & m_k[None, :]
+                m_tk = (m_t & (o_t < r0))[:, None] & m_k[None, :]
+                p_kr = k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :]
+                p_qr = q + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :]
+                p_kt = k + ((bos + o_t) * H + i_h)[:, None] * K + o_k[None, :]
+                if GATE == 2:
+                    b_k = tl.load(p_kr, mask=m_rk, other=0).to(tl.float32)
+                    b_q = tl.load(p_qr, mask=m_rk, other=0).to(tl.float32)
+                    b_kt = tl.load(p_kt, mask=m_tk, other=0).to(tl.float32)
+                    p_gt = g + ((bos + o_t) * HV + i_hv)[:, None] * K + o_k[None, :]
+                    b_gt = tl.load(p_gt, mask=m_t[:, None] & m_k[None, :], other=0).to(tl.float32)
+                    b_gamt = tl.cumsum(b_gt, 0)  # γ of the whole chunk, this key tile
+                    # γ_r: cumulative gate at the block's first row
+                    b_gr = tl.sum(tl.where((o_t == r0)[:, None], b_gamt, 0.0), 0)
+                    b_gam = tl.load(
+                        g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0
+                    ).to(tl.float32)
+                    b_gam = tl.cumsum(b_gam, 0)
+                    b_gam = b_gam - tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)[None, :] + b_gr[None, :]
+                    # off-diagonal: rows scaled by exp(γ_i - γ_r) <= 1, columns (j < r) by exp(γ_r - γ_j) <= 1
+                    b_er = tl.exp(b_gam - b_gr[None, :])
+                    b_ec = tl.exp(tl.where((o_t < r0)[:, None], b_gr[None, :] - b_gamt, float("-inf")))
+                    b_kc = (b_kt * b_ec).to(DT)
+                    b_A += tl.dot((b_k * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
+                    b_Aq += tl.dot((b_q * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
+                    if DIAG_EXACT:
+                        for c in range(BC):
+                            sel = (o_c == c)[:, None]
+                            b_kj = tl.sum(tl.where(sel, b_k, 0.0), 0)
+                            b_gj = tl.sum(tl.where(sel, b_gam, 0.0), 0)
+                            # rows i >= c have γ_i - γ_j <= 0; the clamp keeps rows i < c (masked later) finite
+                            b_e = tl.exp(tl.minimum(b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
+                            b_D += tl.where((o_c == c)[None, :], tl.sum(b_k * b_e, 1)[:, None], 0.0)
+                            b_Dq += tl.where((o_c == c)[None, :], tl.sum(b_q * b_e, 1)[:, None], 0.0)
+                    else:
+                        # reference row m = BC // 2: factors up to exp(BC/2 · max|g|), fp32 operands
+                        b_gm = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+                        b_kR = b_k * tl.exp(b_gm[None, :] - b_gam)
+                        b_eL = tl.exp(b_gam - b_gm[None, :])
+                        b_D += tl.dot(b_k * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
+                        b_Dq += tl.dot(b_q * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
+                else:
+                    b_k = tl.load(p_kr, mask=m_rk, other=0).to(DT)
+                    b_q = tl.load(p_qr, mask=m_rk, other=0).to(DT)
+                    b_kt = tl.load(p_kt, mask=m_tk, other=0).to(DT)
+                    b_A += tl.dot(b_k, tl.trans(b_kt), input_precision=DOT_PREC)
+                    b_Aq += tl.dot(b_q, tl.trans(b_kt), input_precision=DOT_PREC)
+                    b_D += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
+                    b_Dq += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+
+            m_off = (o_t < r0)[None, :] & m_r[:, None]
+            m_low = (o_c[None, :] < o_c[:, None]) & m_r[:, None]
+            m_cau = (o_c[None, :] <= o_c[:, None]) & m_r[:, None]
+            if GATE == 1:
+                b_gr1 = tl.sum(tl.where(o_t == r0 - 1, b_gam_all, 0.0), 0)  # γ before the block (0 for I = 0)
+                b_gam1 = tl.load(g + (bos + rows) * HV + i_hv, mask=m_r, other=0).to(tl.float32)
+                b_gam1 = tl.cumsum(b_gam1, 0) + b_gr1
+                b_A *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
+                b_Aq *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
+                b_ed = tl.exp(tl.where(m_cau, b_gam1[:, None] - b_gam1[None, :], float("-inf")))
+                b_D *= b_ed
+                b_Dq *= b_ed
+            b_A = tl.where(m_off, b_A, 0.0) * b_beta[:, None]
+            b_Aq = tl.where(m_off, b_Aq, 0.0) * scale
+            b_D = tl.where(m_low, b_D, 0.0) * b_beta[:, None]
+            b_Dq = tl.where(m_cau, b_Dq, 0.0) * scale
+
+            # A_qk rows of this block: [0, r0) off-diagonal, [r0, r0 + BC) diagonal block, zeros after
+            p_aq = aqk + ((bos + rows) * HV + i_hv)[:, None] * BT
+            tl.store(p_aq + o_t[None, :], b_Aq.to(aqk.dtype.element_ty), mask=m_off)
+            tl.store(p_aq + r0 + o_c[None, :], b_Dq.to(aqk.dtype.element_ty), mask=m_r[:, None])
+            if r0 + BC < BT:
+                m_z = m_r[:, None] & (o_t >= r0 + BC)[None, :]
+                tl.store(p_aq + o_t[None, :], tl.zeros([BC, BT], dtype=aqk.dtype.element_ty), mask=m_z)
+
+            # T_II = (I + D)^-1 by forward substitution: row i <- row i + sum_j row_i[j] * (finished row j)
+            b_T = -b_D
+            for i in range(1, BC):
+                sel = (o_c == i)[:, None]
+                b_row = tl.sum(tl.where(sel, b_T, 0.0), 0)
+                b_row += tl.sum(b_row[:, None] * b_T, 0)
+                b_T = tl.where(sel, b_row[None, :], b_T)
+            b_T += (o_c[:, None] == o_c[None, :]).to(tl.float32)
+            b_Tc = b_T.to(DT)
+            b_Ac = b_A.to(DT)
+
+            # W_I = T_II (beta K exp(γ) - A[I, :I] W[:I])
+            for i_k in range(NK):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < K
+                m_rk = m_r[:, None] & m_k[None, :]
+                b_k = tl.load(
+                    k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0
+                ).to(tl.float32)
+                if GATE == 1:
+                    b_x = b_k * (b_beta * tl.exp(b_gam1))[:, None]
+                elif GATE == 2:
+                    b_gt = tl.load(
+                        g + ((bos + o_t) * HV + i_hv)[:, None] * K + o_k[None, :],
+                        mask=m_t[:, None] & m_k[None, :],
+                        other=0,
+                    ).to(tl.float32)
+                    b_gC = tl.sum(b_gt, 0)  # γ_C (rows past the end hold 0)
+                    b_base = tl.sum(tl.where((o_t < r0)[:, None], b_gt, 0.0), 0)
+                    b_gam = tl.load(
+                        g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0
+                    ).to(tl.float32)
+                    b_gam = tl.cumsum(b_gam, 0) + b_base[None, :]
+                    b_x = b_k * tl.exp(b_gam) * b_beta[:, None]
+                    b_q = tl.load(
+                        q + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0
+                    ).to(tl.float32)
+                    p_r = ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :]
+                    tl.store(qg + p_r, (b_q * tl.exp(b_gam) * scale).to(qg.dtype.element_ty), mask=m_rk)
+                    tl.store(kg + p_r, (b_k * tl.exp(b_gC[None, :] - b_gam)).to(kg.dtype.element_ty), mask=m_rk)
+                    if I == 0:
+                        tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
+                else:
+                    b_x = b_k * b_beta[:, None]
+                if I > 0:
+                    m_tk = (o_t < r0)[:, None] & m_k[None, :]
+                    b_wp = tl.load(
+                        w + ((bos + o_t) * HV + i_hv)[:, None] * K + o_k[None, :],
+                        mask=m_tk,
+                        other=0,
+                        cache_modifier=".cg",
+                    )
+                    b_x -= tl.dot(b_Ac, b_wp.to(DT), input_precision=DOT_PREC)
+                b_w = tl.dot(b_Tc, b_x.to(DT), input_precision=DOT_PREC)
+                tl.store(
+                    w + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], b_w.to(DT), mask=m_rk
+                )
+
+            # U_I = T_II (beta V - A[I, :I] U[:I])
+            for i_v in range(NV):
+                o_v = i_v * BV + tl.arange(0, BV)
+                m_v = o_v < V
+                m_rv = m_r[:, None] & m_v[None, :]
+                b_v = tl.load(
+                    v + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_rv, other=0
+                ).to(tl.float32)
+                b_x = b_v * b_beta[:, None]
+                if I > 0:
+                    m_tv = (o_t < r0)[:, None] & m_v[None, :]
+                    b_up = tl.load(
+                        u + ((bos + o_t) * HV + i_hv)[:, None] * V + o_v[None, :],
+                        mask=m_tv,
+                        other=0,
+                        cache_modifier=".cg",
+                    )
+                    b_x -= tl.dot(b_Ac, b_up.to(DT), input_precision=DOT_PREC)
+                b_u = tl.dot(b_Tc, b_x.to(DT), input_precision=DOT_PREC)
+                tl.store(
+                    u + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], b_u.to(DT), mask=m_rv
+                )
+            if I + 1 < NB:
+                # the next blocks read W[:I+1], U[:I+1] back: make this block's stores visible to the whole CTA
+                tl.debug_barrier()

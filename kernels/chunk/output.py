@@ -1,0 +1,77 @@
+"""Stage 3 of the chunk forward (unless the state pass fused it): the output, chunk-parallel.
+
+One program per (chunk, V tile, value head): ``O = q̃ S_c + A_qk V_new`` with ``q̃ = scale·q·exp(γ)``, the
+chunk-start state ``S_c`` and ``V_new`` stored by the state pass, the key dimension in tiles of ``BK``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_output_kernel(
+    q,
+    aqk,
+    qg,
+    gout,
+    hbuf,
+    vnew,
+    o,
+    chunk_info,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    NK: tl.constexpr,
+    GATE: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_c, i_v, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = tl.load(chunk_info + 2 * i_c).to(tl.int64)
+        eos = tl.load(chunk_info + 2 * i_c + 1).to(tl.int64)
+    else:
+        NT = tl.cdiv(T, BT)
+        i_b = i_c // NT
+        bos = i_b.to(tl.int64) * T + (i_c % NT) * BT
+        eos = i_b.to(tl.int64) * T + T
+    DT = vnew.dtype.element_ty
+
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t = (bos + o_t) < eos
+    m_v = o_v < V
+    m_tv = m_t[:, None] & m_v[None, :]
+    r_hv = (bos + o_t) * HV + i_hv
+    r_h = (bos + o_t) * H + i_h
+    if GATE == 1:
+        b_eg = tl.exp(tl.load(gout + r_hv, mask=m_t, other=0)) * scale
+
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    p_h = hbuf + (i_c.to(tl.int64) * HV + i_hv) * K * V
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        if GATE == 2:
+            b_q = tl.load(qg + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+        elif GATE == 1:
+            b_q = tl.load(q + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_q = (b_q * b_eg[:, None]).to(DT)
+        else:
+            b_q = (tl.load(q + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale).to(DT)
+        b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
+        b_o += tl.dot(b_q, b_h, input_precision=DOT_PREC)
+    b_A = tl.load(aqk + r_hv[:, None] * BT + o_t[None, :], mask=m_t[:, None], other=0)
+    b_vn = tl.load(vnew + r_hv[:, None] * V + o_v[None, :], mask=m_tv, other=0)
+    b_o += tl.dot(b_A, b_vn, input_precision=DOT_PREC)
+    tl.store(o + r_hv[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)

@@ -1,0 +1,119 @@
+"""Stage 2 of the chunk forward: the inter-chunk state pass, sequential over chunks (one program per sequence, value
+head and V tile), the state tile ``[BK, BV]`` (all key channels) in float32 registers.
+
+Per chunk: ``V_new = U − W S`` (S cast to the intermediates' dtype for the tensor-core dot), then either store
+``S`` (chunk-start state) and ``V_new`` for the chunk-parallel output stage, or (``FUSE_OUTPUT``) compute the
+output right here, ``O = q̃ S + A_qk V_new``; finally ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_state_kernel(
+    q,
+    k,
+    w,
+    u,
+    aqk,
+    qg,
+    kg,
+    gout,
+    h0,
+    ht,
+    hbuf,
+    vnew,
+    o,
+    cu_seqlens,
+    chunk_offsets,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    VARLEN: tl.constexpr,
+    FUSE_OUTPUT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+        c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
+    DT = w.dtype.element_ty
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0).to(
+            tl.float32
+        )
+
+    for i_t in range(NTn):
+        t0 = bos + i_t * BT
+        m_t = (t0 + o_t) < eos
+        r_hv = (t0 + o_t) * HV + i_hv  # [BT] row index into [tokens, HV, ...]
+        r_h = (t0 + o_t) * H + i_h  # [BT] row index into [tokens, H, ...]
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_w = tl.load(w + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+        b_u = tl.load(u + r_hv[:, None] * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+        b_hc = b_h.to(DT)
+        b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)
+        b_vnc = b_vn.to(DT)
+        if GATE == 1:
+            b_gam = tl.load(gout + r_hv, mask=m_t, other=0)
+            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
+        if FUSE_OUTPUT:
+            if GATE == 2:
+                b_q = tl.load(qg + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+            else:
+                b_q = tl.load(q + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale
+                if GATE == 1:
+                    b_q *= tl.exp(b_gam)[:, None]
+                b_q = b_q.to(DT)
+            b_A = tl.load(aqk + r_hv[:, None] * BT + o_t[None, :], mask=m_t[:, None], other=0)
+            b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
+            b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
+            tl.store(o + r_hv[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+        else:
+            p_hb = hbuf + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+            tl.store(p_hb, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
+            tl.store(vnew + r_hv[:, None] * V + o_v[None, :], b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
+        if GATE == 2:
+            b_kg = tl.load(kg + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+            b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
+            b_h *= b_dec[:, None]
+        elif GATE == 1:
+            b_kg = tl.load(k + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
+            b_h *= tl.exp(b_gC)
+        else:
+            b_kg = tl.load(k + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(DT)
+        b_h += tl.dot(tl.trans(b_kg), b_vnc, input_precision=DOT_PREC)
+
+    if STORE_HT:
+        tl.store(ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_h)
