@@ -61,7 +61,9 @@ def rel_rms_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x64 - r64).norm() / r64.norm().clamp_min(1e-30))
 
 
-def gate_inputs(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device: torch.device | str, seed: int) -> dict[str, Any]:
+def gate_inputs(
+    spec: KernelSpec, problem: Problem, dtype: torch.dtype, device: torch.device | str, seed: int
+) -> dict[str, Any]:
     """The gate's inputs: strong decays, a random initial state, ``dtype`` activations."""
     problem = dataclasses.replace(problem, gate=Gate(spec.gate))
     return make_inputs(problem, dtype=dtype, device=device, seed=seed, gate_min=GATE_MIN, initial_state=True)

@@ -108,7 +108,7 @@ class ShapeGrid:
 
     def shapes(self) -> list[Shape]:
         """Every (T, head dim, heads, batch) combination; with ``batch_tokens``, B = max(1, batch_tokens // T)."""
-        out = []
+        out: list[Shape] = []
         for T, D, H in itertools.product(self.seq_lens, self.head_dims, self.heads):
             batches = self.batch if self.batch else (max(1, (self.batch_tokens or T) // T),)
             out.extend(Shape(B=B, T=T, H=H, HV=H, K=D, V=D) for B in batches)
@@ -149,18 +149,19 @@ def compile_constraint(name: str, expression: str, known: set[str], source: str 
         raise _fail(source, f"constraint {name!r} is not a valid expression: {expression!r} ({e.msg})") from None
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_NODES):
+            raise _fail(source, f"constraint {name!r} uses {type(node).__name__}, which is not allowed: {expression!r}")
+        if isinstance(node, ast.Call) and (
+            not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS or node.keywords
+        ):
             raise _fail(
-                source, f"constraint {name!r} uses {type(node).__name__}, which is not allowed: {expression!r}"
+                source,
+                f"constraint {name!r}: only {', '.join(FUNCTIONS)} may be called (positional arguments): "
+                f"{expression!r}",
             )
-        if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS or node.keywords:
-                raise _fail(
-                    source,
-                    f"constraint {name!r}: only {', '.join(FUNCTIONS)} may be called (positional arguments): "
-                    f"{expression!r}",
-                )
         if isinstance(node, ast.Name) and node.id not in known and node.id not in FUNCTIONS:
-            raise _fail(source, f"constraint {name!r} names unknown {node.id!r}; known names: {', '.join(sorted(known))}")
+            raise _fail(
+                source, f"constraint {name!r} names unknown {node.id!r}; known names: {', '.join(sorted(known))}"
+            )
         if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool)):
             raise _fail(source, f"constraint {name!r}: only numbers may appear as constants: {expression!r}")
     return Constraint(name, expression, compile(tree, f"<constraint {name}>", "eval"))
@@ -186,7 +187,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
         raise _fail(source, f"unknown section(s) {extra}; expected {sorted(known_top)}")
     kernel_name = data.get("kernel")
     if not isinstance(kernel_name, str):
-        raise _fail(source, "missing `kernel = \"<name>\"`")
+        raise _fail(source, 'missing `kernel = "<name>"`')
     try:
         spec = get_kernel(kernel_name)
     except ValueError as e:
@@ -199,7 +200,9 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
     params: dict[str, tuple[Any, ...]] = {}
     for name, choices in raw_params.items():
         if name not in legal:
-            raise _fail(source, f"unknown parameter {name!r} for {kernel_name}; the template's parameters: {sorted(legal)}")
+            raise _fail(
+                source, f"unknown parameter {name!r} for {kernel_name}; the template's parameters: {sorted(legal)}"
+            )
         if not isinstance(choices, list) or not choices:
             raise _fail(source, f"parameter {name!r} must be a non-empty list of choices, got {choices!r}")
         for value in choices:
@@ -214,7 +217,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
     known = set(legal) | set(SHAPE_NAMES) | set(GPU_NAMES)
     raw_constraints = data.get("constraints", {})
     if not isinstance(raw_constraints, dict):
-        raise _fail(source, "[constraints] must be a table of name = \"expression\"")
+        raise _fail(source, '[constraints] must be a table of name = "expression"')
     constraints = tuple(compile_constraint(n, e, known, source) for n, e in raw_constraints.items())
 
     seeds: list[dict[str, Any]] = []
@@ -226,7 +229,9 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
             if name not in params:
                 raise _fail(source, f"[seeds] configs[{i}] sets {name!r}, which is not a parameter of the space")
             if value not in params[name]:
-                raise _fail(source, f"[seeds] configs[{i}]: {name} = {value!r} is not among the choices {list(params[name])}")
+                raise _fail(
+                    source, f"[seeds] configs[{i}]: {name} = {value!r} is not among the choices {list(params[name])}"
+                )
         seeds.append(dict(cfg))
 
     raw_tol = data.get("tolerance")

@@ -1,17 +1,221 @@
-"""Tuned-config store and run-time dispatch (filled in by the tuner work: see issue 4).
+"""Tuned-config store and run-time dispatch: which config an op launches when the caller passes none.
 
-:func:`tuned_config` is what :mod:`dtune.ops` asks for when the caller passes no ``config``.
+:func:`tuned_config` runs on every op call (decode steps included), so after the first call for a given
+(kernel, shape, dtype, device) it is one dict lookup; the only device query is the GPU's name, cached.
+Sources, first match wins: a file loaded with :func:`load_configs`; the file named by ``DTUNE_CONFIG``; the
+configs shipped for this GPU in ``dtune/configs/<gpu>.json``. Within a file the entry must match kernel,
+dtype, K, V and the value-head ratio HV/H; among those the exact shape bucket wins, else the nearest
+sequence length (log scale), then batch, then heads. Every config is re-checked against the template's
+legal values when the file is read. A corrupt or mismatched file is an error when loaded explicitly and a
+warning (the defaults are used) from ``DTUNE_CONFIG`` or the shipped folder: never a wrong kernel.
+On the CPU (Triton's interpreter) there is no tuned config: None.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from dtune.inputs import Problem
+from dtune.inputs import DTYPE_NAMES, Problem, dtype_name
+from dtune.kernels import get_kernel
+
+SCHEMA = 1
+ENV = "DTUNE_CONFIG"
+_BUCKET_KEYS = ("T", "B", "H", "HV", "K", "V")
+
+
+class ConfigFileError(ValueError):
+    """A tuned-config file that cannot be used (the message names the file and the problem)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    kernel: str
+    dtype: str
+    bucket: dict[str, int]
+    config: dict[str, Any]
+
+
+@dataclass
+class TunedConfigs:
+    """One parsed tuned-config file, indexed for lookup."""
+
+    gpu: str
+    gpu_name: str
+    source: str
+    entries: list[Entry]
+    _index: dict[tuple[str, str, int, int, int], list[Entry]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for e in self.entries:
+            b = e.bucket
+            self._index.setdefault((e.kernel, e.dtype, b["K"], b["V"], b["HV"] // b["H"]), []).append(e)
+
+    def lookup(self, kernel: str, dtype: str, problem: Problem) -> dict[str, Any] | None:
+        """The config of the nearest bucket (see the module's docstring), or None."""
+        p = problem
+        candidates = self._index.get((kernel, dtype, p.K, p.V, p.HV // p.H))
+        if not candidates:
+            return None
+        T = p.T // max(p.N, 1) if p.varlen else p.T  # packed sequences: bucket by the mean length
+        B = p.N
+
+        def distance(e: Entry) -> tuple[float, ...]:
+            b = e.bucket
+            return (
+                abs(math.log(max(T, 1)) - math.log(b["T"])),
+                abs(math.log(max(B, 1)) - math.log(b["B"])),
+                abs(math.log(p.H) - math.log(b["H"])),
+                b["T"],
+                b["B"],
+                b["H"],
+            )
+
+        return dict(min(candidates, key=distance).config)
+
+
+def _fail(source: str, message: str) -> ConfigFileError:
+    return ConfigFileError(f"tuned-config file {source}: {message}")
+
+
+def parse_configs(doc: Any, source: str, gpu: str | None = None) -> TunedConfigs:
+    """Validate a tuned-config document; ``gpu``: the key it must be for (None: not checked)."""
+    if not isinstance(doc, dict):
+        raise _fail(source, "not a JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise _fail(source, f"schema {doc.get('schema')!r} is not supported (this dtune reads schema {SCHEMA})")
+    file_gpu = doc.get("gpu")
+    if not isinstance(file_gpu, str):
+        raise _fail(source, "lacks the GPU key (`gpu`)")
+    if gpu is not None and file_gpu != gpu:
+        raise _fail(source, f"is for GPU {file_gpu!r}, but this is {gpu!r}")
+    raw = doc.get("entries")
+    if not isinstance(raw, list):
+        raise _fail(source, "lacks the `entries` list")
+    entries = []
+    for i, e in enumerate(raw):
+        if not isinstance(e, dict):
+            raise _fail(source, f"entry {i} is not an object")
+        try:
+            spec = get_kernel(str(e.get("kernel")))
+        except ValueError as err:
+            raise _fail(source, f"entry {i}: {err}") from None
+        if e.get("dtype") not in DTYPE_NAMES:
+            raise _fail(source, f"entry {i}: unknown dtype {e.get('dtype')!r}")
+        bucket = e.get("bucket")
+        if not isinstance(bucket, dict) or not all(
+            isinstance(bucket.get(k), int) and bucket[k] > 0 for k in _BUCKET_KEYS
+        ):
+            raise _fail(source, f"entry {i}: bucket must give positive integers {list(_BUCKET_KEYS)}")
+        if bucket["HV"] % bucket["H"]:
+            raise _fail(source, f"entry {i}: bucket HV={bucket['HV']} is not a multiple of H={bucket['H']}")
+        config = e.get("config")
+        if not isinstance(config, dict):
+            raise _fail(source, f"entry {i}: config must be an object")
+        try:
+            spec.check_config(bucket["K"], bucket["V"], config)
+        except (ValueError, TypeError) as err:
+            raise _fail(source, f"entry {i}: illegal config: {err}") from None
+        entries.append(Entry(spec.name, e["dtype"], {k: bucket[k] for k in _BUCKET_KEYS}, dict(config)))
+    return TunedConfigs(file_gpu, str(doc.get("gpu_name", file_gpu)), source, entries)
+
+
+def read_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
+    """Read and validate a tuned-config file; ConfigFileError naming the problem."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise _fail(str(path), f"cannot be read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise _fail(str(path), f"is not valid JSON ({e})") from None
+    return parse_configs(doc, str(path), gpu)
+
+
+# ---- run-time state -------------------------------------------------------------------------------------
+
+_explicit: TunedConfigs | None = None
+_loaded: dict[str, TunedConfigs | None] = {}  # by GPU key: the file in force for that GPU (None: defaults)
+_cache: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+
+
+def load_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
+    """Use the tuned configs in ``path`` from now on (over ``DTUNE_CONFIG`` and the shipped ones).
+
+    Errors (ConfigFileError) for a corrupt file, or one for another GPU than ``gpu`` (default: the CUDA GPU
+    present, when there is one).
+    """
+    global _explicit
+    from dtune.gpu import detect
+
+    configs = read_configs(path, gpu if gpu is not None else detect())
+    _explicit = configs
+    clear_cache()
+    return configs
+
+
+def reset() -> None:
+    """Forget an explicitly loaded file and every cached lookup (tests; after changing DTUNE_CONFIG)."""
+    global _explicit
+    _explicit = None
+    clear_cache()
+
+
+def clear_cache() -> None:
+    _loaded.clear()
+    _cache.clear()
+
+
+def _configs_for(gpu: str) -> TunedConfigs | None:
+    if gpu in _loaded:
+        return _loaded[gpu]
+    found: TunedConfigs | None = None
+    if _explicit is not None:
+        if _explicit.gpu == gpu:
+            found = _explicit
+        else:
+            warnings.warn(
+                f"dtune: tuned configs {_explicit.source} are for {_explicit.gpu!r}, not this {gpu!r}: using defaults",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    else:
+        env = os.environ.get(ENV)
+        ref = resources.files("dtune.configs").joinpath(f"{gpu}.json")
+        source = env if env else (str(ref) if ref.is_file() else None)
+        if source is not None:
+            try:
+                found = read_configs(source, gpu)
+            except ConfigFileError as e:
+                warnings.warn(f"dtune: {e}; using default configs", RuntimeWarning, stacklevel=4)
+    _loaded[gpu] = found
+    return found
 
 
 def tuned_config(kernel: str, problem: Problem, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
-    """The tuned config for this kernel, GPU, dtype and nearest shape bucket, or None for the default."""
-    return None
+    """The tuned config for this kernel, GPU, dtype and nearest shape bucket, or None for the default.
+
+    Called on every op call: a dict hit after the first call per (kernel, problem, dtype, device).
+    """
+    if device.type != "cuda":
+        return None  # CPU tensors: Triton's interpreter, nothing was tuned for it
+    key = (kernel, problem, dtype, device.index)
+    try:
+        return _cache[key]
+    except KeyError:
+        pass
+    from dtune.gpu import detect
+
+    gpu = detect(device.index or 0)
+    configs = _configs_for(gpu) if gpu is not None else None
+    found = configs.lookup(kernel, dtype_name(dtype), problem) if configs is not None else None
+    _cache[key] = found
+    return found

@@ -95,11 +95,11 @@ def capture_launches() -> Iterator[list[Any]]:
         launched.append(kernel)
         return kernel
 
-    JITFunction.run = run  # type: ignore[method-assign]
+    JITFunction.run = run
     try:
         yield launched
     finally:
-        JITFunction.run = original  # type: ignore[method-assign]
+        JITFunction.run = original
 
 
 def resources_of(launched: list[Any]) -> tuple[int | None, int | None, int | None]:
@@ -161,7 +161,9 @@ def evaluate(job: TrialJob) -> TrialOutcome:
     out.registers, out.spills, out.shared_mem = resources_of(launched)
 
     try:
-        result = gate(spec, problem, dtype, device, config, job.tolerance, seed=job.gate_seed, determinism=job.determinism)
+        result = gate(
+            spec, problem, dtype, device, config, job.tolerance, seed=job.gate_seed, determinism=job.determinism
+        )
     except Exception as e:
         out.reason, out.message = classify(e, first_launch=False), _message(e)
         return out

@@ -31,7 +31,6 @@ class WorkerError(RuntimeError):
     """The worker could not be started (its log tail is in the message)."""
 
 
-
 class Worker:
     """A restartable worker subprocess evaluating one job at a time with a time limit."""
 
@@ -120,10 +119,9 @@ def main() -> None:
     os.dup2(2, 1)  # stray prints (Python or C) go to the log, not into the protocol
     sys.stdout = sys.stderr
 
+    import dtune.ops  # noqa: F401  (torch, triton and the kernels, before announcing readiness)
     from dtune.plugins import load_plugins
     from dtune.trials import evaluate
-
-    import dtune.ops  # noqa: F401  (torch, triton and the kernels, before announcing readiness)
 
     load_plugins()
     proto.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")

@@ -1,0 +1,89 @@
+"""``dtune export``: the best gate-passing config of every study of a run, as tuned-config JSON.
+
+Schema 1::
+
+    {"schema": 1, "gpu": "h200", "gpu_name": "...", "created": "...",
+     "versions": {"dtune", "torch", "triton", "optuna", "python"},
+     "entries": [{"kernel", "dtype", "bucket": {"T", "B", "H", "HV", "K", "V"}, "config": {...},
+                  "time_ms", "default_time_ms", "speedup", "gate_error",
+                  "trials": {"complete", "failed", "pruned"}}]}
+
+Only COMPLETE trials that passed the gate are candidates (:func:`dtune.results.passed`); a study without
+one contributes no entry, so a config that failed can never be exported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from dtune import results
+from dtune.kernels import get_kernel
+from dtune.runinfo import TUNED_JSON, now_iso, read_run_json
+from dtune.storage import default_storage_url, open_storage, study_name
+
+SCHEMA = 1
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def build_export(run_dir: Path) -> dict[str, Any]:
+    """The tuned-config document of the run in ``run_dir`` (ValueError if it is not a run folder)."""
+    info = read_run_json(run_dir)
+    gpu = info["gpu"]
+    url = info.get("storage") or default_storage_url(run_dir)
+    storage = open_storage(url)
+    names = {s.study_name for s in storage.get_all_studies()}
+    optuna.logging.set_verbosity(logging.ERROR)
+    entries = []
+    for shape in info["shapes"]:
+        name = study_name(info["kernel"], gpu["key"], info["dtype"], shape["shape_key"])
+        if name not in names:
+            continue
+        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler())
+        trials = study.get_trials(deepcopy=False)
+        best = results.best_trial(trials)
+        if best is None:
+            continue
+        config = dict(best.user_attrs.get("config") or best.params)
+        get_kernel(info["kernel"]).check_config(shape["K"], shape["V"], config)  # never export an illegal config
+        base = results.default_trial(trials)
+        default_ms = base.value if base is not None and results.passed(base) else None
+        errors = [_finite(best.user_attrs.get(k)) for k in ("error_o", "error_s")]
+        entries.append(
+            {
+                "kernel": info["kernel"],
+                "dtype": info["dtype"],
+                "bucket": {k: shape[k] for k in ("T", "B", "H", "HV", "K", "V")},
+                "config": config,
+                "time_ms": best.value,
+                "default_time_ms": default_ms,
+                "speedup": (default_ms / best.value) if default_ms and best.value else None,
+                "gate_error": max((e for e in errors if e is not None), default=None),
+                "trials": results.counts(trials),
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "gpu": gpu["key"],
+        "gpu_name": gpu.get("name", gpu["key"]),
+        "created": now_iso(),
+        "versions": info.get("versions", {}),
+        "entries": entries,
+    }
+
+
+def write_export(run_dir: Path, path: Path | None = None) -> Path:
+    """Write the export of ``run_dir`` to ``path`` (default RUN/tuned.json); returns the path."""
+    doc = build_export(run_dir)
+    path = path or run_dir / TUNED_JSON
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
