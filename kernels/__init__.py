@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
@@ -28,7 +29,7 @@ class KernelSpec:
 
     @property
     def module(self) -> ModuleType:
-        return importlib.import_module(f"{__name__}.{self.family}")
+        return _family_module(self.family)
 
     def legal_params(self) -> dict[str, tuple[Any, ...]]:
         return dict(self.module.legal_params(self.gate))
@@ -37,8 +38,26 @@ class KernelSpec:
         return dict(self.module.default_config(K, V, self.gate))
 
     def check_config(self, K: int, V: int, config: dict[str, Any] | None) -> Config:
-        """The full config to launch: ``config`` over the default, every key and value checked."""
-        return check_config(self.name, self.legal_params(), self.default_config(K, V), config)
+        """The full config to launch: ``config`` over the default, every key and value checked.
+
+        Cached per (K, V, config): this runs on every call, decode steps included.
+        """
+        try:
+            key = None if config is None else tuple(sorted(config.items()))
+            return dict(_checked(self, K, V, key))
+        except (TypeError, AttributeError):  # not a dict, or unhashable values: the uncached path names the problem
+            return check_config(self.name, self.legal_params(), self.default_config(K, V), config)
+
+
+@lru_cache(maxsize=None)
+def _family_module(family: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{family}")
+
+
+@lru_cache(maxsize=4096)
+def _checked(spec: KernelSpec, K: int, V: int, key: tuple[tuple[str, Any], ...] | None) -> Config:
+    config = None if key is None else dict(key)
+    return check_config(spec.name, spec.legal_params(), spec.default_config(K, V), config)
 
 
 KERNELS: dict[str, KernelSpec] = {
