@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import ModuleType
 from typing import Any
 
@@ -49,7 +49,7 @@ class KernelSpec:
             return check_config(self.name, self.legal_params(), self.default_config(K, V), config)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _family_module(family: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{family}")
 
