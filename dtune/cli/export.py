@@ -1,0 +1,46 @@
+"""``dtune export``: a run's best gate-passing configs as tuned-config JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dtune.cli.common import fail, out
+
+
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="Run folder written by `dtune search` (holds run.json).")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Where to write the JSON (default RUN_DIR/tuned.json).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the exported document on stdout.")] = False,
+) -> None:
+    """Export the best config of every study of RUN_DIR (only COMPLETE trials that passed the gate)."""
+    from dtune.export import write_export
+
+    try:
+        path = write_export(run_dir, output)
+    except ValueError as e:
+        fail(str(e))
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if as_json:
+        out.print_json(json.dumps(doc))
+        return
+    out.print(
+        f"wrote {len(doc['entries'])} entr{'y' if len(doc['entries']) == 1 else 'ies'} for {doc['gpu']} to {path}"
+    )
+    for e in doc["entries"]:
+        b = e["bucket"]
+        speed = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
+        out.print(
+            f"  {e['kernel']} {e['dtype']} T{b['T']}-B{b['B']}-H{b['H']}-HV{b['HV']}-K{b['K']}-V{b['V']}: "
+            f"{json.dumps(e['config'])}  {e['time_ms']:.4g} ms  speedup {speed}",
+            highlight=False,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

@@ -1,0 +1,221 @@
+"""``dtune search``: tune one kernel's launch configs on this GPU, shape by shape."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dtune.cli.common import err, fail, int_list, out, use_interpreter
+
+if TYPE_CHECKING:
+    from dtune.search import RunSummary, ShapeSummary
+    from dtune.space import Shape
+
+
+def _fmt_ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g} ms"
+
+
+def _failures(summary: ShapeSummary) -> str:
+    return ", ".join(f"{k} {v}" for k, v in summary.failures.items()) or "none"
+
+
+def make_reporter(progress: Progress) -> Any:
+    from dtune.search import Reporter
+
+    class RichReporter(Reporter):
+        """One progress bar per shape: best so far, trials/min, failures by reason."""
+
+        def __init__(self) -> None:
+            self.task: Any = None
+
+        def _text(self, s: ShapeSummary) -> str:
+            speed = f" ({s.speedup:.2f}x)" if s.speedup else ""
+            return (
+                f"{s.shape_key}  best {_fmt_ms(s.best_ms)}{speed}  {s.trials_per_min:.1f}/min  failures: {_failures(s)}"
+            )
+
+        def shape_started(
+            self, index: int, total: int, shape: Shape, summary: ShapeSummary, budget: int | None
+        ) -> None:
+            self.task = progress.add_task(f"[{index + 1}/{total}] {shape.key}", total=budget)
+
+        def trial_finished(self, summary: ShapeSummary) -> None:
+            progress.update(self.task, completed=summary.trials_run, description=self._text(summary))
+
+        def shape_finished(self, summary: ShapeSummary) -> None:
+            progress.update(self.task, description=self._text(summary), total=summary.trials_run)
+
+    return RichReporter()
+
+
+def summary_table(run: RunSummary) -> Table:
+    table = Table(title=f"{run.kernel} on {run.gpu} ({run.dtype})" + (" [interpreter]" if run.interpret else ""))
+    for col in ("shape", "trials c/f/p", "failures", "default", "best", "speedup", "best config"):
+        table.add_column(col)
+    for s in run.shapes:
+        c = s.counts
+        table.add_row(
+            s.shape_key,
+            f"{c.get('complete', 0)}/{c.get('failed', 0)}/{c.get('pruned', 0)}",
+            _failures(s),
+            _fmt_ms(s.default_ms),
+            _fmt_ms(s.best_ms),
+            f"{s.speedup:.2f}x" if s.speedup else "-",
+            " ".join(f"{k}={v}" for k, v in s.best_config.items()) if s.best_config else "-",
+        )
+    return table
+
+
+def search(
+    kernel: Annotated[
+        str, typer.Option("--kernel", "-k", help="Kernel to tune, e.g. fused_recurrent_kda (see `dtune list`).")
+    ],
+    gpu: Annotated[
+        str, typer.Option(help="GPU profile the results are labelled with: auto (detect), or a key from `dtune list`.")
+    ] = "auto",
+    seq_lens: Annotated[
+        str | None, typer.Option("--seq-lens", help="Sequence lengths T, comma-separated (default: the space's grid).")
+    ] = None,
+    head_dims: Annotated[
+        str | None, typer.Option("--head-dims", help="Head dims (K = V), comma-separated (default: the space's grid).")
+    ] = None,
+    heads: Annotated[
+        str | None, typer.Option("--heads", help="Heads (H = HV), comma-separated (default: the space's grid).")
+    ] = None,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="Batch sizes B, comma-separated (default: the space's grid).")
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="Activation dtype: fp32, fp16 or bf16.")] = "bf16",
+    trials: Annotated[
+        int | None, typer.Option(help="Trials per shape (default 40 when --timeout is not given either).")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds per shape (with --trials: whichever ends first).")
+    ] = None,
+    sampler: Annotated[str, typer.Option(help="Optuna sampler: tpe, cmaes, random or grid.")] = "tpe",
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            help="Optuna storage URL shared by many workers (sqlite:///f.db, postgresql://..., or journal:PATH); "
+            "default: study.db in the run folder."
+        ),
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue (or join) existing studies instead of refusing.")] = False,
+    space: Annotated[
+        Path | None, typer.Option(help="Search-space TOML of your own (default: the one shipped for the kernel).")
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Run folder (default runs/<kernel>-<gpu>-<timestamp>).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one machine-readable JSON summary, no progress.")
+    ] = False,
+    interpret: Annotated[
+        bool, typer.Option(help="Run on the CPU under Triton's interpreter, small shapes; timings not meaningful.")
+    ] = False,
+    allow_gpu_mismatch: Annotated[
+        bool, typer.Option(help="Allow --gpu to name another GPU than the one present (labels results with it).")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Sampler seed (give each worker joining one study its own).")] = 0,
+    determinism: Annotated[
+        bool, typer.Option(help="Gate also demands two bitwise-identical runs (catches races).")
+    ] = False,
+    trial_timeout: Annotated[
+        float, typer.Option(help="Seconds one trial (compile, gate, timing) may take before its worker is killed.")
+    ] = 300.0,
+) -> None:
+    """Search the fastest correct launch config of KERNEL for each shape (Optuna study per shape)."""
+    interpret = interpret or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if interpret:
+        use_interpreter()
+    from dtune.gpu import resolve_gpu
+    from dtune.search import INTERPRET_SHAPES, SAMPLERS, SearchConfig, run_search
+    from dtune.space import ShapeGrid, SpaceError, load_space, load_space_file
+
+    if sampler not in SAMPLERS:
+        raise typer.BadParameter(
+            f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}", param_hint="--sampler"
+        )
+    if dtype not in ("fp32", "fp16", "bf16"):
+        raise typer.BadParameter(f"unknown dtype {dtype!r}; use fp32, fp16 or bf16", param_hint="--dtype")
+    lists = {
+        "seq_lens": int_list(seq_lens, "--seq-lens"),
+        "head_dims": int_list(head_dims, "--head-dims"),
+        "heads": int_list(heads, "--heads"),
+        "batch": int_list(batch, "--batch"),
+    }
+    try:
+        from dtune.plugins import load_plugins
+
+        load_plugins()
+        space_obj = load_space_file(space) if space is not None else load_space(kernel)
+        if space_obj.kernel != kernel:
+            fail(f"search space {space_obj.source} is for {space_obj.kernel!r}, not --kernel {kernel!r}")
+        profile = resolve_gpu(gpu, allow_mismatch=allow_gpu_mismatch, interpret=interpret)
+    except (SpaceError, ValueError) as e:
+        fail(str(e))
+    base = INTERPRET_SHAPES if interpret else space_obj.shapes
+    grid = ShapeGrid(
+        seq_lens=lists["seq_lens"] or base.seq_lens,
+        head_dims=lists["head_dims"] or base.head_dims,
+        heads=lists["heads"] or base.heads,
+        batch=lists["batch"] or base.batch,
+        batch_tokens=None if lists["batch"] else base.batch_tokens,
+    )
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = out_dir or Path("runs") / f"{kernel}-{profile.key}-{stamp}"
+    try:
+        cfg = SearchConfig(
+            kernel=kernel,
+            gpu=profile,
+            space=space_obj,
+            shapes=grid.shapes(),
+            out=run_dir,
+            dtype=dtype,
+            trials=trials,
+            timeout=timeout,
+            sampler=sampler,
+            seed=seed,
+            storage=storage,
+            resume=resume,
+            interpret=interpret,
+            determinism=determinism,
+            trial_timeout=trial_timeout,
+        )
+        if as_json:
+            run = run_search(cfg)
+        else:
+            err.print(
+                f"tuning [bold]{kernel}[/] for [bold]{profile.key}[/] ({dtype}), {len(cfg.shapes)} shape(s) "
+                f"-> {run_dir}" + (" [yellow](interpreter: timings not meaningful)[/]" if interpret else ""),
+                highlight=False,
+            )
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            with Progress(*columns, console=err) as progress:
+                run = run_search(cfg, make_reporter(progress))
+    except ValueError as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(run.as_dict()))
+    else:
+        out.print(summary_table(run))
+        out.print(
+            f"{sum(s.trials_run for s in run.shapes)} trials in {run.elapsed_s:.1f} s "
+            f"({run.trials_per_min:.1f} trials/min, {run.worker_restarts} worker restart(s)); "
+            f"run folder {run.run_dir}",
+            highlight=False,
+        )
+    if run.interrupted:
+        raise typer.Exit(130)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(search)
