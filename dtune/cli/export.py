@@ -32,12 +32,12 @@ def export(
     out.print(
         f"wrote {len(doc['entries'])} entr{'y' if len(doc['entries']) == 1 else 'ies'} for {doc['gpu']} to {path}"
     )
-    for e in doc["entries"]:
-        b = e["bucket"]
-        speed = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
+    for entry in doc["entries"]:
+        b = entry["bucket"]
+        speed = f"{entry['speedup']:.2f}x" if entry.get("speedup") else "-"
         out.print(
-            f"  {e['kernel']} {e['dtype']} T{b['T']}-B{b['B']}-H{b['H']}-HV{b['HV']}-K{b['K']}-V{b['V']}: "
-            f"{json.dumps(e['config'])}  {e['time_ms']:.4g} ms  speedup {speed}",
+            f"  {entry['kernel']} {entry['dtype']} T{b['T']}-B{b['B']}-H{b['H']}-HV{b['HV']}-K{b['K']}-V{b['V']}: "
+            f"{json.dumps(entry['config'])}  {entry['time_ms']:.4g} ms  speedup {speed}",
             highlight=False,
         )
 
