@@ -49,7 +49,9 @@ def _summary(data: d.RunData) -> Section:
             )
             if c in table.columns
         ]
-        s.add_table(table[cols], sortable=True)
+        shown = table[cols].copy()
+        shown["config"] = shown["config"].map(d.compact_config)
+        s.add_table(shown, sortable=True)
     elif not env:
         s.missing = "no run.json, tuned.json or trials.csv in this folder"
     for problem in data.problems:

@@ -72,11 +72,12 @@ def roofline(points: pd.DataFrame, roof_list: list[Roofs]) -> go.Figure:
     hi = 10 ** math.ceil(math.log10(max(points["intensity"].max(), *(r.ridge for r in roof_list), 1.0)) + 0.5)
     fig = go.Figure()
     lines = d.roof_lines(roof_list, lo, hi)
-    for name, grp in lines.groupby("roof", sort=False):
-        fig.add_trace(
-            go.Scatter(x=grp["intensity"], y=grp["tflops"], mode="lines", name=str(name), line={"dash": "dash"})
-        )
-    for name, grp in points.groupby("group", sort=True):
+    for i, (name, grp) in enumerate(lines.groupby("roof", sort=False)):
+        style = {"dash": "dash" if i else "solid", "color": "#333" if i else "#999", "width": 2}
+        fig.add_trace(go.Scatter(x=grp["intensity"], y=grp["tflops"], mode="lines", name=str(name), line=style))
+    palette = px.colors.qualitative.Dark24
+    for i, (name, grp) in enumerate(points.groupby("group", sort=True)):
+        symbol = "diamond" if str(name).startswith("profile") else "circle"
         fig.add_trace(
             go.Scatter(
                 x=grp["intensity"],
@@ -84,7 +85,7 @@ def roofline(points: pd.DataFrame, roof_list: list[Roofs]) -> go.Figure:
                 mode="markers",
                 name=str(name),
                 text=grp["label"],
-                marker={"size": 9},
+                marker={"size": 10, "symbol": symbol, "color": palette[i % len(palette)], "opacity": 0.85},
                 hovertemplate="%{text}<br>%{x:.1f} FLOP/B, %{y:.2f} TFLOP/s<extra></extra>",
             )
         )
@@ -115,10 +116,13 @@ def search_history(frame: pd.DataFrame) -> go.Figure:
 
 
 def param_importance(frame: pd.DataFrame) -> go.Figure:
-    fig = px.bar(frame, x="importance", y="param", color="study", orientation="h", barmode="group")
-    fig.update_xaxes(title=f"importance ({frame['evaluator'].iloc[0]}, normalised per study)")
+    grid = frame.pivot_table(index="param", columns="study", values="importance", aggfunc="mean").fillna(0.0)
+    grid = grid.loc[grid.mean(axis=1).sort_values().index]
+    fig = px.imshow(grid, color_continuous_scale="Blues", zmin=0, zmax=1, text_auto=".2f", aspect="auto")
+    fig.update_xaxes(title="study", tickangle=-30)
     fig.update_yaxes(title="")
-    return _styled(fig, "Parameter importance")
+    fig.update_layout(coloraxis_colorbar={"title": "importance"})
+    return _styled(fig, f"Parameter importance ({frame['evaluator'].iloc[0]}, normalised per study)")
 
 
 def failures(frame: pd.DataFrame) -> go.Figure:

@@ -152,6 +152,17 @@ def best_per_shape(trials: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def compact_config(text: Any) -> str:
+    """``{"BT": 64, "num_warps": 4}`` (JSON text) -> ``BT=64 num_warps=4``; anything else unchanged."""
+    try:
+        cfg = json.loads(text) if isinstance(text, str) and text else None
+    except json.JSONDecodeError:
+        return str(text)
+    if not isinstance(cfg, dict):
+        return "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text)
+    return " ".join(f"{k}={v}" for k, v in cfg.items())
+
+
 def _plain(x: Any) -> Any:
     """numpy scalars -> Python, floats that are whole -> int (trial params read back from CSV as floats)."""
     if hasattr(x, "item"):
@@ -246,7 +257,7 @@ def stage_breakdown(profile: pd.DataFrame) -> pd.DataFrame:
     frame["shape"] = frame["kernel"] + " " + frame.apply(shape_label, axis=1)
     total = frame.groupby("shape")["median_ms"].transform("sum")
     frame["share"] = frame["median_ms"] / total
-    cols = ["shape", "stage", "median_ms", "share", "registers", "spills", "shared_mem", "x_floor", "bound"]
+    cols = ["shape", "stage", "median_ms", "share", "registers", "spills", "shared_mem", "x_floor", "verdict"]
     cols = [c for c in cols if c in frame.columns]
     return frame[cols].reset_index(drop=True)
 

@@ -21,7 +21,8 @@ box-shadow:0 1px 2px rgba(0,0,0,.08)}h2{font-size:18px;margin:4px 0 10px}
 .note{color:#555;font-size:13px}table{border-collapse:collapse;font-size:12px}
 th,td{border-bottom:1px solid #e3e6ea;padding:3px 8px;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;position:sticky;top:0;cursor:pointer;user-select:none}
-td:first-child,th:first-child{text-align:left}.scroll{max-height:520px;overflow:auto}
+td:first-child,th:first-child{text-align:left}td.wrap{white-space:normal}
+td:last-child{white-space:normal;text-align:left;min-width:240px}.scroll{max-height:520px;overflow:auto}
 dl{display:grid;grid-template-columns:max-content auto;gap:4px 16px;margin:0}dt{font-weight:600}dd{margin:0}
 """
 
@@ -42,6 +43,13 @@ document.querySelectorAll('table.sortable th').forEach(function(th, col){
   });
 });
 """
+
+
+def number(x: float) -> str:
+    """Whole numbers as integers (registers, bytes), the rest to 4 significant digits."""
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.4g}"
 
 
 @dataclass
@@ -71,13 +79,13 @@ class Section:
             + "</div>"
         )
 
-    def add_table(self, frame: pd.DataFrame, sortable: bool = False, float_format: str = "{:.4g}") -> None:
+    def add_table(self, frame: pd.DataFrame, sortable: bool = False) -> None:
         table = frame.to_html(
             index=False,
             na_rep="–",
             border=0,
             classes="sortable" if sortable else "",
-            float_format=float_format.format,
+            float_format=number,
             escape=True,
         )
         self.parts.append(f'<div class="scroll">{table}</div>')
