@@ -83,10 +83,9 @@ def bench(
     ] = None,
 ) -> None:
     """Time the tuned config against the untuned default, flash-linear-attention and the PyTorch reference."""
-    from dtune.kernels import get_kernel
-
     from dtune import bench as b
     from dtune.inputs import dtype_from_name
+    from dtune.kernels import get_kernel
 
     try:
         dt = dtype_from_name(dtype)
@@ -183,12 +182,11 @@ def profile(
     """Per-stage time, registers, spills, shared memory, GB/s and TFLOP/s against measured ceilings and the floor."""
     import subprocess
 
-    from dtune.kernels import get_kernel
-
     from dtune import bench as b
     from dtune import profile as pr
     from dtune import roofline
     from dtune.inputs import Gate, Problem, dtype_from_name
+    from dtune.kernels import get_kernel
 
     try:
         dt = dtype_from_name(dtype)

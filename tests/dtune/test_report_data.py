@@ -135,9 +135,20 @@ def bench_rows() -> pd.DataFrame:
     base = {"kernel": "chunk_kda", "dtype": "bf16", "B": 8, "T": 4096, "H": 16, "HV": 16, "K": 128, "V": 128}
     rows = []
     for impl, ms in {"tuned": 1.0, "default": 1.5, "fla": 1.8, "fla_fast": 1.6, "torch": 12.0}.items():
-        rows.append({**base, "impl": impl, "mode": "eager", "median_ms": ms, "speedup_vs_default": 1.5 / ms,
-                     "speedup_vs_fla": 1.6 / ms, "meaningful": True, "flops": 9.449e10, "bytes": 8.06e8,
-                     "tflops": 9.449e10 / (ms * 1e-3) / 1e12})  # fmt: skip
+        rows.append(
+            {
+                **base,
+                "impl": impl,
+                "mode": "eager",
+                "median_ms": ms,
+                "speedup_vs_default": 1.5 / ms,
+                "speedup_vs_fla": 1.6 / ms,
+                "meaningful": True,
+                "flops": 9.449e10,
+                "bytes": 8.06e8,
+                "tflops": 9.449e10 / (ms * 1e-3) / 1e12,
+            }
+        )
     rows.append({**rows[-1], "impl": "default", "median_ms": math.nan, "tflops": math.nan, "T": 1024})
     return pd.DataFrame(rows)
 
@@ -170,10 +181,26 @@ def profile_rows() -> pd.DataFrame:
         ("total (whole op)", 1.05, 9e10, 8e8),
     ]
     return pd.DataFrame(
-        [{**base, "stage": s, "median_ms": ms, "flops": fl, "bytes": by, "tflops": fl / (ms * 1e-3) / 1e12,
-          "registers": 96, "spills": 0, "shared_mem": 32768, "x_floor": 2.0, "verdict": "2.0× floor, memory-bound",
-          "roof_gbs": 4249.0, "roof_tflops": 700.0, "roof_source": "measured"} for s, ms, fl, by in stages]
-    )  # fmt: skip
+        [
+            {
+                **base,
+                "stage": s,
+                "median_ms": ms,
+                "flops": fl,
+                "bytes": by,
+                "tflops": fl / (ms * 1e-3) / 1e12,
+                "registers": 96,
+                "spills": 0,
+                "shared_mem": 32768,
+                "x_floor": 2.0,
+                "verdict": "2.0× floor, memory-bound",
+                "roof_gbs": 4249.0,
+                "roof_tflops": 700.0,
+                "roof_source": "measured",
+            }
+            for s, ms, fl, by in stages
+        ]
+    )
 
 
 def test_stage_breakdown_shares() -> None:
@@ -209,9 +236,21 @@ def test_roofline_points_and_roofs(tmp_path: Path) -> None:
 
 
 def test_tuned_frame_and_compact_config() -> None:
-    tuned = {"entries": [{"kernel": "chunk_kda", "dtype": "bf16", "bucket": {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 128, "V": 128},
-                          "config": {"BT": 64, "num_warps": 4}, "time_ms": 1.0, "default_time_ms": 1.3, "speedup": 1.3,
-                          "gate_error": 2e-3, "trials": {"complete": 40, "failed": 7, "pruned": 3}}]}  # fmt: skip
+    tuned = {
+        "entries": [
+            {
+                "kernel": "chunk_kda",
+                "dtype": "bf16",
+                "bucket": {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 128, "V": 128},
+                "config": {"BT": 64, "num_warps": 4},
+                "time_ms": 1.0,
+                "default_time_ms": 1.3,
+                "speedup": 1.3,
+                "gate_error": 2e-3,
+                "trials": {"complete": 40, "failed": 7, "pruned": 3},
+            }
+        ]
+    }
     f = d.tuned_frame(tuned)
     assert f is not None
     row = f.iloc[0]
@@ -221,8 +260,14 @@ def test_tuned_frame_and_compact_config() -> None:
 
 
 def test_environment_lists_gpu_versions_commit() -> None:
-    env = d.environment({"gpu": {"name": "NVIDIA H200", "key": "h200", "cc_major": 9, "cc_minor": 0, "hbm_gbs": 4800},
-                         "versions": {"torch": "2.13", "triton": "3.9"}, "commit": "abc123", "interpret": True})  # fmt: skip
+    env = d.environment(
+        {
+            "gpu": {"name": "NVIDIA H200", "key": "h200", "cc_major": 9, "cc_minor": 0, "hbm_gbs": 4800},
+            "versions": {"torch": "2.13", "triton": "3.9"},
+            "commit": "abc123",
+            "interpret": True,
+        }
+    )
     assert env["GPU"] == "NVIDIA H200 (h200, sm_90)"
     assert env["Versions"] == "torch 2.13, triton 3.9"
     assert env["Commit"] == "abc123"

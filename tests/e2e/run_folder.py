@@ -179,14 +179,28 @@ def _bench(run: Path, entries: list[dict[str, Any]]) -> None:
         for impl, ms in times.items():
             rows.append(
                 {
-                    "kernel": KERNEL, "impl": impl, "mode": "eager", "dtype": "bf16", **b, "median_ms": ms, "min_ms": ms * 0.98,
-                    "iqr_ms": ms * 0.01, "repeats": 150, "meaningful": True,
-                    "speedup_vs_default": e["default_time_ms"] / ms, "speedup_vs_fla": min(times["fla"], times["fla_fast"]) / ms,
-                    "gbs": nbytes / (ms * 1e-3) / 1e9, "tflops": flops / (ms * 1e-3) / 1e12, "flops": flops, "bytes": nbytes,
-                    "config": json.dumps(e["config"]) if impl == "tuned" else "", "config_source": "tuned.json",
-                    "device": "cuda", "note": "",
+                    "kernel": KERNEL,
+                    "impl": impl,
+                    "mode": "eager",
+                    "dtype": "bf16",
+                    **b,
+                    "median_ms": ms,
+                    "min_ms": ms * 0.98,
+                    "iqr_ms": ms * 0.01,
+                    "repeats": 150,
+                    "meaningful": True,
+                    "speedup_vs_default": e["default_time_ms"] / ms,
+                    "speedup_vs_fla": min(times["fla"], times["fla_fast"]) / ms,
+                    "gbs": nbytes / (ms * 1e-3) / 1e9,
+                    "tflops": flops / (ms * 1e-3) / 1e12,
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "config": json.dumps(e["config"]) if impl == "tuned" else "",
+                    "config_source": "tuned.json",
+                    "device": "cuda",
+                    "note": "",
                 }
-            )  # fmt: skip
+            )
     pd.DataFrame(rows).to_csv(run / "bench.csv", index=False)
 
 
@@ -204,15 +218,37 @@ def _profile(run: Path) -> None:
             bound = "memory" if nbytes / 4249e9 >= flops / 700e12 else "compute"
             rows.append(
                 {
-                    "kernel": KERNEL, "dtype": "bf16", "B": 8, "T": 4096, "H": 16, "HV": 16, "K": D, "V": D,
-                    "stage": stage, "median_ms": ms, "min_ms": ms, "iqr_ms": 0.001, "meaningful": True,
-                    "share": share if share else math.nan, "flops": flops, "bytes": nbytes,
-                    "intensity": flops / nbytes, "gbs": nbytes / (ms * 1e-3) / 1e9,
-                    "tflops": flops / (ms * 1e-3) / 1e12, "registers": 168 if share else math.nan,
-                    "spills": 0 if share else math.nan, "shared_mem": 65536 if share else math.nan,
-                    "floor_ms": floor, "x_floor": ms / floor, "bound": bound,
-                    "verdict": f"{ms / floor:.1f}× floor, {bound}-bound", "roof_gbs": 4249.0,
-                    "roof_tflops": 700.0, "roof_source": "measured", "config": "{}", "note": "",
+                    "kernel": KERNEL,
+                    "dtype": "bf16",
+                    "B": 8,
+                    "T": 4096,
+                    "H": 16,
+                    "HV": 16,
+                    "K": D,
+                    "V": D,
+                    "stage": stage,
+                    "median_ms": ms,
+                    "min_ms": ms,
+                    "iqr_ms": 0.001,
+                    "meaningful": True,
+                    "share": share if share else math.nan,
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "intensity": flops / nbytes,
+                    "gbs": nbytes / (ms * 1e-3) / 1e9,
+                    "tflops": flops / (ms * 1e-3) / 1e12,
+                    "registers": 168 if share else math.nan,
+                    "spills": 0 if share else math.nan,
+                    "shared_mem": 65536 if share else math.nan,
+                    "floor_ms": floor,
+                    "x_floor": ms / floor,
+                    "bound": bound,
+                    "verdict": f"{ms / floor:.1f}× floor, {bound}-bound",
+                    "roof_gbs": 4249.0,
+                    "roof_tflops": 700.0,
+                    "roof_source": "measured",
+                    "config": "{}",
+                    "note": "",
                 }
-            )  # fmt: skip
+            )
     pd.DataFrame(rows).to_csv(run / "profile.csv", index=False)
