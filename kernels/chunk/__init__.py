@@ -55,7 +55,7 @@ from typing import Any
 import torch
 import triton
 
-from ..config import Config, next_power_of_2
+from ..config import Config, new_output, next_power_of_2
 from .intra import chunk_intra_kernel
 from .output import chunk_output_kernel
 from .state import chunk_state_kernel
@@ -131,9 +131,7 @@ def _tile(choice: int, dim: int) -> int:
     return max(16, min(choice, next_power_of_2(dim)))
 
 
-def _chunk_table(
-    cu_seqlens: torch.Tensor, BT: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _chunk_table(cu_seqlens: torch.Tensor, BT: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(chunk_info int32 [NC, 2] = (first token, sequence end), chunk_offsets int32 [N + 1], NC)."""
     offs = cu_seqlens.detach().to("cpu", torch.int64)
     lens = offs[1:] - offs[:-1]
@@ -188,22 +186,24 @@ def plan(
     tokens = B * T
     fuse = bool(config["FUSE_OUTPUT"])
 
-    o = v.new_empty(B, T, HV, V)
-    ht = q.new_empty(N, HV, K, V, dtype=torch.float32) if output_final_state else None
-    w = q.new_empty(tokens, HV, K, dtype=dt)
-    u = q.new_empty(tokens, HV, V, dtype=dt)
-    aqk = q.new_empty(tokens, HV, BT, dtype=dt)
+    # new_output NaN-fills when the correctness gate poisons outputs: the intermediates too, so that an element
+    # a stage fails to write and a later stage reads shows up as NaN.
+    o = new_output(B, T, HV, V, dtype=v.dtype, device=dev)
+    ht = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    w = new_output(tokens, HV, K, dtype=dt, device=dev)
+    u = new_output(tokens, HV, V, dtype=dt, device=dev)
+    aqk = new_output(tokens, HV, BT, dtype=dt, device=dev)
     qg = kg = None
     if GATE == 2:
-        qg = q.new_empty(tokens, HV, K, dtype=dt)
-        kg = q.new_empty(tokens, HV, K, dtype=dt)
-        gout = q.new_empty(max(NC, 1), HV, K, dtype=torch.float32)
+        qg = new_output(tokens, HV, K, dtype=dt, device=dev)
+        kg = new_output(tokens, HV, K, dtype=dt, device=dev)
+        gout = new_output(max(NC, 1), HV, K, dtype=torch.float32, device=dev)
     elif GATE == 1:
-        gout = q.new_empty(tokens, HV, dtype=torch.float32)
+        gout = new_output(tokens, HV, dtype=torch.float32, device=dev)
     else:
         gout = None
-    hbuf = None if fuse else q.new_empty(max(NC, 1), HV, K, V, dtype=dt)
-    vnew = None if fuse else q.new_empty(tokens, HV, V, dtype=dt)
+    hbuf = None if fuse else new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
+    vnew = None if fuse else new_output(tokens, HV, V, dtype=dt, device=dev)
 
     isz, osz = q.element_size(), torch.empty((), dtype=dt).element_size()
     gsz = 0 if g is None else g.element_size() * (K if GATE == 2 else 1)

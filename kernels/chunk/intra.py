@@ -107,9 +107,9 @@ def chunk_intra_kernel(
                     b_gamt = tl.cumsum(b_gt, 0)  # γ of the whole chunk, this key tile
                     # γ_r: cumulative gate at the block's first row
                     b_gr = tl.sum(tl.where((o_t == r0)[:, None], b_gamt, 0.0), 0)
-                    b_gam = tl.load(
-                        g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0
-                    ).to(tl.float32)
+                    b_gam = tl.load(g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
+                        tl.float32
+                    )
                     b_gam = tl.cumsum(b_gam, 0)
                     b_gam = b_gam - tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)[None, :] + b_gr[None, :]
                     # off-diagonal: rows scaled by exp(γ_i - γ_r) <= 1, columns (j < r) by exp(γ_r - γ_j) <= 1
@@ -184,9 +184,9 @@ def chunk_intra_kernel(
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < K
                 m_rk = m_r[:, None] & m_k[None, :]
-                b_k = tl.load(
-                    k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0
-                ).to(tl.float32)
+                b_k = tl.load(k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
+                    tl.float32
+                )
                 if GATE == 1:
                     b_x = b_k * (b_beta * tl.exp(b_gam1))[:, None]
                 elif GATE == 2:
@@ -197,14 +197,14 @@ def chunk_intra_kernel(
                     ).to(tl.float32)
                     b_gC = tl.sum(b_gt, 0)  # γ_C (rows past the end hold 0)
                     b_base = tl.sum(tl.where((o_t < r0)[:, None], b_gt, 0.0), 0)
-                    b_gam = tl.load(
-                        g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0
-                    ).to(tl.float32)
+                    b_gam = tl.load(g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
+                        tl.float32
+                    )
                     b_gam = tl.cumsum(b_gam, 0) + b_base[None, :]
                     b_x = b_k * tl.exp(b_gam) * b_beta[:, None]
-                    b_q = tl.load(
-                        q + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0
-                    ).to(tl.float32)
+                    b_q = tl.load(q + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
+                        tl.float32
+                    )
                     p_r = ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :]
                     tl.store(qg + p_r, (b_q * tl.exp(b_gam) * scale).to(qg.dtype.element_ty), mask=m_rk)
                     tl.store(kg + p_r, (b_k * tl.exp(b_gC[None, :] - b_gam)).to(kg.dtype.element_ty), mask=m_rk)
@@ -222,18 +222,16 @@ def chunk_intra_kernel(
                     )
                     b_x -= tl.dot(b_Ac, b_wp.to(DT), input_precision=DOT_PREC)
                 b_w = tl.dot(b_Tc, b_x.to(DT), input_precision=DOT_PREC)
-                tl.store(
-                    w + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], b_w.to(DT), mask=m_rk
-                )
+                tl.store(w + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], b_w.to(DT), mask=m_rk)
 
             # U_I = T_II (beta V - A[I, :I] U[:I])
             for i_v in range(NV):
                 o_v = i_v * BV + tl.arange(0, BV)
                 m_v = o_v < V
                 m_rv = m_r[:, None] & m_v[None, :]
-                b_v = tl.load(
-                    v + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_rv, other=0
-                ).to(tl.float32)
+                b_v = tl.load(v + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_rv, other=0).to(
+                    tl.float32
+                )
                 b_x = b_v * b_beta[:, None]
                 if I > 0:
                     m_tv = (o_t < r0)[:, None] & m_v[None, :]
@@ -245,9 +243,7 @@ def chunk_intra_kernel(
                     )
                     b_x -= tl.dot(b_Ac, b_up.to(DT), input_precision=DOT_PREC)
                 b_u = tl.dot(b_Tc, b_x.to(DT), input_precision=DOT_PREC)
-                tl.store(
-                    u + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], b_u.to(DT), mask=m_rv
-                )
+                tl.store(u + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], b_u.to(DT), mask=m_rv)
             if I + 1 < NB:
                 # the next blocks read W[:I+1], U[:I+1] back: make this block's stores visible to the whole CTA
                 tl.debug_barrier()

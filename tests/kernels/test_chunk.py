@@ -1,0 +1,188 @@
+"""Chunkwise templates against the float64 loop and the fused-recurrent ops, under Triton's interpreter.
+
+Outputs are NaN-poisoned by the autouse fixture (tests/conftest.py), intermediates included: an element a
+stage fails to write shows up as NaN (rel_err returns inf). Gates are strong (per-step log decay down to −5).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from dtune.kernels import KERNELS
+from dtune.kernels import chunk as chunk_mod
+from dtune.kernels.reference import naive_recurrent
+
+from dtune import ops
+from dtune.inputs import Gate, Problem, make_inputs
+from tests.conftest import rel_err
+
+CHUNK = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
+RECURRENT = {
+    Gate.NONE: "fused_recurrent_delta_rule",
+    Gate.SCALAR: "fused_recurrent_gated_delta_rule",
+    Gate.CHANNEL: "fused_recurrent_kda",
+}
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2}
+
+
+def run(name: str, x: dict[str, Any], config: dict[str, Any] | None = None, final: bool = True) -> tuple:
+    return ops.run_kernel(
+        name,
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        initial_state=x["initial_state"],
+        output_final_state=final,
+        cu_seqlens=x["cu_seqlens"],
+        config=config,
+    )
+
+
+def check(problem: Problem, x: dict[str, Any], config: dict[str, Any] | None = None, tol: float | None = None) -> None:
+    """Chunk op vs the float64 loop (output and final state), and vs the fused-recurrent op."""
+    tol = TOL[x["v"].dtype] if tol is None else tol
+    o, s = run(CHUNK[problem.gate], x, config)
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    o_ref, s_ref = naive_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    assert o.dtype == x["v"].dtype and o.shape == x["v"].shape
+    assert s is not None and s_ref is not None
+    assert s.dtype == torch.float32 and s.shape == s_ref.shape
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert rel_err(o, o_ref) < tol, f"output rel err {rel_err(o, o_ref):.3g}"
+    assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g}"
+    o_rec, s_rec = run(RECURRENT[problem.gate], x)
+    assert rel_err(o, o_rec) < 2 * tol, f"output vs fused recurrent {rel_err(o, o_rec):.3g}"
+    assert s_rec is not None and rel_err(s, s_rec) < 2 * tol
+
+
+def case_id(p: Problem, seq_lens: list[int] | None, extra: str = "") -> str:
+    head = f"varlen{'-'.join(map(str, seq_lens))}" if seq_lens else f"B{p.B}-T{p.T}"
+    return f"{head}-H{p.H}-HV{p.HV}-K{p.K}-V{p.V}-{ {'none': 'dn', 'scalar': 'gdn', 'channel': 'kda'}[p.gate.value] }{extra}"
+
+
+# (problem, seq_lens, initial_state, config); BT = 32 in most cases to keep the interpreter quick.
+SMALL = {"BT": 32, "BC": 16}
+CASES: dict[str, tuple[Problem, list[int] | None, bool, dict[str, Any] | None]] = {}
+
+
+def add(p: Problem, seq_lens: list[int] | None = None, h0: bool = True, config: dict | None = None, extra: str = ""):
+    CASES[case_id(p, seq_lens, extra)] = (p, seq_lens, h0, config)
+
+
+for gate in Gate:
+    add(Problem(2, 1, 2, 2, 32, 32, 2, gate), config=SMALL)  # T = 1
+    add(Problem(2, 31, 2, 4, 32, 48, 2, gate), config=SMALL)  # T = BT - 1, grouped value heads, K != V
+    add(Problem(1, 33, 1, 2, 16, 32, 1, gate), h0=False, config=SMALL, extra="-noh0")  # T = BT + 1
+    add(Problem(1, 63, 1, 1, 32, 16, 1, gate), extra="-default")  # default config (BT = 64, BC = 16): T = BT - 1
+    add(Problem(1, 0, 1, 2, 32, 32, 5, gate, True), seq_lens=[1, 17, 0, 40, 2], config=SMALL)  # varlen, empty seq
+    add(Problem(1, 50, 1, 1, 32, 32, 1, gate), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
+add(Problem(1, 20, 1, 1, 256, 32, 1, Gate.CHANNEL), config=SMALL)  # K = 256: key tiles in every stage
+add(Problem(1, 20, 1, 1, 32, 256, 1, Gate.SCALAR), config=SMALL)  # V = 256
+add(Problem(1, 17, 1, 1, 256, 256, 1, Gate.NONE), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True})
+add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "DIAG": "ref"}, extra="-ref")
+add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.SCALAR), config={"BT": 128, "BC": 32}, extra="-BT128")
+
+
+@pytest.mark.parametrize(("problem", "seq_lens", "h0", "config"), list(CASES.values()), ids=list(CASES))
+def test_chunk_matches_loop(problem: Problem, seq_lens: list[int] | None, h0: bool, config: dict | None) -> None:
+    x = make_inputs(problem, seed=3, seq_lens=seq_lens, initial_state=h0, gate_min=-5.0)
+    check(problem, x, config)
+
+
+@pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
+def test_float16(gate: Gate) -> None:
+    p = Problem(2, 40, 1, 2, 32, 32, 2, gate)
+    x = make_inputs(p, dtype=torch.float16, seed=4)
+    check(p, x, SMALL)
+
+
+@pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
+def test_no_final_state(gate: Gate) -> None:
+    p = Problem(1, 20, 1, 1, 16, 16, 1, gate)
+    x = make_inputs(p, seed=6)
+    o, s = run(CHUNK[gate], x, SMALL, final=False)
+    assert s is None
+    o_ref, _ = naive_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"])
+    assert rel_err(o, o_ref) < TOL[torch.float32]
+
+
+def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` configs drawn from the whole legal space (BC <= BT; the documented-unsafe KDA "ref" diagonal with
+    BC = 64 excluded: it is tested to fail loudly below)."""
+    legal = KERNELS[CHUNK[gate]].legal_params()
+    rng = random.Random(seed)
+    out: list[dict[str, Any]] = []
+    while len(out) < n:
+        cfg = {name: rng.choice(values) for name, values in legal.items()}
+        if cfg["BC"] > cfg["BT"] or (cfg.get("DIAG") == "ref" and cfg["BC"] == 64):
+            continue
+        out.append(cfg)
+    return out
+
+
+SAMPLED = [(gate, i, cfg) for gate in Gate for i, cfg in enumerate(random_configs(gate, 8, seed=2026))]
+
+
+@pytest.mark.parametrize(
+    ("gate", "cfg"),
+    [(g, c) for g, _, c in SAMPLED],
+    ids=[f"{g.value}-{i}-BT{c['BT']}-BC{c['BC']}{'-fused' if c['FUSE_OUTPUT'] else ''}" for g, i, c in SAMPLED],
+)
+def test_sampled_configs(gate: Gate, cfg: dict[str, Any]) -> None:
+    p = Problem(1, 0, 1, 2, 32, 32, 3, gate, True)
+    x = make_inputs(p, seed=8, seq_lens=[cfg["BT"] + 3, 5, cfg["BT"] - 1], gate_min=-5.0)
+    check(p, x, cfg)
+
+
+def test_ref_diagonal_fails_loudly_when_unsafe() -> None:
+    """DIAG = "ref" with BC = 64 under per-step log gates down to −5: float32 exp overflows -> inf/NaN, never a
+    silently small error (the correctness gate rejects it)."""
+    p = Problem(1, 64, 1, 1, 16, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=9, gate_min=-5.0)
+    o, s = run("chunk_kda", x, {"BT": 64, "BC": 64, "DIAG": "ref"})
+    assert s is not None
+    assert not (torch.isfinite(o).all() and torch.isfinite(s).all())
+
+
+def test_bc_larger_than_bt_is_rejected() -> None:
+    p = Problem(1, 8, 1, 1, 16, 16, 1, Gate.NONE)
+    x = make_inputs(p, seed=1)
+    with pytest.raises(ValueError, match="BC"):
+        run("chunk_delta_rule", x, {"BT": 16, "BC": 32})
+
+
+@pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
+def test_defaults_are_legal(gate: Gate) -> None:
+    spec = KERNELS[CHUNK[gate]]
+    legal = spec.legal_params()
+    for K, V in [(16, 16), (64, 128), (256, 256), (100, 72)]:
+        cfg = spec.default_config(K, V)
+        assert set(cfg) == set(legal)
+        assert all(cfg[name] in legal[name] for name in cfg)
+        assert cfg["BC"] <= cfg["BT"]
+        if gate is Gate.CHANNEL:
+            assert cfg["DIAG"] == "exact"  # safe for every gate strength
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+def test_plan_stages_produce_outputs(fuse: bool) -> None:
+    p = Problem(1, 40, 1, 2, 32, 32, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=12)
+    spec = KERNELS["chunk_kda"]
+    cfg = spec.check_config(32, 32, {**SMALL, "FUSE_OUTPUT": fuse})
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], "channel", 32**-0.5, x["initial_state"], True, None, cfg)
+    stages, (o, s) = chunk_mod.plan(*args)
+    assert [st.name for st in stages] == (["intra", "state+output"] if fuse else ["intra", "state", "output"])
+    assert all(st.flops > 0 and st.bytes > 0 for st in stages)
+    for st in stages:
+        st.run()
+    o_ref, s_ref = naive_recurrent(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True
+    )
+    assert s is not None and s_ref is not None
+    assert rel_err(o, o_ref) < TOL[torch.float32] and rel_err(s, s_ref) < TOL[torch.float32]
