@@ -177,11 +177,11 @@ def plan(
     g = None if g is None else g.contiguous()
     h0 = None if initial_state is None else initial_state.contiguous()
     varlen = cu_seqlens is not None
-    if varlen:
-        assert cu_seqlens is not None
+    chunk_info: torch.Tensor | None = None
+    chunk_offsets: torch.Tensor | None = None
+    if cu_seqlens is not None:
         chunk_info, chunk_offsets, NC = _chunk_table(cu_seqlens, BT, dev)
     else:
-        chunk_info = chunk_offsets = None
         NC = B * triton.cdiv(T, BT)
     tokens = B * T
     fuse = bool(config["FUSE_OUTPUT"])

@@ -62,7 +62,8 @@ def check(problem: Problem, x: dict[str, Any], config: dict[str, Any] | None = N
 
 def case_id(p: Problem, seq_lens: list[int] | None, extra: str = "") -> str:
     head = f"varlen{'-'.join(map(str, seq_lens))}" if seq_lens else f"B{p.B}-T{p.T}"
-    return f"{head}-H{p.H}-HV{p.HV}-K{p.K}-V{p.V}-{ {'none': 'dn', 'scalar': 'gdn', 'channel': 'kda'}[p.gate.value] }{extra}"
+    op = {"none": "dn", "scalar": "gdn", "channel": "kda"}[p.gate.value]
+    return f"{head}-H{p.H}-HV{p.HV}-K{p.K}-V{p.V}-{op}{extra}"
 
 
 # (problem, seq_lens, initial_state, config); BT = 32 in most cases to keep the interpreter quick.
