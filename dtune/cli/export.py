@@ -27,7 +27,7 @@ def export(
         fail(str(e))
     doc = json.loads(path.read_text(encoding="utf-8"))
     if as_json:
-        out.print_json(json.dumps(doc))
+        typer.echo(json.dumps(doc, indent=2))
         return
     out.print(
         f"wrote {len(doc['entries'])} entr{'y' if len(doc['entries']) == 1 else 'ies'} for {doc['gpu']} to {path}"

@@ -47,7 +47,7 @@ def list_(
     """List the kernels (and their search spaces), the GPU profiles and the shipped tuned configs."""
     inv = inventory()
     if as_json:
-        out.print_json(json.dumps(inv))
+        typer.echo(json.dumps(inv, indent=2))
         return
     t = Table(title="kernels")
     for col in ("kernel", "family", "gate", "search space"):

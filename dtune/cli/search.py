@@ -204,7 +204,7 @@ def search(
     except ValueError as e:
         fail(str(e))
     if as_json:
-        out.print_json(json.dumps(run.as_dict()))
+        typer.echo(json.dumps(run.as_dict(), indent=2))
     else:
         out.print(summary_table(run))
         out.print(
