@@ -46,7 +46,7 @@ def bench_times(frame: pd.DataFrame) -> go.Figure:
         facet_row="kernel" if frame["kernel"].nunique() > 1 else None,
         hover_data=["speedup_vs_default", "speedup_vs_fla", "meaningful"],
     )
-    fig.update_yaxes(title="median ms (lower is better)")
+    fig.update_yaxes(title="median ms (log scale, lower is better)", type="log")
     fig.update_xaxes(title="shape")
     return _styled(fig, "Time per call: tuned vs each baseline")
 

@@ -1,0 +1,109 @@
+"""End to end: render the report of a run folder, open it in headless Chromium, check it works offline.
+
+Checks: no remote resources in the HTML; no console messages or uncaught errors while it loads (stderr log and
+an in-page trap); every chart div holds plotly's rendered ``svg.main-svg``; the screenshot is not blank and
+shows plotly's trace colours. The screenshot is kept at ``$DTUNE_E2E_SHOT`` when that is set (to look at it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dtune.report import build_report
+
+from .png import read_png
+from .run_folder import make_run_folder
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=8000",
+]
+
+# Injected first in <head> of the copy under test: console errors/warnings and uncaught exceptions are written
+# into the DOM, so --dump-dom shows them whatever Chromium's own logging does.
+TRAP = """<script>(function(){var log=[];function keep(k){return function(){log.push(k+': '+
+Array.prototype.join.call(arguments,' '));};}console.error=keep('error');console.warn=keep('warn');
+window.addEventListener('error',function(e){log.push('uncaught: '+e.message);});
+window.addEventListener('unhandledrejection',function(e){log.push('rejection: '+e.reason);});
+window.addEventListener('load',function(){var p=document.createElement('pre');p.id='console-trap';
+p.textContent=log.join('\\n');document.body.appendChild(p);});})();</script>"""
+
+
+def chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("e2e")
+    run = make_run_folder(root)
+    out, sections = build_report(run, root / "report.html")
+    assert all(state == "ok" for state in sections.values()), sections
+    return out
+
+
+def test_report_is_self_contained(report: Path) -> None:
+    text = report.read_text(encoding="utf-8")
+    assert re.search(r"<script[^>]+src=", text) is None, "a <script src=...> would need the network"
+    assert re.search(r"<link[^>]+href=[\"']https?:", text) is None
+    assert "@import" not in text and "fonts.googleapis" not in text
+    assert text.count("Plotly.newPlot") == 8  # every chart of the report
+    assert "plotly.js v" in text  # the library itself is inlined
+
+
+def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    html = report.read_text(encoding="utf-8")
+    page = tmp_path / "page.html"
+    page.write_text(html.replace("<head>", "<head>" + TRAP, 1), encoding="utf-8")
+    chart_ids = re.findall(r'<div id="(chart-[^"]+)" class="plotly-graph-div"', html)
+    assert len(chart_ids) == 8, chart_ids
+
+    done = chromium(["--dump-dom", page.as_uri()], tmp_path / "profile-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], "console output while loading the report:\n" + "\n".join(console)
+    trap = re.search(r'<pre id="console-trap">(.*?)</pre>', dom, re.S)
+    assert trap is not None, "the page's load event never fired"
+    assert trap.group(1).strip() == "", f"console errors: {trap.group(1)}"
+    for cid in chart_ids:
+        start = dom.index(f'id="{cid}"')
+        nxt = dom.find('id="chart-', start + 1)
+        segment = dom[start : nxt if nxt > 0 else len(dom)]
+        assert "js-plotly-plot" in segment[:400], f"{cid}: plotly did not take over the div"
+        assert 'class="main-svg"' in segment, f"{cid}: no rendered svg.main-svg"
+        assert "<path" in segment or "<rect" in segment, f"{cid}: nothing drawn"
+
+    shot = Path(os.environ.get("DTUNE_E2E_SHOT") or tmp_path / "report.png")
+    done = chromium(["--window-size=1280,2600", f"--screenshot={shot}", page.as_uri()], tmp_path / "profile-shot")
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    img = read_png(shot)[..., :3].astype(np.int32)
+    assert img.shape[:2] == (2600, 1280)
+    assert img.std() > 20, "the screenshot is (nearly) blank"
+    colours = np.unique(img.reshape(-1, 3), axis=0)
+    assert len(colours) > 200, f"only {len(colours)} distinct colours: nothing rendered?"
+    # plotly's first trace colour (#636efa) must appear: the speedup lines drew.
+    blue = (np.abs(img - np.array([0x63, 0x6E, 0xFA])).sum(axis=-1) < 30).sum()
+    assert blue > 200, f"plotly's trace colour covers only {blue} pixels"
