@@ -21,7 +21,7 @@ import triton.language as tl
 from dtune.kernels import KERNELS, KernelSpec, fused_recurrent
 
 NAME = "fake_recurrent"
-MODES = ("ok", "compile", "wrong", "nan", "crash", "hang")
+MODES = ("ok", "compile", "wrong", "unwritten", "crash", "hang")
 
 
 def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
@@ -50,7 +50,7 @@ def forward(q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu
     o, s = fused_recurrent.forward(q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, real)
     if mode == "wrong":
         o = o * 1.05
-    if mode == "nan":
+    if mode == "unwritten":
         o[..., -1] = float("nan")
     return o, s
 
@@ -67,7 +67,7 @@ KERNELS[NAME] = FakeSpec(NAME, "fake", "scalar")
 PLANTED_SEEDS = [
     {"MODE": "compile", "BV": 8},
     {"MODE": "wrong", "BV": 8},
-    {"MODE": "nan", "BV": 8},
+    {"MODE": "unwritten", "BV": 8},
     {"MODE": "crash", "BV": 8},
     {"MODE": "hang", "BV": 8},
     {"MODE": "ok", "BV": 32},  # breaks the constraint: pruned before any compile

@@ -1,0 +1,146 @@
+"""Run-time dispatch: nearest bucket, legal configs only, corrupt files refused or warned about."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import dtune.gpu
+import dtune.store as store
+from dtune.inputs import Gate, Problem
+from dtune.store import ConfigFileError, load_configs, read_configs, tuned_config
+
+KDA = "fused_recurrent_kda"
+CUDA = torch.device("cuda", 0)  # a descriptor only: no GPU is touched
+
+
+def entry(T: int, B: int, BV: int, H: int = 16, HV: int = 16, K: int = 128, V: int = 128, **kw: Any) -> dict[str, Any]:
+    e = {
+        "kernel": KDA,
+        "dtype": "bf16",
+        "bucket": {"T": T, "B": B, "H": H, "HV": HV, "K": K, "V": V},
+        "config": {"BV": BV, "num_warps": 4, "num_stages": 1},
+        "time_ms": 1.0,
+        "default_time_ms": 2.0,
+        "speedup": 2.0,
+        "gate_error": 1e-3,
+        "trials": {"complete": 3, "failed": 1, "pruned": 1},
+    }
+    e.update(kw)
+    return e
+
+
+ENTRIES = [entry(1, 1, 8), entry(1, 256, 16), entry(64, 32, 32), entry(1024, 32, 64), entry(64, 32, 128, HV=32)]
+
+
+def doc(entries: list[dict[str, Any]] = ENTRIES, gpu: str = "h100", schema: int = 1) -> dict[str, Any]:
+    return {"schema": schema, "gpu": gpu, "gpu_name": "x", "created": "now", "versions": {}, "entries": entries}
+
+
+def write(tmp_path: Path, content: Any, name: str = "tuned.json") -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def problem(T: int, B: int, H: int = 16, HV: int = 16, K: int = 128, V: int = 128) -> Problem:
+    return Problem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B, gate=Gate.CHANNEL)
+
+
+@pytest.fixture
+def on_h100(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "h100")
+
+
+@pytest.mark.parametrize(
+    ("T", "B", "BV"),
+    [
+        (1, 1, 8),  # exact
+        (1, 256, 16),  # exact
+        (1, 200, 16),  # nearest batch at T = 1
+        (2, 1, 8),  # T = 2: log-nearest is 1
+        (100, 8, 32),  # nearest T is 64
+        (700, 1, 64),  # nearest T is 1024
+    ],
+    ids=lambda x: str(x),
+)
+def test_nearest_bucket(tmp_path: Path, on_h100: None, T: int, B: int, BV: int) -> None:
+    load_configs(write(tmp_path, doc()), gpu="h100")
+    assert tuned_config(KDA, problem(T, B), torch.bfloat16, CUDA) == {"BV": BV, "num_warps": 4, "num_stages": 1}
+
+
+def test_no_match_means_default(tmp_path: Path, on_h100: None) -> None:
+    load_configs(write(tmp_path, doc()), gpu="h100")
+    assert tuned_config(KDA, problem(64, 32, K=64, V=64), torch.bfloat16, CUDA) is None  # head dims differ
+    assert tuned_config(KDA, problem(64, 32), torch.float16, CUDA) is None  # dtype differs
+    assert tuned_config("fused_recurrent_delta_rule", problem(64, 32), torch.bfloat16, CUDA) is None
+    assert tuned_config(KDA, problem(64, 32, HV=32), torch.bfloat16, CUDA)["BV"] == 128  # type: ignore[index]
+    assert tuned_config(KDA, problem(64, 32), torch.bfloat16, torch.device("cpu")) is None  # interpreter
+
+
+def test_other_gpu_gets_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    load_configs(write(tmp_path, doc()), gpu="h100")
+    monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "a100")
+    with pytest.warns(RuntimeWarning, match="for 'h100', not this 'a100'"):
+        assert tuned_config(KDA, problem(1, 1), torch.bfloat16, CUDA) is None
+
+
+def test_lookup_is_cached(tmp_path: Path, on_h100: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    load_configs(write(tmp_path, doc()), gpu="h100")
+    p = problem(64, 32)
+    first = tuned_config(KDA, p, torch.bfloat16, CUDA)
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise AssertionError("the hot path must be a dict hit")
+
+    monkeypatch.setattr(dtune.gpu, "detect", boom)
+    monkeypatch.setattr(store, "_configs_for", boom)
+    assert tuned_config(KDA, p, torch.bfloat16, CUDA) == first
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("{not json", "not valid JSON"),
+        (doc(schema=2), "schema 2 is not supported"),
+        (doc(gpu="a100"), "is for GPU 'a100', but this is 'h100'"),
+        (doc([entry(1, 1, 8, kernel="nope")]), "unknown kernel 'nope'"),
+        (doc([entry(1, 1, 3)]), "illegal config.*BV=3"),
+        (doc([{**entry(1, 1, 8), "config": {"BQ": 8}}]), "illegal config.*unknown parameter"),
+        (doc([entry(1, 1, 8, dtype="fp8")]), "unknown dtype"),
+        (doc([{**entry(1, 1, 8), "bucket": {"T": 1}}]), "bucket must give"),
+        ([1, 2], "not a JSON object"),
+    ],
+    ids=["json", "schema", "gpu", "kernel", "illegal-value", "unknown-param", "dtype", "bucket", "not-object"],
+)
+def test_corrupt_files_are_errors_when_loaded(tmp_path: Path, content: Any, match: str) -> None:
+    with pytest.raises(ConfigFileError, match=match):
+        load_configs(write(tmp_path, content), gpu="h100")
+    with pytest.raises(ConfigFileError, match="cannot be read"):
+        read_configs(tmp_path / "missing.json")
+
+
+def test_corrupt_env_file_is_a_warning(tmp_path: Path, on_h100: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(store.ENV, str(write(tmp_path, doc([entry(1, 1, 3)]))))
+    with pytest.warns(RuntimeWarning, match="illegal config"):
+        assert tuned_config(KDA, problem(1, 1), torch.bfloat16, CUDA) is None
+    store.reset()
+    monkeypatch.setenv(store.ENV, str(write(tmp_path, doc(), "good.json")))
+    assert tuned_config(KDA, problem(1, 1), torch.bfloat16, CUDA) == {"BV": 8, "num_warps": 4, "num_stages": 1}
+
+
+def test_ops_use_the_tuned_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dtune.ops asks the store when no config is passed (the CPU path answers None: the default runs)."""
+    import dtune.ops as ops
+
+    seen: list[Any] = []
+    monkeypatch.setattr(ops, "tuned_config", lambda *a: seen.append(a) or None)
+    from dtune.inputs import make_inputs
+
+    x = make_inputs(problem(2, 1, H=1, HV=1, K=16, V=16))
+    ops.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"])
+    assert seen and seen[0][0] == KDA
