@@ -21,7 +21,7 @@ starting its own chunks at its own offset) is built on the host; empty sequences
 final state is their initial state).
 
 Tunable parameters (``legal_params``): ``BT`` chunk size; ``BC`` sub-chunk rows (``BC <= BT``, else
-ValueError); ``DIAG`` (KDA only) the diagonal-block method; ``intra_BK``/``intra_BV`` key/value tiles of stage
+ValueError); ``DIAG_EXACT`` (KDA only) the diagonal-block method; ``intra_BK``/``intra_BV`` key/value tiles of stage
 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV`` tiles of the output stage (tiles larger than the
 head dimension are clipped to it); ``*_num_warps``/``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``,
 the precision of tensor-core dots on float32 inputs (``"ieee"`` exact, ``"tf32"`` faster, ~1e-3 relative
@@ -32,9 +32,9 @@ NUMERICS (where a configuration is unsafe):
 * No configuration ever forms ``exp(γ_i)·exp(−γ_j)`` across a chunk. Gated DeltaNet builds the ``[C, C]``
   decay ``exp(γ_i − γ_j)`` directly (masked before the exp): safe at every ``BT``. KDA off-diagonal blocks use
   the block's first row as reference point (both factors ≤ 1): safe at every ``BT``/``BC``.
-* KDA diagonal blocks, ``DIAG = "exact"`` (default): element-wise ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))``,
+* KDA diagonal blocks, ``DIAG_EXACT = True`` (default): element-wise ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))``,
   column by column: safe for every gate (slower: ``BC`` exp's per key channel per row).
-* KDA diagonal blocks, ``DIAG = "ref"``: one dot around the block's middle row ``m``, with factors
+* KDA diagonal blocks, ``DIAG_EXACT = False`` ("ref"): one dot around the block's middle row ``m``, with factors
   ``exp(γ_i − γ_m)`` and ``exp(γ_m − γ_j)`` up to ``exp(BC/2 · max|g|)`` in float32. UNSAFE when
   ``BC/2 · max|g| ≥ ~87`` (float32 exp overflows at 88.7): with per-step log gates down to −5 that is
   ``BC = 64`` (160) — and ``BC = 32`` once gates go below about −5.4; ``BC = 16`` is safe down to −10.9.
@@ -87,7 +87,7 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         raise ValueError(f"unknown gate mode {gate!r}")
     params = dict(_COMMON)
     if gate == "channel":
-        params["DIAG"] = ("exact", "ref")
+        params["DIAG_EXACT"] = (True, False)
     return params
 
 
@@ -103,7 +103,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "intra_num_stages": 1,
         "h_BV": 32 if BK <= 128 else 16,
         "h_num_warps": 4 if BK <= 64 else 8,
-        "h_num_stages": 2,
+        "h_num_stages": 2 if BK <= 128 else 1,
         "FUSE_OUTPUT": False,
         "o_BK": 64,
         "o_BV": 64,
@@ -112,7 +112,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "F32_DOT": "ieee",
     }
     if gate == "channel":
-        cfg["DIAG"] = "exact"
+        cfg["DIAG_EXACT"] = True
     return cfg
 
 
@@ -239,7 +239,7 @@ def plan(
             BK=i_BK,
             BV=i_BV,
             GATE=GATE,
-            DIAG_EXACT=config.get("DIAG", "exact") == "exact",
+            DIAG_EXACT=bool(config.get("DIAG_EXACT", True)),
             NB=BT // BC,
             NK=triton.cdiv(K, i_BK),
             NV=triton.cdiv(V, i_BV),
