@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-
 from dtune.kernels import KERNELS, KernelSpec, fused_recurrent
 
 NAME = "fake_recurrent"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import dtune.kernels.config as kernel_config
+import dtune.kernels.fused_recurrent as fr
 import pytest
 import torch
 
-import dtune.kernels.config as kernel_config
-import dtune.kernels.fused_recurrent as fr
 from dtune.gate import gate, rel_rms_error
 from dtune.inputs import Problem
 
@@ -84,7 +84,9 @@ def test_real_kernel_passes(kernel: str, dtype: torch.dtype) -> None:
     ids=["no-correction", "half-written", "zero-tail", "stale-state"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_planted_wrong_kernels_fail(monkeypatch: pytest.MonkeyPatch, planted: Any, match: str, dtype: torch.dtype) -> None:
+def test_planted_wrong_kernels_fail(
+    monkeypatch: pytest.MonkeyPatch, planted: Any, match: str, dtype: torch.dtype
+) -> None:
     monkeypatch.setattr(kernel_config, "POISON_OUTPUTS", False)  # the gate must poison by itself
     monkeypatch.setattr(fr, "forward", planted)
     result = gate(KDA, PROBLEM, dtype, "cpu", CONFIG, TOL[dtype])

@@ -23,7 +23,7 @@ def test_profiles_complete_and_sourced() -> None:
 
 
 def test_unknown_profile_names_the_known_ones() -> None:
-    with pytest.raises(GpuError, match="unknown GPU 'h900'.*h100"):
+    with pytest.raises(GpuError, match=r"unknown GPU 'h900'.*h100"):
         get_profile("h900")
 
 
@@ -66,7 +66,7 @@ def test_mismatch_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> Non
     assert resolve_gpu("auto").key == "h100"
     assert resolve_gpu("h100").key == "h100"
     assert gpu.detect() == "h100"
-    with pytest.raises(GpuError, match="--gpu h200 .* does not match the GPU present"):
+    with pytest.raises(GpuError, match=r"--gpu h200 .* does not match the GPU present"):
         resolve_gpu("h200")
     assert resolve_gpu("h200", allow_mismatch=True).key == "h200"
     with pytest.raises(GpuError, match="only for --interpret"):

@@ -90,7 +90,7 @@ def test_full_search_resume_and_export(tmp_path: Path) -> None:
     assert e["config"] == best.user_attrs["config"] and math.isclose(e["time_ms"], best.value)
     assert e["bucket"] == {"T": 4, "B": 2, "H": 2, "HV": 2, "K": 32, "V": 32}
 
-    with pytest.raises(ValueError, match="already exists.*--resume"):
+    with pytest.raises(ValueError, match=r"already exists.*--resume"):
         run_search(config(kernel, tmp_path, trials=1))
     run_search(config(kernel, tmp_path, trials=2, resume=True))
     assert len(study.get_trials()) == 7

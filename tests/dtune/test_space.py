@@ -3,9 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from dtune.kernels import get_kernel
 
 from dtune.gpu import get_profile
-from dtune.kernels import get_kernel
 from dtune.space import Shape, SpaceError, load_space, load_space_file, parse_space, shipped_spaces
 from dtune.space import _toml as toml
 
