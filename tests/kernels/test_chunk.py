@@ -113,8 +113,8 @@ def test_no_final_state(gate: Gate) -> None:
 
 
 def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` configs drawn from the whole legal space (BC <= BT; the documented-unsafe KDA "ref" diagonal (DIAG_EXACT = False) with
-    BC = 64 excluded: it is tested to fail loudly below)."""
+    """``n`` configs drawn from the whole legal space (BC <= BT; the documented-unsafe KDA "ref" diagonal,
+    DIAG_EXACT = False, with BC = 64 excluded: it is tested to fail loudly below)."""
     legal = KERNELS[CHUNK[gate]].legal_params()
     rng = random.Random(seed)
     out: list[dict[str, Any]] = []
@@ -141,8 +141,8 @@ def test_sampled_configs(gate: Gate, cfg: dict[str, Any]) -> None:
 
 
 def test_ref_diagonal_fails_loudly_when_unsafe() -> None:
-    """DIAG_EXACT = False ("ref") with BC = 64 under per-step log gates down to −5: float32 exp overflows -> inf/NaN, never a
-    silently small error (the correctness gate rejects it)."""
+    """DIAG_EXACT = False ("ref") with BC = 64 under per-step log gates down to −5: float32 exp overflows -> inf/NaN,
+    never a silently small error (the correctness gate rejects it)."""
     p = Problem(1, 64, 1, 1, 16, 16, 1, Gate.CHANNEL)
     x = make_inputs(p, seed=9, gate_min=-5.0)
     o, s = run("chunk_kda", x, {"BT": 64, "BC": 64, "DIAG_EXACT": False})
