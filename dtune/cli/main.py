@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from dtune.cli import export, listing, search
+from dtune.cli import export, listing, report, search
 
 app = typer.Typer(
     name="dtune",
@@ -20,7 +20,7 @@ app = typer.Typer(
 
 # Each command module has `register(app)`. To add commands, import the module above and list it here
 # (e.g. the reports: `from dtune.cli import report` and `report` in this list).
-COMMAND_MODULES = [search, export, listing]
+COMMAND_MODULES = [search, export, listing, report]
 
 for _module in COMMAND_MODULES:
     _module.register(app)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,6 +34,10 @@ ConfigOpt = Annotated[
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", help="Folder for the CSV/JSON output (default: the run folder of --config, else reports/)."),
+]
+InterpretOpt = Annotated[
+    bool,
+    typer.Option("--interpret", help="Run on the CPU under Triton's interpreter (tiny shapes; times not meaningful)."),
 ]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the rows as JSON on stdout (for scripts) instead of a table.")
@@ -81,8 +86,10 @@ def bench(
     rounds: Annotated[
         int | None, typer.Option("--rounds", help="Interleaved rounds per shape (default 3 on a GPU, 1 on the CPU).")
     ] = None,
+    interpret: InterpretOpt = False,
 ) -> None:
     """Time the tuned config against the untuned default, flash-linear-attention and the PyTorch reference."""
+    _maybe_interpret(interpret)
     from dtune import bench as b
     from dtune.inputs import dtype_from_name
     from dtune.kernels import get_kernel
@@ -150,6 +157,12 @@ def bench(
     console.print(f"wrote {csv_path} and {json_path}")
 
 
+def _maybe_interpret(interpret: bool) -> None:
+    """Select Triton's interpreter: must happen before triton is imported (the imports below are lazy)."""
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 def _on_gpu() -> bool:
     import torch
 
@@ -178,8 +191,10 @@ def profile(
     ] = False,
     out: OutOpt = None,
     as_json: JsonOpt = False,
+    interpret: InterpretOpt = False,
 ) -> None:
     """Per-stage time, registers, spills, shared memory, GB/s and TFLOP/s against measured ceilings and the floor."""
+    _maybe_interpret(interpret)
     import subprocess
 
     from dtune import bench as b
