@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.exceptions import DuplicatedStudyError
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from dtune import results
@@ -214,18 +216,18 @@ class ShapeSearch:
                 f"study {self.name!r} already exists in {cfg.storage_url}; pass --resume to continue it "
                 "(or choose another --out / --storage)"
             )
-        self.study = optuna.create_study(
-            storage=storage,
-            study_name=self.name,
-            direction="minimize",
-            sampler=make_sampler(cfg.sampler, cfg.seed, self.choices),
-            load_if_exists=True,
+        try:  # exactly one process creates the study; only the creator enqueues the baseline and the seeds
+            storage.create_new_study(directions=[StudyDirection.MINIMIZE], study_name=self.name)
+            created = True
+        except DuplicatedStudyError:
+            created = False
+        self.study = optuna.load_study(
+            study_name=self.name, storage=storage, sampler=make_sampler(cfg.sampler, cfg.seed, self.choices)
         )
-        if not exists:
+        if created:
             for key, value in self.meta().items():
                 self.study.set_user_attr(key, value)
             self.study.set_user_attr("default_config", self.default)
-        if not self.study.get_trials(deepcopy=False):
             baseline = {n: self.default[n] for n in self.choices if n in self.default}
             self.study.enqueue_trial(baseline, user_attrs={"is_default": True}, skip_if_exists=True)
             for seed in cfg.space.seeds:

@@ -6,6 +6,8 @@ MySQL: many workers, GPUs or hosts join one study) or ``journal:PATH`` for a jou
 
 from __future__ import annotations
 
+import random
+import time
 import warnings
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 JOURNAL_PREFIX = "journal:"
+_ATTEMPTS = 5
 
 
 def study_name(kernel: str, gpu: str, dtype: str, shape_key: str) -> str:
@@ -32,10 +35,14 @@ def open_storage(url: str) -> BaseStorage:
             path = Path(url[len(JOURNAL_PREFIX) :]).expanduser()
             path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path)))
-        try:
-            if url.startswith("sqlite:"):
-                # Several processes on one SQLite file: wait for the lock instead of failing.
-                return RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-            return RDBStorage(url)
-        except Exception as e:
-            raise ValueError(f"cannot open storage {url!r}: {e}") from None
+        # Several processes on one SQLite file wait for its lock instead of failing.
+        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
+        for attempt in range(_ATTEMPTS):
+            try:
+                return RDBStorage(url, engine_kwargs=kwargs)
+            except Exception as e:
+                # Workers starting together race to create the schema: the loser retries and finds it made.
+                if attempt == _ATTEMPTS - 1:
+                    raise ValueError(f"cannot open storage {url!r}: {e}") from None
+                time.sleep(0.2 + random.random() * (attempt + 1))
+        raise AssertionError("unreachable")

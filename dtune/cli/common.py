@@ -30,7 +30,7 @@ def int_list(value: str | None, option: str) -> tuple[int, ...] | None:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print an error (on stderr) and exit with ``code``."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -1,0 +1,89 @@
+"""The CLI through typer's CliRunner: search --interpret, export, list, --json, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dtune.cli.main import app
+
+runner = CliRunner()
+KERNEL = "fused_recurrent_kda"
+
+
+def search(tmp_path: Path, *extra: str) -> list[str]:
+    return ["search", "--kernel", KERNEL, "--interpret", "--dtype", "fp32", "--out", str(tmp_path / "run"), *extra]
+
+
+def test_list() -> None:
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    for name in (KERNEL, "chunk_kda", "h100", "rtx4090"):
+        assert name in result.stdout
+    inv = json.loads(runner.invoke(app, ["list", "--json"]).stdout)
+    kernels = {k["kernel"]: k for k in inv["kernels"]}
+    assert kernels[KERNEL]["space"]["params"]["BV"] == [8, 16, 32, 64, 128]
+    assert {g["key"] for g in inv["gpus"]} >= {"h100", "h200", "a100", "l40s", "b200", "rtx4090", "cpu"}
+
+
+def test_search_json_then_export(tmp_path: Path) -> None:
+    result = runner.invoke(app, search(tmp_path, "--trials", "3", "--seq-lens", "1,3", "--json", "--seed", "7"))
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["gpu"] == "cpu" and summary["interpret"] is True and summary["trials_per_min"] > 0
+    assert [s["shape_key"] for s in summary["shapes"]] == ["T1-B2-H2-HV2-K32-V32", "T3-B2-H2-HV2-K32-V32"]
+    assert all(s["trials_run"] == 3 for s in summary["shapes"])
+    run = tmp_path / "run"
+    assert {p.name for p in run.iterdir()} >= {"run.json", "study.db", "trials.csv", "tuned.json"}
+    assert len(pd.read_csv(run / "trials.csv")) == 6
+
+    out = tmp_path / "exported.json"
+    result = runner.invoke(app, ["export", str(run), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 entries for cpu" in result.stdout
+    doc = json.loads(out.read_text())
+    assert [e["bucket"]["T"] for e in doc["entries"]] == [1, 3]
+    assert json.loads(runner.invoke(app, ["export", str(run), "--json"]).stdout)["entries"] == doc["entries"]
+
+
+def test_search_with_progress_and_journal(tmp_path: Path) -> None:
+    journal = tmp_path / "studies.journal"
+    result = runner.invoke(
+        app, search(tmp_path, "--trials", "2", "--storage", f"journal:{journal}", "--sampler", "random")
+    )
+    assert result.exit_code == 0, result.output
+    assert "trials/min" in result.stdout and "fused_recurrent_kda on cpu (fp32)" in result.stdout
+    assert journal.exists() and not (tmp_path / "run" / "study.db").exists()
+    doc = json.loads((tmp_path / "run" / "tuned.json").read_text())  # export found the journal through run.json
+    assert len(doc["entries"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--seq-lens", "1,x"], "comma-separated positive integers"),
+        (["--batch", "0"], "comma-separated positive integers"),
+        (["--sampler", "bayes"], "unknown sampler"),
+        (["--dtype", "fp8"], "unknown dtype"),
+        (["--gpu", "h900"], "unknown GPU 'h900'"),
+        (["--gpu", "h100"], "labelled 'cpu'"),
+        (["--space", "/nonexistent.toml"], "cannot read it"),
+    ],
+    ids=["seq-lens", "batch", "sampler", "dtype", "gpu", "gpu-mismatch", "space"],
+)
+def test_bad_options(tmp_path: Path, args: list[str], match: str) -> None:
+    result = runner.invoke(app, search(tmp_path, *args))
+    assert result.exit_code == 2
+    assert match in " ".join(result.output.split())
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_kernel_and_export_errors(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["search", "--kernel", "nope", "--interpret"])
+    assert result.exit_code == 2 and "unknown kernel 'nope'" in result.output
+    result = runner.invoke(app, ["export", str(tmp_path)])
+    assert result.exit_code == 2 and "not a dtune run folder" in result.output

@@ -1,0 +1,59 @@
+"""Many workers, one study: two `dtune search` processes share a SQLite storage; no trial lost or doubled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from dtune.storage import open_storage
+
+KERNEL = "fused_recurrent_delta_rule"
+STUDY = f"{KERNEL}:cpu:fp32:T4-B2-H2-HV2-K32-V32"
+
+
+def test_two_workers_one_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dtune.cli.main",
+                "search",
+                "--kernel",
+                KERNEL,
+                "--interpret",
+                "--dtype",
+                "fp32",
+                "--trials",
+                "4",
+                "--storage",
+                url,
+                "--resume",
+                "--seed",
+                str(seed),
+                "--json",
+                "--out",
+                str(tmp_path / f"worker{seed}"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for seed in (1, 2)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err.decode()[-2000:]
+    trials = optuna.load_study(study_name=STUDY, storage=open_storage(url)).get_trials()
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)]
+    assert len(finished) == 8  # 4 + 4: none lost
+    assert len({t.number for t in finished}) == 8  # none told twice
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert sum(bool(t.user_attrs.get("is_default")) for t in trials) == 1  # the baseline ran once
