@@ -91,8 +91,11 @@ class Grid:
     heads: tuple[int, ...]
     batches: tuple[int, ...] = ()  # empty: derived from batch_tokens
     batch_tokens: int | None = None
+    shapes: tuple[tuple[int, int, int, int, int, int], ...] = ()  # explicit (B, T, H, HV, K, V): wins over the rest
 
     def problems(self, gate: Gate) -> list[Problem]:
+        if self.shapes:
+            return [Problem(B=b, T=t, H=h, HV=hv, K=k, V=v, N=b, gate=gate) for b, t, h, hv, k, v in self.shapes]
         out = []
         for d in self.head_dims:
             for h in self.heads:
@@ -139,6 +142,24 @@ def make_grid(
         batches=bs,
         batch_tokens=bt,
     )
+
+
+def tuned_grid(entries: Sequence[dict[str, Any]], kernel: str, dtype: torch.dtype) -> Grid | None:
+    """The shapes a tuned.json was tuned on (its buckets for ``kernel`` and ``dtype``), or None if it has none."""
+    shapes: set[tuple[int, int, int, int, int, int]] = set()
+    for e in entries:
+        bk = e.get("bucket", {})
+        if e.get("kernel") != kernel or not _dtype_matches(e.get("dtype"), dtype):
+            continue
+        try:
+            B, T, H, K = int(bk["B"]), int(bk["T"]), int(bk["H"]), int(bk["K"])
+            shapes.add((B, T, H, int(bk.get("HV", H)), K, int(bk.get("V", K))))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not shapes:
+        return None
+    ordered = tuple(sorted(shapes, key=lambda s: (s[4], s[1], s[0], s[2])))
+    return Grid(seq_lens=(), head_dims=(), heads=(), shapes=ordered)
 
 
 # --------------------------------------------------------------------------------------------- tuned configs

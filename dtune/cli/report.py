@@ -108,6 +108,11 @@ def bench(
             b.parse_ints(batch),
             batch_tokens,
         )
+        if config is not None and not any((seq_lens, head_dims, heads, batch, batch_tokens)):
+            # No shapes asked for: benchmark the shapes the config was tuned on (tiny ones only on the CPU).
+            tuned = b.tuned_grid(b.ConfigSource.load(config).entries, kernel, dt)
+            if tuned is not None and (on_gpu or all(s[0] * s[1] * s[2] * s[4] <= 1 << 14 for s in tuned.shapes)):
+                grid = tuned
         status = err_console.status("benchmarking", spinner="dots") if not as_json else None
         if status:
             status.start()
@@ -213,6 +218,14 @@ def profile(
         H = heads or (16 if on_gpu else 2)
         B = batch or ((32 if decode else max(1, 32768 // T)) if on_gpu else 1)
         p = Problem(B=B, T=T, H=H, HV=H, K=D, V=D, N=B, gate=Gate(spec.gate))
+        if config is not None and not any((seq_len, head_dim, heads, batch)):
+            # No shape asked for: profile the largest shape the config was tuned on (a tiny one only on the CPU).
+            tuned = b.tuned_grid(b.ConfigSource.load(config).entries, kernel, dt)
+            if tuned is not None:
+                fits = [s for s in tuned.shapes if on_gpu or s[0] * s[1] * s[2] * s[4] <= 1 << 14]
+                if fits:
+                    sB, sT, sH, sHV, sK, sV = max(fits, key=lambda s: s[0] * s[1] * s[3] * s[4] * s[5])
+                    p = Problem(B=sB, T=sT, H=sH, HV=sHV, K=sK, V=sV, N=sB, gate=Gate(spec.gate))
         roofs = None
         if gpu:
             from dtune.gpu import get_profile
@@ -247,7 +260,8 @@ def profile(
         return
     r0 = result.roofs
     roof_txt = f" — roofs {r0.gbs:.0f} GB/s, {r0.tflops:.0f} TFLOP/s ({r0.source})" if r0 else ""
-    table = Table(title=f"dtune profile: {kernel} B{B} T{T} H{H} D{D} {dtype}{roof_txt}")
+    shape = f"B{p.B} T{p.T} H{p.H} " + (f"D{p.K}" if p.K == p.V else f"K{p.K} V{p.V}")
+    table = Table(title=f"dtune profile: {kernel} {shape} {dtype}{roof_txt}")
     for col in ("stage", "ms", "share", "regs", "spills", "smem", "GB/s", "TFLOP/s", "floor ms", "vs floor"):
         table.add_column(col, justify="left" if col in ("stage", "vs floor") else "right")
     for r in result.frame.itertuples(index=False):

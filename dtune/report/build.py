@@ -108,10 +108,12 @@ def build_sections(data: d.RunData) -> list[Section]:
         if points is None:
             s.missing = "no bench.csv or profile.csv with achieved TFLOP/s: nothing to place on the roofline"
             return
-        if not roofs:
-            s.missing = "no GPU roofs: run.json has no GPU profile and no ceilings were measured"
-            return
         s.add_figure(charts.roofline(points, roofs))
+        if not roofs:
+            s.add_note(
+                "No roofs drawn: run.json has no GPU profile with bandwidth and matmul rate, and no ceilings "
+                "were measured (`dtune profile` on a GPU measures them)."
+            )
         s.add_note(
             "FLOPs are nominal (chunk: 2C(3K+2V)+6KV per token per head, C = 64) and bytes compulsory "
             "(q, k, v, o, beta, g and any state), as in anchors/fla-0.6.0_h200.md."

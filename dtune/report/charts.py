@@ -72,7 +72,7 @@ def roofline(points: pd.DataFrame, roof_list: list[Roofs]) -> go.Figure:
     hi = 10 ** math.ceil(math.log10(max(points["intensity"].max(), *(r.ridge for r in roof_list), 1.0)) + 0.5)
     fig = go.Figure()
     lines = d.roof_lines(roof_list, lo, hi)
-    for i, (name, grp) in enumerate(lines.groupby("roof", sort=False)):
+    for i, (name, grp) in enumerate(lines.groupby("roof", sort=False) if len(lines) else []):
         style = {"dash": "dash" if i else "solid", "color": "#333" if i else "#999", "width": 2}
         fig.add_trace(go.Scatter(x=grp["intensity"], y=grp["tflops"], mode="lines", name=str(name), line=style))
     palette = px.colors.qualitative.Dark24

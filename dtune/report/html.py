@@ -21,8 +21,7 @@ box-shadow:0 1px 2px rgba(0,0,0,.08)}h2{font-size:18px;margin:4px 0 10px}
 .note{color:#555;font-size:13px}table{border-collapse:collapse;font-size:12px}
 th,td{border-bottom:1px solid #e3e6ea;padding:3px 8px;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;position:sticky;top:0;cursor:pointer;user-select:none}
-td:first-child,th:first-child{text-align:left}td.wrap{white-space:normal}
-td:last-child{white-space:normal;text-align:left;min-width:240px}.scroll{max-height:520px;overflow:auto}
+td:first-child,th:first-child{text-align:left}td:last-child{white-space:normal}.scroll{max-height:520px;overflow:auto}
 dl{display:grid;grid-template-columns:max-content auto;gap:4px 16px;margin:0}dt{font-weight:600}dd{margin:0}
 """
 
