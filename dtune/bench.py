@@ -4,7 +4,8 @@ For every shape of the grid the implementations are timed side by side, interlea
 implementation in turn, so drifting clocks hit all of them alike), with :func:`dtune.measure.time_fn`; fused-
 recurrent decode (T = 1) is also timed under CUDA-graph replay (:func:`dtune.measure.time_graph`) so the host
 overhead shows. Each row reports the median ms, the speedup against the default and against fla's fastest mode,
-and the achieved GB/s and TFLOP/s of the nominal work (:mod:`dtune.roofline`).
+and the achieved GB/s and TFLOP/s of the nominal work (:mod:`dtune.roofline`), and what the first call cost
+(compile, and autotune for fla: what a user pays at start-up for each new shape family).
 Under Triton's interpreter (CPU) everything runs on tiny shapes and the times are marked not meaningful.
 """
 
@@ -14,6 +15,7 @@ import importlib
 import json
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,7 @@ COLUMNS = [
     "min_ms",
     "iqr_ms",
     "repeats",
+    "first_call_s",
     "meaningful",
     "speedup_vs_default",
     "speedup_vs_fla",
@@ -380,10 +383,15 @@ def _shape_rows(
     w = roofline.work(kernel, p, dtype, initial_state=decode, final_state=decode)
     calls: dict[str, Call] = {}
     errors: dict[str, str] = {}
+    first_s: dict[str, float] = {}
     for impl in impls:
         try:
             call = impl.make(x)
-            call()  # compile / autotune outside the timed region, and surface errors early
+            t0 = time.perf_counter()
+            call()  # compile / autotune outside the timed region (what a user pays at start-up), surface errors early
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_s[impl.name] = time.perf_counter() - t0
             calls[impl.name] = call
         except Exception as exc:
             errors[impl.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
@@ -420,6 +428,7 @@ def _shape_rows(
                 "min_ms": t.min_ms if t else math.nan,
                 "iqr_ms": t.iqr_ms if t else math.nan,
                 "repeats": t.repeats if t else 0,
+                "first_call_s": first_s.get(impl.name, math.nan) if mode == "eager" else math.nan,
                 "meaningful": bool(t.meaningful) if t else False,
                 "gbs": w.gbs(ms),
                 "tflops": w.tflops(ms),

@@ -246,8 +246,8 @@ def bench_times(bench: pd.DataFrame) -> pd.DataFrame:
         "median_ms",
         "speedup_vs_default",
         "speedup_vs_fla",
-        "meaningful",
     ]
+    cols += [c for c in ("gbs", "tflops", "first_call_s") if c in frame.columns] + ["meaningful"]
     return frame[cols].reset_index(drop=True)
 
 

@@ -179,3 +179,31 @@ def test_bench_chunk_kernel_runs_under_interpreter(tmp_path: Path) -> None:
     # Ours either ran, or (chunk pipeline broken) says why in the note instead of crashing the benchmark.
     for impl in ("tuned", "default"):
         assert f.loc[impl, "median_ms"] > 0 or f.loc[impl, "note"]
+
+
+def test_tuned_grid_takes_the_config_shapes() -> None:
+    entries = [
+        entry(4, 32, 32, H=2, B=2),
+        entry(1, 16, 8, H=2, B=3),
+        entry(1, 16, 8, H=2, B=3),  # a duplicate bucket is benchmarked once
+        entry(1, 64, 8, dtype="fp32"),
+        entry(1, 64, 8, kernel="chunk_kda"),
+        {"kernel": "fused_recurrent_kda", "dtype": "bf16", "bucket": {"T": 8}},  # incomplete: skipped
+    ]
+    g = b.tuned_grid(entries, "fused_recurrent_kda", torch.bfloat16)
+    assert g is not None
+    assert [(p.B, p.T, p.H, p.K) for p in g.problems(Gate.CHANNEL)] == [(3, 1, 2, 16), (2, 4, 2, 32)]
+    assert b.tuned_grid(entries, "chunk_delta_rule", torch.bfloat16) is None
+
+
+def test_bench_cli_uses_tuned_shapes(tmp_path: Path) -> None:
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"entries": [entry(3, 16, 8, H=1, B=2)]}))
+    args = ["bench", "--kernel", "fused_recurrent_kda", "--baselines", "default", "--config", str(tuned), "--json"]
+    r = CliRunner().invoke(cli(), args)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["rows"]
+    assert {(row["B"], row["T"], row["H"], row["K"]) for row in rows} == {(2, 3, 1, 16)}
+    tuned_row = next(row for row in rows if row["impl"] == "tuned")
+    assert json.loads(tuned_row["config"]) == {"BV": 8}
+    assert tuned_row["first_call_s"] > 0
