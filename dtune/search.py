@@ -37,6 +37,8 @@ from dtune.worker import Worker
 SAMPLERS = ("tpe", "cmaes", "random", "grid")
 INTERPRET_SHAPES = ShapeGrid(seq_lens=(4,), head_dims=(32,), heads=(2,), batch=(2,))
 DEFAULT_TRIALS = 40
+TIMINGS = ("auto", "events", "graph")
+GRAPH_MAX_T = 16  # auto timing: CUDA-graph replays up to this sequence length
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 
 
@@ -60,6 +62,7 @@ class SearchConfig:
     determinism: bool = False
     trial_timeout: float = 300.0
     repeats: int = 50
+    timing: str = "auto"  # auto: graph replays for short sequences (T <= 16, launch-bound), events otherwise
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -72,6 +75,8 @@ class SearchConfig:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"--timeout must be positive, got {self.timeout}")
+        if self.timing not in TIMINGS:
+            raise ValueError(f"unknown timing {self.timing!r}; use one of {', '.join(TIMINGS)}")
         if self.trials is None and self.timeout is None:
             self.trials = DEFAULT_TRIALS
 
@@ -189,6 +194,7 @@ def run_info(cfg: SearchConfig) -> dict[str, Any]:
         "storage": cfg.storage,  # None: study.db in this folder
         "space": cfg.space.source,
         "determinism": cfg.determinism,
+        "timing": cfg.timing,
         "created": now_iso(),
     }
 
@@ -300,7 +306,14 @@ class ShapeSearch:
             warmup=1 if cfg.interpret else 5,
             repeats=3 if cfg.interpret else cfg.repeats,
             max_seconds=2.0,
+            timing=timing_mode(cfg.timing, s),
         )
+
+
+def timing_mode(timing: str, shape: Shape) -> str:
+    if timing == "auto":
+        return "graph" if shape.T <= GRAPH_MAX_T else "events"
+    return timing
 
 
 def record(trial: Trial, outcome: TrialOutcome) -> None:

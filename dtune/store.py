@@ -214,7 +214,7 @@ def tuned_config(kernel: str, problem: Problem, dtype: torch.dtype, device: torc
         pass
     from dtune.gpu import detect
 
-    gpu = detect(device.index or 0)
+    gpu = detect(device.index if device.index is not None else torch.cuda.current_device())
     configs = _configs_for(gpu) if gpu is not None else None
     found = configs.lookup(kernel, dtype_name(dtype), problem) if configs is not None else None
     _cache[key] = found

@@ -43,6 +43,7 @@ class TrialJob:
     warmup: int = 5
     repeats: int = 50
     max_seconds: float = 5.0
+    timing: str = "events"  # events: CUDA events, L2 flushed | graph: CUDA-graph replays (no launch overhead)
 
     def problem(self, gate_mode: str) -> Problem:
         s = self.shape
@@ -186,6 +187,16 @@ def evaluate(job: TrialJob) -> TrialOutcome:
 
 
 def time_call(call: Any, device: torch.device, job: TrialJob) -> Any:
-    from dtune.measure import time_fn
+    """Median time of ``call``: CUDA events with the L2 flushed, or CUDA-graph replays (``job.timing``).
 
+    Graph replays measure the kernel without Python's launch overhead, which otherwise hides the differences
+    between configs at decode sizes; if the call cannot be captured, events are used.
+    """
+    from dtune.measure import time_fn, time_graph
+
+    if job.timing == "graph" and device.type == "cuda":
+        try:
+            return time_graph(call, device, replays=max(job.repeats, 20) * 4)
+        except Exception:
+            torch.cuda.synchronize(device)
     return time_fn(call, device, warmup=job.warmup, repeats=job.repeats, max_seconds=job.max_seconds)

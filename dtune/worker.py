@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,7 @@ def _tail_since(path: Path, start: int, n: int = 1500) -> str:
 
 def main() -> None:
     """Worker loop: jobs on stdin, outcomes on the original stdout."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops this worker
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints (Python or C) go to the log, not into the protocol
     sys.stdout = sys.stderr

@@ -131,6 +131,13 @@ def search(
     trial_timeout: Annotated[
         float, typer.Option(help="Seconds one trial (compile, gate, timing) may take before its worker is killed.")
     ] = 300.0,
+    timing: Annotated[
+        str,
+        typer.Option(
+            help="How trials are timed: events (CUDA events, L2 flushed), graph (CUDA-graph replays, no launch "
+            "overhead), or auto (graph for T <= 16, where launch overhead would hide the kernel, else events)."
+        ),
+    ] = "auto",
 ) -> None:
     """Search the fastest correct launch config of KERNEL for each shape (Optuna study per shape)."""
     interpret = interpret or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -189,6 +196,7 @@ def search(
             interpret=interpret,
             determinism=determinism,
             trial_timeout=trial_timeout,
+            timing=timing,
         )
         if as_json:
             run = run_search(cfg)

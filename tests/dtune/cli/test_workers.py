@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
+import pandas as pd
 from optuna.trial import TrialState
 
 from dtune.storage import open_storage
@@ -57,3 +61,30 @@ def test_two_workers_one_study(tmp_path: Path) -> None:
     assert len({t.number for t in finished}) == 8  # none told twice
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert sum(bool(t.user_attrs.get("is_default")) for t in trials) == 1  # the baseline ran once
+
+
+def test_ctrl_c_keeps_finished_trials(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "dtune.cli.main", "search", "--kernel", KERNEL, "--interpret", "--dtype", "fp32"]
+    proc = subprocess.Popen(
+        [*cmd, "--trials", "200", "--sampler", "random", "--json", "--out", str(run)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        csv = run / "trials.csv"
+        if csv.exists() and len(pd.read_csv(csv)) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    summary = json.loads(out)
+    assert summary["interrupted"] is True
+    trials = optuna.load_study(study_name=STUDY, storage=open_storage(f"sqlite:///{run / 'study.db'}")).get_trials()
+    assert not [t for t in trials if t.state == TrialState.RUNNING]  # the trial in flight was closed
+    assert len(pd.read_csv(run / "trials.csv")) == len(trials) >= 3
+    assert (run / "tuned.json").exists()
