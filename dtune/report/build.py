@@ -12,6 +12,7 @@ from .html import Section, page
 
 MIN_COMPLETE_FOR_IMPORTANCE = 5
 MAX_TABLE_ROWS = 5000
+FLA = "fla's fastest mode (bench.csv)"
 
 
 def default_output(run_dir: str | Path, reports_dir: str | Path = "reports") -> Path:
@@ -72,17 +73,29 @@ def build_sections(data: d.RunData) -> list[Section]:
     """Every section of the report, each with its chart/table or a note saying what is missing."""
     sp = d.speedups(data)
 
+    fla = d.fla_speedups(data.bench)
+    no_speedups = "no complete trials with a default time (trials.csv or tuned.json): no speedups to plot"
+    no_fla = "No speedup against flash-linear-attention: bench.csv has no fla rows (fla not installed or not run)."
+
     def speed_T(s: Section) -> None:
+        if sp is not None:
+            s.add_figure(charts.speedup_vs_seq_len(d.speedup_vs_seq_len(sp)))
+        if fla is not None:
+            s.add_figure(charts.speedup_vs_seq_len(d.speedup_vs_seq_len(fla), FLA))
+        elif sp is not None:
+            s.add_note(no_fla)
         if sp is None:
-            s.missing = "no complete trials with a default time (trials.csv or tuned.json): no speedups to plot"
-            return
-        s.add_figure(charts.speedup_vs_seq_len(d.speedup_vs_seq_len(sp)))
+            s.missing = no_speedups
 
     def speed_D(s: Section) -> None:
+        if sp is not None:
+            s.add_figure(charts.speedup_vs_head_dim(d.speedup_vs_head_dim(sp)))
+        if fla is not None:
+            s.add_figure(charts.speedup_vs_head_dim(d.speedup_vs_head_dim(fla), FLA))
+        elif sp is not None:
+            s.add_note(no_fla)
         if sp is None:
-            s.missing = "no complete trials with a default time (trials.csv or tuned.json): no speedups to plot"
-            return
-        s.add_figure(charts.speedup_vs_head_dim(d.speedup_vs_head_dim(sp)))
+            s.missing = no_speedups
 
     def bench(s: Section) -> None:
         if data.bench is None:

@@ -20,20 +20,20 @@ def _styled(fig: go.Figure, title: str) -> go.Figure:
     return fig
 
 
-def speedup_vs_seq_len(frame: pd.DataFrame) -> go.Figure:
+def speedup_vs_seq_len(frame: pd.DataFrame, against: str = "the untuned default") -> go.Figure:
     fig = px.line(frame, x="T", y="speedup", color="line", markers=True, log_x=True, hover_data=["best_ms", "dtype"])
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
     fig.update_xaxes(title="sequence length T")
-    fig.update_yaxes(title="speedup vs untuned default (×)")
-    return _styled(fig, "Speedup of the tuned config vs sequence length (a line per head dim)")
+    fig.update_yaxes(title=f"speedup vs {against} (×)")
+    return _styled(fig, f"Tuned config vs {against}, by sequence length (a line per head dim)")
 
 
-def speedup_vs_head_dim(frame: pd.DataFrame) -> go.Figure:
+def speedup_vs_head_dim(frame: pd.DataFrame, against: str = "the untuned default") -> go.Figure:
     fig = px.line(frame, x="K", y="speedup", color="line", markers=True, hover_data=["best_ms", "dtype"])
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
     fig.update_xaxes(title="head dim D (K = V)", type="category")
-    fig.update_yaxes(title="speedup vs untuned default (×)")
-    return _styled(fig, "Speedup of the tuned config vs head dim (a line per sequence length)")
+    fig.update_yaxes(title=f"speedup vs {against} (×)")
+    return _styled(fig, f"Tuned config vs {against}, by head dim (a line per sequence length)")
 
 
 def bench_times(frame: pd.DataFrame) -> go.Figure:

@@ -210,6 +210,17 @@ def speedups(data: RunData) -> pd.DataFrame | None:
     return frame if len(frame) else None
 
 
+def fla_speedups(bench: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The tuned config against fla's fastest mode per shape (eager rows of bench.csv), shaped like :func:`speedups`."""
+    if bench is None or "speedup_vs_fla" not in bench.columns:
+        return None
+    tuned = bench[(bench["impl"] == "tuned") & (bench["mode"] == "eager") & bench["speedup_vs_fla"].notna()]
+    if tuned.empty:
+        return None
+    frame = tuned.rename(columns={"speedup_vs_fla": "speedup", "median_ms": "best_ms"})
+    return frame[["kernel", "dtype", *SHAPE_COLS, "speedup", "best_ms"]].reset_index(drop=True)
+
+
 def speedup_vs_seq_len(frame: pd.DataFrame) -> pd.DataFrame:
     """Speedup against T, one line per (kernel, dtype, head dim K): median over batch and heads, sorted by T."""
     keys = ["kernel", "dtype", "K", "T"]

@@ -298,3 +298,15 @@ def test_load_run_tolerates_missing_and_broken_files(tmp_path: Path) -> None:
     assert any("run.json" in p for p in data.problems)
     imp, notes = d.param_importance(None)
     assert imp.empty and notes == ["no study.db in the run folder"]
+
+
+def test_fla_speedups_feed_the_speedup_charts() -> None:
+    bench = bench_rows()
+    extra = bench[bench["impl"] == "tuned"].assign(T=1024, median_ms=0.5, speedup_vs_fla=3.2)
+    fla = d.fla_speedups(pd.concat([bench, extra], ignore_index=True))
+    assert fla is not None
+    by_t = d.speedup_vs_seq_len(fla)
+    assert list(zip(by_t["T"], by_t["speedup"].round(4))) == [(1024, 3.2), (4096, 1.6)]
+    assert by_t["line"].unique().tolist() == ["chunk_kda D128"]
+    assert d.fla_speedups(bench[bench["impl"] != "fla"].assign(speedup_vs_fla=math.nan)) is None
+    assert d.fla_speedups(None) is None

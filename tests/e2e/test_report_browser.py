@@ -69,7 +69,7 @@ def test_report_is_self_contained(report: Path) -> None:
     assert re.search(r"<script[^>]+src=", text) is None, "a <script src=...> would need the network"
     assert re.search(r"<link[^>]+href=[\"']https?:", text) is None
     assert "@import" not in text and "fonts.googleapis" not in text
-    assert text.count("Plotly.newPlot") == 8  # every chart of the report
+    assert text.count("Plotly.newPlot") == 10  # every chart of the report
     assert "plotly.js v" in text  # the library itself is inlined
 
 
@@ -78,7 +78,7 @@ def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> No
     page = tmp_path / "page.html"
     page.write_text(html.replace("<head>", "<head>" + TRAP, 1), encoding="utf-8")
     chart_ids = re.findall(r'<div id="(chart-[^"]+)" class="plotly-graph-div"', html)
-    assert len(chart_ids) == 8, chart_ids
+    assert len(chart_ids) == 10, chart_ids
 
     done = chromium(["--dump-dom", page.as_uri()], tmp_path / "profile-dom")
     assert done.returncode == 0, done.stderr[-2000:]
