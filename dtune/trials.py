@@ -154,10 +154,13 @@ def evaluate(job: TrialJob) -> TrialOutcome:
     try:
         with capture_launches() as launched:
             call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
     except Exception as e:
         return TrialOutcome(reason=classify(e, first_launch=True), message=_message(e))
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # an illegal address surfaces here: the kernel built, then failed
+    except Exception as e:
+        return TrialOutcome(reason=classify(e, first_launch=False), message=_message(e))
     out.compile_s = time.perf_counter() - t0
     out.registers, out.spills, out.shared_mem = resources_of(launched)
 
