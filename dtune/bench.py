@@ -180,18 +180,27 @@ def _log2_gap(a: Any, b: int) -> float:
 
 
 def pick_entry(entries: Sequence[dict[str, Any]], kernel: str, p: Problem, dtype: torch.dtype) -> dict[str, Any] | None:
-    """The tuned.json entry for ``kernel`` and ``dtype`` whose bucket is nearest to ``p`` (head dims first)."""
-    mine = [e for e in entries if e.get("kernel") == kernel and _dtype_matches(e.get("dtype"), dtype)]
+    """The tuned.json entry for ``p``, by :mod:`dtune.store`'s rule: same kernel, dtype, K, V and HV/H; then the
+    nearest sequence length, batch and heads (log scale). None when no entry matches."""
 
-    def distance(e: dict[str, Any]) -> tuple[float, ...]:
+    def matches(e: dict[str, Any]) -> bool:
         b = e.get("bucket", {})
+        try:
+            same_ratio = int(b["HV"]) // int(b["H"]) == p.HV // p.H
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return False
         return (
-            float(b.get("K") != p.K) + float(b.get("V") != p.V),
-            _log2_gap(b.get("HV", b.get("H", p.HV)), p.HV),
-            _log2_gap(b.get("T", p.T), p.T),
-            _log2_gap(b.get("B", p.B), p.B),
+            e.get("kernel") == kernel
+            and _dtype_matches(e.get("dtype"), dtype)
+            and (b.get("K"), b.get("V")) == (p.K, p.V)
+            and same_ratio
         )
 
+    def distance(e: dict[str, Any]) -> tuple[float, ...]:
+        b = e["bucket"]
+        return (_log2_gap(b.get("T", p.T), p.T), _log2_gap(b.get("B", p.N), p.N), _log2_gap(b.get("H", p.H), p.H))
+
+    mine = [e for e in entries if matches(e)]
     return min(mine, key=distance) if mine else None
 
 
@@ -202,6 +211,7 @@ class ConfigSource:
     path: Path | None = None
     entries: list[dict[str, Any]] = field(default_factory=list)
     fixed: dict[str, Any] | None = None  # a plain config file: one config for every shape
+    table: Any = None  # the file as dtune.store reads it (validated), when the store can
 
     @classmethod
     def load(cls, path: str | Path | None) -> ConfigSource:
@@ -210,7 +220,7 @@ class ConfigSource:
         path = Path(path)
         data = json.loads(path.read_text())
         if isinstance(data, dict) and "entries" in data:
-            return cls(path=path, entries=list(data["entries"]))
+            return cls(path=path, entries=list(data["entries"]), table=_store_table(path))
         if isinstance(data, dict) and isinstance(data.get("config"), dict):
             return cls(path=path, fixed=dict(data["config"]))
         if isinstance(data, dict):
@@ -224,15 +234,27 @@ class ConfigSource:
         if self.path is not None:
             e = pick_entry(self.entries, kernel, p, dtype)
             if e is None:
-                return None, f"default (no entry for {kernel} {dtype_name(dtype)} in {self.path.name})"
+                return None, f"default (no entry for {kernel} {dtype_name(dtype)} K={p.K} V={p.V} in {self.path.name})"
             b = e.get("bucket", {})
-            return dict(e["config"]), f"{self.path.name}: T={b.get('T')} K={b.get('K')} H={b.get('H')}"
+            config = dict(e["config"])
+            if self.table is not None:  # what the ops would launch with this file loaded
+                config = self.table.lookup(kernel, dtype_name(dtype), p) or config
+            return config, f"{self.path.name}: T={b.get('T')} B={b.get('B')} H={b.get('H')}"
         try:
             store = importlib.import_module("dtune.store")
             config = store.tuned_config(kernel, p, dtype, device)
         except Exception as exc:  # the store is another module's work; never let it break a benchmark
             return None, f"default (store unavailable: {exc})"
         return (dict(config), "store") if config else (None, "default (no tuned config in the store)")
+
+
+def _store_table(path: Path) -> Any:
+    """``dtune.store.read_configs(path)`` (validates the file like the ops do), or None if the store lacks it."""
+    try:
+        read_configs = importlib.import_module("dtune.store").read_configs
+    except (ImportError, AttributeError):
+        return None
+    return read_configs(path)
 
 
 # --------------------------------------------------------------------------------------------- implementations

@@ -57,6 +57,11 @@ def entry(
     }
 
 
+def tuned_doc(*entries: dict[str, Any]) -> str:
+    """A schema-1 tuned.json, as `dtune search` / `dtune export` write it."""
+    return json.dumps({"schema": 1, "gpu": "cpu", "gpu_name": "CPU", "entries": list(entries)})
+
+
 def test_pick_entry_nearest_bucket() -> None:
     entries = [entry(1, 64, 8), entry(1, 128, 16), entry(1, 128, 32, B=256), entry(1, 128, 64, kernel="other")]
     p = Problem(B=200, T=1, H=16, HV=16, K=128, V=128, N=200, gate=Gate.CHANNEL)
@@ -70,7 +75,7 @@ def test_pick_entry_nearest_bucket() -> None:
 def test_config_source(tmp_path: Path) -> None:
     p = Problem(B=1, T=1, H=2, HV=2, K=16, V=16, N=1, gate=Gate.CHANNEL)
     tuned = tmp_path / "tuned.json"
-    tuned.write_text(json.dumps({"gpu": "h200", "entries": [entry(1, 16, 8, H=2)]}))
+    tuned.write_text(tuned_doc(entry(1, 16, 8, H=2)))
     cfg, where = b.ConfigSource.load(tuned).resolve("fused_recurrent_kda", p, torch.bfloat16, torch.device("cpu"))
     assert cfg == {"BV": 8} and where.startswith("tuned.json")
     cfg, where = b.ConfigSource.load(tuned).resolve("chunk_kda", p, torch.bfloat16, torch.device("cpu"))
@@ -129,7 +134,7 @@ def test_build_impls_names_and_unknown_baseline() -> None:
 def test_bench_end_to_end_under_interpreter(tmp_path: Path) -> None:
     tuned = tmp_path / "tuned.json"
     e = entry(1, 16, 8, H=2, B=2, kernel="fused_recurrent_delta_rule", dtype="fp32")
-    tuned.write_text(json.dumps({"entries": [{**e, "config": {"BV": 8, "num_warps": 1}}]}))
+    tuned.write_text(tuned_doc({**e, "config": {"BV": 8, "num_warps": 1}}))
     grid = b.make_grid("fused_recurrent_delta_rule", on_gpu=False)
     res = b.run_bench("fused_recurrent_delta_rule", grid, torch.float32, ["default", "torch"], tuned, graph=True)
     assert res.frame is not None
@@ -157,7 +162,7 @@ def test_bench_cli_json_and_default_out(tmp_path: Path, monkeypatch: pytest.Monk
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text("{}")
-    (run / "tuned.json").write_text(json.dumps({"entries": []}))
+    (run / "tuned.json").write_text(tuned_doc())
     args = ["bench", "--kernel", "fused_recurrent_kda", "--baselines", "default", "--head-dims", "16"]
     r = CliRunner().invoke(cli(), [*args, "--batch", "1", "--config", str(run / "tuned.json"), "--json"])
     assert r.exit_code == 0, r.output
@@ -198,7 +203,7 @@ def test_tuned_grid_takes_the_config_shapes() -> None:
 
 def test_bench_cli_uses_tuned_shapes(tmp_path: Path) -> None:
     tuned = tmp_path / "tuned.json"
-    tuned.write_text(json.dumps({"entries": [entry(3, 16, 8, H=1, B=2)]}))
+    tuned.write_text(tuned_doc(entry(3, 16, 8, H=1, B=2)))
     args = ["bench", "--kernel", "fused_recurrent_kda", "--baselines", "default", "--config", str(tuned), "--json"]
     r = CliRunner().invoke(cli(), args)
     assert r.exit_code == 0, r.output
@@ -207,3 +212,10 @@ def test_bench_cli_uses_tuned_shapes(tmp_path: Path) -> None:
     tuned_row = next(row for row in rows if row["impl"] == "tuned")
     assert json.loads(tuned_row["config"]) == {"BV": 8}
     assert tuned_row["first_call_s"] > 0
+
+
+def test_bench_cli_rejects_an_illegal_tuned_file(tmp_path: Path) -> None:
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(tuned_doc({**entry(1, 16, 8, H=1), "config": {"BV": 7}}))
+    r = CliRunner().invoke(cli(), ["bench", "--kernel", "fused_recurrent_kda", "--config", str(tuned)])
+    assert r.exit_code == 2 and "illegal config" in r.output
