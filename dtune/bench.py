@@ -4,6 +4,7 @@ For every shape of the grid the implementations are timed side by side, interlea
 implementation in turn, so drifting clocks hit all of them alike), with :func:`dtune.measure.time_fn`; fused-
 recurrent decode (T = 1) is also timed under CUDA-graph replay (:func:`dtune.measure.time_graph`) so the host
 overhead shows. Each row reports the median ms, the speedup against the default and against fla's fastest mode,
+the output's relative RMS error against the float64 chunked reference (so a fast but wrong contestant shows),
 and the achieved GB/s and TFLOP/s of the nominal work (:mod:`dtune.roofline`), and what the first call cost
 (compile, and autotune for fla: what a user pays at start-up for each new shape family).
 Under Triton's interpreter (CPU) everything runs on tiny shapes and the times are marked not meaningful.
@@ -55,6 +56,7 @@ COLUMNS = [
     "iqr_ms",
     "repeats",
     "first_call_s",
+    "error_o",
     "meaningful",
     "speedup_vs_default",
     "speedup_vs_fla",
@@ -319,7 +321,11 @@ def _fla(fn: Callable[..., Any], gated: bool, **extra: Any) -> Callable[[Inputs]
     return make
 
 
+TORCH_CHUNK = 16  # the reference factors exp(γ_i)·exp(−γ_j): 16 steps of log decay ≥ −5 stay inside float32
+
+
 def _torch_reference() -> Callable[[Inputs], Call]:
+    """The PyTorch chunked reference in float32 (chunk 16: at its default 32, strong decays overflow float32)."""
     from dtune.kernels.reference import chunk_reference
 
     def make(x: Inputs) -> Call:
@@ -334,6 +340,7 @@ def _torch_reference() -> Callable[[Inputs], Call]:
             x["initial_state"],
             x["output_final_state"],
             None,
+            chunk_size=TORCH_CHUNK,
             dtype=dtype,
         )
 
@@ -365,7 +372,7 @@ def build_impls(
                 fast = _fla(fn, gated, safe_gate=True, lower_bound=KDA_LOWER_BOUND)
                 impls.append(Impl("fla_fast", fast, None, "fla safe_gate=True lower_bound=-5"))
     if "torch" in baselines:
-        impls.append(Impl("torch", _torch_reference(), None, "kernels.reference.chunk_reference"))
+        impls.append(Impl("torch", _torch_reference(), None, f"reference.chunk_reference fp32, chunk {TORCH_CHUNK}"))
     return impls, notes
 
 
@@ -389,6 +396,27 @@ def _combine(timings: list[Timing]) -> Timing:
     )
 
 
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative RMS error ‖x − ref‖ / ‖ref‖ in float64; inf when x has NaN/Inf (a wrong kernel, not a slow one)."""
+    x64 = x.detach().double()
+    if not torch.isfinite(x64).all():
+        return math.inf
+    return float((x64 - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _truth(x: Inputs) -> torch.Tensor | None:
+    """The float64 chunked reference output for these inputs: every implementation's output is checked against it."""
+    from dtune.kernels.reference import chunk_reference
+
+    try:
+        o, _ = chunk_reference(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], x["scale"], x["initial_state"], False, None, dtype=torch.float64
+        )
+    except Exception:  # e.g. float64 memory on a huge shape: report no error rather than no benchmark
+        return None
+    return o
+
+
 def _shape_rows(
     kernel: str,
     p: Problem,
@@ -406,15 +434,18 @@ def _shape_rows(
     calls: dict[str, Call] = {}
     errors: dict[str, str] = {}
     first_s: dict[str, float] = {}
+    error_o: dict[str, float] = {}
+    truth = _truth(x)
     for impl in impls:
         try:
             call = impl.make(x)
             t0 = time.perf_counter()
-            call()  # compile / autotune outside the timed region (what a user pays at start-up), surface errors early
+            out = call()  # compile / autotune outside the timed region (what a user pays at start-up); errors early
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             first_s[impl.name] = time.perf_counter() - t0
             calls[impl.name] = call
+            error_o[impl.name] = rel_err(out[0], truth) if truth is not None else math.nan
         except Exception as exc:
             errors[impl.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     timings: dict[str, list[Timing]] = {name: [] for name in calls}
@@ -451,6 +482,7 @@ def _shape_rows(
                 "iqr_ms": t.iqr_ms if t else math.nan,
                 "repeats": t.repeats if t else 0,
                 "first_call_s": first_s.get(impl.name, math.nan) if mode == "eager" else math.nan,
+                "error_o": error_o.get(impl.name, math.nan),
                 "meaningful": bool(t.meaningful) if t else False,
                 "gbs": w.gbs(ms),
                 "tflops": w.tflops(ms),

@@ -258,7 +258,7 @@ def bench_times(bench: pd.DataFrame) -> pd.DataFrame:
         "speedup_vs_default",
         "speedup_vs_fla",
     ]
-    cols += [c for c in ("gbs", "tflops", "first_call_s") if c in frame.columns] + ["meaningful"]
+    cols += [c for c in ("gbs", "tflops", "first_call_s", "error_o") if c in frame.columns] + ["meaningful"]
     return frame[cols].reset_index(drop=True)
 
 
