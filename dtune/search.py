@@ -15,6 +15,9 @@ import logging
 import math
 import os
 import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from dtune.runinfo import TRIALS_CSV, git_commit, now_iso, versions, write_run_j
 from dtune.space import SearchSpace, Shape, ShapeGrid
 from dtune.storage import default_storage_url, open_storage, study_name
 from dtune.trials import TrialJob, TrialOutcome
-from dtune.worker import Worker
+from dtune.worker import CompilePool, Worker
 
 SAMPLERS = ("tpe", "cmaes", "random", "grid")
 INTERPRET_SHAPES = ShapeGrid(seq_lens=(4,), head_dims=(32,), heads=(2,), batch=(2,))
@@ -63,6 +66,7 @@ class SearchConfig:
     trial_timeout: float = 300.0
     repeats: int = 50
     timing: str = "auto"  # auto: graph replays for short sequences (T <= 16, launch-bound), events otherwise
+    compile_ahead: int = 0  # compile workers running ahead of the timing worker (0: compile in the trial)
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -75,6 +79,8 @@ class SearchConfig:
             raise ValueError(f"--trials must be at least 1, got {self.trials}")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"--timeout must be positive, got {self.timeout}")
+        if self.compile_ahead < 0:
+            raise ValueError(f"--compile-ahead must be 0 or more, got {self.compile_ahead}")
         if self.timing not in TIMINGS:
             raise ValueError(f"unknown timing {self.timing!r}; use one of {', '.join(TIMINGS)}")
         if self.trials is None and self.timeout is None:
@@ -158,9 +164,12 @@ class Reporter:
         pass
 
 
-def make_sampler(name: str, seed: int, choices: dict[str, tuple[Any, ...]]) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    name: str, seed: int, choices: dict[str, tuple[Any, ...]], parallel: bool = False
+) -> optuna.samplers.BaseSampler:
+    """The sampler called ``name``, seeded. ``parallel``: trials are asked ahead (TPE lies about running ones)."""
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=parallel)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
@@ -195,8 +204,18 @@ def run_info(cfg: SearchConfig) -> dict[str, Any]:
         "space": cfg.space.source,
         "determinism": cfg.determinism,
         "timing": cfg.timing,
+        "compile_ahead": cfg.compile_ahead,
         "created": now_iso(),
     }
+
+
+@dataclass
+class Pending:
+    """A trial asked and not yet told: its full config and, with a compile pool, its compile in flight."""
+
+    trial: Trial
+    config: dict[str, Any]
+    compiled: Future[TrialOutcome] | None = None
 
 
 def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -216,6 +235,7 @@ class ShapeSearch:
             n: tuple(sorted(set(space[n]) | ({self.default[n]} if n in self.default else set()))) for n in space
         }
         self.size = math.prod(len(c) for c in self.choices.values())
+        self.asked = 0  # trials this process asked for (the --trials budget)
         exists = self.name in {s.study_name for s in storage.get_all_studies()}
         if exists and not cfg.resume:
             raise ValueError(
@@ -228,7 +248,9 @@ class ShapeSearch:
         except DuplicatedStudyError:
             created = False
         self.study = optuna.load_study(
-            study_name=self.name, storage=storage, sampler=make_sampler(cfg.sampler, cfg.seed, self.choices)
+            study_name=self.name,
+            storage=storage,
+            sampler=make_sampler(cfg.sampler, cfg.seed, self.choices, parallel=cfg.compile_ahead > 0),
         )
         if created:
             for key, value in self.meta().items():
@@ -251,20 +273,46 @@ class ShapeSearch:
     def exhausted(self, finished: list[FrozenTrial]) -> bool:
         return len({_key(t.params) for t in finished}) >= self.size
 
-    def step(self, finished: list[FrozenTrial]) -> None:
-        """Ask one trial, evaluate it (or reuse an earlier identical one) and tell the study."""
-        trial = self.study.ask()
+    def run(self, should_stop: Callable[[], bool], on_trial: Callable[[], None], pool: CompilePool | None) -> None:
+        """Ask, evaluate and tell until ``should_stop()`` or the space is exhausted; ``on_trial`` after each tell.
+
+        With a compile pool the loop asks ``pool.size`` trials ahead of the one being timed and has the pool
+        compile them meanwhile (the timing worker then finds them in Triton's cache).
+        """
+        ahead = pool.size if pool is not None else 0
+        pending: deque[Pending] = deque()
         try:
-            params = {n: trial.suggest_categorical(n, list(c)) for n, c in self.choices.items()}
-            self._evaluate(trial, params, finished)
+            while True:
+                finished = self.finished()
+                while len(pending) <= ahead and not should_stop() and not self.exhausted(finished):
+                    trial = self.study.ask()
+                    self.asked += 1
+                    pending.append(Pending(trial, {}))  # closed as interrupted if anything below raises
+                    item = self._prepare(trial, finished)
+                    pending.pop()
+                    if item is None:  # told at once: a duplicate or a constraint violation
+                        on_trial()
+                        finished = self.finished()
+                        continue
+                    if pool is not None:
+                        item.compiled = pool.submit(self.job(trial.number, item.config, compile_only=True))
+                    pending.append(item)
+                if not pending:
+                    return
+                self._finish(pending[0])
+                pending.popleft()
+                on_trial()
         except BaseException:
-            if trial.number not in {t.number for t in self.finished()}:
-                trial.set_user_attr("reason", "crash")
-                trial.set_user_attr("message", "interrupted before the trial finished")
-                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            for item in pending:  # never leave a trial RUNNING in the storage
+                if item.trial.number not in {t.number for t in self.finished()}:
+                    item.trial.set_user_attr("reason", "crash")
+                    item.trial.set_user_attr("message", "interrupted before the trial finished")
+                    self.study.tell(item.trial, state=TrialState.FAIL, skip_if_finished=True)
             raise
 
-    def _evaluate(self, trial: Trial, params: dict[str, Any], finished: list[FrozenTrial]) -> None:
+    def _prepare(self, trial: Trial, finished: list[FrozenTrial]) -> Pending | None:
+        """Suggest the params; tell at once a duplicate (copying the earlier result) or a constraint violation."""
+        params = {n: trial.suggest_categorical(n, list(c)) for n, c in self.choices.items()}
         config = {**self.default, **params}
         is_default = bool(trial.user_attrs.get("is_default", False))
         trial.set_user_attr("config", config)
@@ -276,7 +324,7 @@ class ShapeSearch:
                     trial.set_user_attr(key, value)
             trial.set_user_attr("duplicate_of", earlier.number)
             self.study.tell(trial, earlier.value if earlier.state == TrialState.COMPLETE else None, state=earlier.state)
-            return
+            return None
         # The baseline runs even if a constraint rejects it: every speedup is measured against it.
         violated = [] if is_default else self.cfg.space.violations(config, self.shape, self.cfg.gpu.constraint_fields())
         if violated:
@@ -284,15 +332,21 @@ class ShapeSearch:
             trial.set_user_attr("message", f"violates {', '.join(violated)}")
             trial.set_user_attr("gate_passed", False)
             self.study.tell(trial, state=TrialState.PRUNED)
-            return
-        outcome = self.worker.run(self.job(trial.number, config), self.cfg.trial_timeout)
-        record(trial, outcome)
-        if outcome.ok and outcome.time_ms is not None:
-            self.study.tell(trial, outcome.time_ms)
-        else:
-            self.study.tell(trial, state=TrialState.FAIL)
+            return None
+        return Pending(trial, config)
 
-    def job(self, number: int, config: dict[str, Any]) -> TrialJob:
+    def _finish(self, item: Pending) -> None:
+        """Compile (or collect the pool's compile), gate and time one trial in the worker; tell the study."""
+        outcome = item.compiled.result() if item.compiled is not None else None
+        if outcome is None or outcome.ok:
+            outcome = self.worker.run(self.job(item.trial.number, item.config), self.cfg.trial_timeout)
+        record(item.trial, outcome)
+        if outcome.ok and outcome.time_ms is not None:
+            self.study.tell(item.trial, outcome.time_ms)
+        else:
+            self.study.tell(item.trial, state=TrialState.FAIL)
+
+    def job(self, number: int, config: dict[str, Any], compile_only: bool = False) -> TrialJob:
         cfg, s = self.cfg, self.shape
         return TrialJob(
             kernel=cfg.kernel,
@@ -307,6 +361,7 @@ class ShapeSearch:
             repeats=3 if cfg.interpret else cfg.repeats,
             max_seconds=2.0,
             timing=timing_mode(cfg.timing, s),
+            compile_only=compile_only,
         )
 
 
@@ -346,6 +401,42 @@ def summarize(search: ShapeSearch, summary: ShapeSummary, finished: list[FrozenT
     summary.default_ms = base.value if base is not None and results.passed(base) else None
 
 
+def tune_shape(
+    cfg: SearchConfig,
+    search: ShapeSearch,
+    summary: ShapeSummary,
+    pool: CompilePool | None,
+    rows: dict[str, list[dict[str, Any]]],
+    reporter: Reporter,
+) -> None:
+    """Run one shape's study within the budget; the CSV is rewritten after every trial."""
+    t0 = time.monotonic()
+
+    def should_stop() -> bool:
+        return (cfg.trials is not None and search.asked >= cfg.trials) or (
+            cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout
+        )
+
+    def write_rows() -> None:
+        rows[search.name] = search.rows()
+        results.write_trials_csv(cfg.out / TRIALS_CSV, [r for rs in rows.values() for r in rs])
+
+    def on_trial() -> None:
+        summary.trials_run += 1
+        summary.elapsed_s = time.monotonic() - t0
+        summarize(search, summary, search.finished())
+        write_rows()
+        summary.last = rows[search.name][-1] if rows[search.name] else None
+        reporter.trial_finished(summary)
+
+    summarize(search, summary, search.finished())
+    try:
+        search.run(should_stop, on_trial, pool)
+    finally:
+        summary.elapsed_s = time.monotonic() - t0
+        write_rows()
+
+
 def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummary:
     """Tune every shape of ``cfg``; returns the summary (also after Ctrl-C, with ``interrupted``)."""
     from dtune.export import write_export
@@ -356,7 +447,9 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
     cfg.out.mkdir(parents=True, exist_ok=True)
     write_run_json(cfg.out, run_info(cfg))
     storage = open_storage(cfg.storage_url)
-    worker = Worker(env=worker_env(cfg.interpret), log_path=cfg.out / "worker.log")
+    env = worker_env(cfg.interpret)
+    worker = Worker(env=env, log_path=cfg.out / "worker.log")
+    pool = CompilePool(cfg.compile_ahead, env, cfg.out, cfg.trial_timeout) if cfg.compile_ahead > 0 else None
     run = RunSummary(str(cfg.out), cfg.storage_url, cfg.kernel, cfg.gpu.key, cfg.dtype, cfg.interpret)
     rows: dict[str, list[dict[str, Any]]] = {}
     t_run = time.monotonic()
@@ -366,32 +459,13 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
             summary = ShapeSummary(search.name, shape.key)
             run.shapes.append(summary)
             reporter.shape_started(index, len(cfg.shapes), shape, summary, cfg.trials)
-            t0 = time.monotonic()
-            finished = search.finished()
-            summarize(search, summary, finished)
-            try:
-                while not (
-                    (cfg.trials is not None and summary.trials_run >= cfg.trials)
-                    or (cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout)
-                    or search.exhausted(finished)
-                ):
-                    search.step(finished)
-                    summary.trials_run += 1
-                    summary.elapsed_s = time.monotonic() - t0
-                    finished = search.finished()
-                    summarize(search, summary, finished)
-                    rows[search.name] = search.rows()
-                    summary.last = rows[search.name][-1] if rows[search.name] else None
-                    results.write_trials_csv(cfg.out / TRIALS_CSV, [r for rs in rows.values() for r in rs])
-                    reporter.trial_finished(summary)
-            finally:
-                summary.elapsed_s = time.monotonic() - t0
-                rows[search.name] = search.rows()
-                results.write_trials_csv(cfg.out / TRIALS_CSV, [r for rs in rows.values() for r in rs])
+            tune_shape(cfg, search, summary, pool, rows, reporter)
             reporter.shape_finished(summary)
     except KeyboardInterrupt:
         run.interrupted = True
     finally:
+        if pool is not None:
+            pool.close()
         worker.close()
         run.worker_restarts = worker.restarts
         run.elapsed_s = time.monotonic() - t_run

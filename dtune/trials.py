@@ -44,6 +44,7 @@ class TrialJob:
     repeats: int = 50
     max_seconds: float = 5.0
     timing: str = "events"  # events: CUDA events, L2 flushed | graph: CUDA-graph replays (no launch overhead)
+    compile_only: bool = False  # build the kernels (Triton's warmup: no launch) and stop: the compile pool's job
 
     def problem(self, gate_mode: str) -> Problem:
         s = self.shape
@@ -103,6 +104,29 @@ def capture_launches() -> Iterator[list[Any]]:
         JITFunction.run = original
 
 
+@contextmanager
+def compile_without_launch() -> Iterator[None]:
+    """Triton launches inside the block only compile (``warmup=True``): kernels land in the on-disk cache.
+
+    Under the interpreter there is nothing to compile and the launches simply run.
+    """
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    original = JITFunction.run
+
+    def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        return original(self, *args, grid=grid, warmup=True, **kwargs)
+
+    JITFunction.run = run
+    try:
+        yield
+    finally:
+        JITFunction.run = original
+
+
 def resources_of(launched: list[Any]) -> tuple[int | None, int | None, int | None]:
     """(max registers per thread, total spills, max shared memory bytes) of the launched kernels."""
     regs = [getattr(k, "n_regs", None) for k in launched]
@@ -151,6 +175,13 @@ def evaluate(job: TrialJob) -> TrialOutcome:
 
     out = TrialOutcome()
     t0 = time.perf_counter()
+    if job.compile_only:
+        try:
+            with compile_without_launch():
+                call()
+        except Exception as e:
+            return TrialOutcome(reason=classify(e, first_launch=True), message=_message(e))
+        return TrialOutcome(compile_s=time.perf_counter() - t0)
     try:
         with capture_launches() as launched:
             call()

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -142,3 +144,40 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class CompilePool:
+    """Workers that compile trials ahead of the timing worker (Triton's on-disk cache carries the binaries over).
+
+    ``submit`` takes a ``compile_only`` job and returns a future outcome: a compile failure is the trial's
+    result; a success means the timing worker's first launch will find the kernels already built.
+    """
+
+    def __init__(self, size: int, env: dict[str, str], log_dir: Path, timeout: float) -> None:
+        self.size = size
+        self.timeout = timeout
+        self._idle: queue.Queue[Worker] = queue.Queue()
+        self._all = [Worker(env=env, log_path=log_dir / f"compile-{i}.log") for i in range(size)]
+        for w in self._all:
+            self._idle.put(w)
+        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="dtune-compile")
+
+    def submit(self, job: TrialJob) -> Future[TrialOutcome]:
+        def task() -> TrialOutcome:
+            worker = self._idle.get()
+            try:
+                return worker.run(job, self.timeout)
+            except WorkerError as e:
+                return TrialOutcome(reason="crash", message=str(e))
+            finally:
+                self._idle.put(worker)
+
+        return self._executor.submit(task)
+
+    def close(self) -> None:
+        """Stop every compile worker (killing any compile in flight) and the threads."""
+        for w in self._all:
+            w.close()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        for w in self._all:
+            w.close()

@@ -138,6 +138,13 @@ def search(
             "overhead), or auto (graph for T <= 16, where launch overhead would hide the kernel, else events)."
         ),
     ] = "auto",
+    compile_ahead: Annotated[
+        int,
+        typer.Option(
+            help="Compile workers running ahead of the timing worker: trials are asked this many ahead and their "
+            "kernels built in parallel (0: each trial compiles in turn)."
+        ),
+    ] = 0,
 ) -> None:
     """Search the fastest correct launch config of KERNEL for each shape (Optuna study per shape)."""
     interpret = interpret or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -197,6 +204,7 @@ def search(
             determinism=determinism,
             trial_timeout=trial_timeout,
             timing=timing,
+            compile_ahead=compile_ahead,
         )
         if as_json:
             run = run_search(cfg)

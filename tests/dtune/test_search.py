@@ -31,11 +31,19 @@ def config(kernel: str, out: Path, **kw: object) -> SearchConfig:
     return SearchConfig(kernel=kernel, gpu=get_profile("cpu"), space=space, shapes=shapes, out=out, **args)  # type: ignore[arg-type]
 
 
-def test_planted_failures_are_classified_and_never_exported(fake: ModuleType, tmp_path: Path) -> None:
+@pytest.mark.parametrize("compile_ahead", [0, 2], ids=["in-turn", "compile-ahead"])
+def test_planted_failures_are_classified_and_never_exported(
+    fake: ModuleType, tmp_path: Path, compile_ahead: int
+) -> None:
     space = _parse_text(fake.space_toml(), "fake.toml")
-    cfg = config(fake.NAME, tmp_path, space=space, shapes=space.shapes.shapes(), trials=7, trial_timeout=5.0)
+    shapes = space.shapes.shapes()
+    cfg = config(
+        fake.NAME, tmp_path, space=space, shapes=shapes, trials=7, trial_timeout=5.0, compile_ahead=compile_ahead
+    )
     run = run_search(cfg)
-    assert run.worker_restarts == 1  # after the crash (after the hang only a pruned trial follows: no worker needed)
+    # In turn, the timing worker meets the crash and is replaced once (after the hang only a pruned trial
+    # follows). Ahead, the compile pool meets the crash and the hang; the timing worker never dies.
+    assert run.worker_restarts == (1 if compile_ahead == 0 else 0)
     rows = pd.read_csv(tmp_path / "trials.csv").sort_values("number")
     assert list(rows.columns[: len(CSV_COLUMNS)]) == CSV_COLUMNS
     got = [

@@ -66,3 +66,25 @@ def test_resources_and_classification() -> None:
     assert classify(torch.OutOfMemoryError("CUDA out of memory"), first_launch=False) == "resources"
     assert classify(ValueError("bad"), first_launch=True) == "compile"
     assert classify(RuntimeError("illegal memory access"), first_launch=False) == "runtime"
+
+
+def test_compile_without_launch_forces_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
+    from triton.runtime.jit import JITFunction
+
+    from dtune.trials import compile_without_launch
+
+    seen: list[bool] = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **k: seen.append(warmup))
+    with compile_without_launch():
+        JITFunction.run(object(), grid=(1,), warmup=False)  # type: ignore[call-arg]
+    JITFunction.run(object(), grid=(1,), warmup=False)  # type: ignore[call-arg]
+    assert seen == [True, False]
+
+
+def test_compile_only_job_reports_compile_errors(fake: ModuleType) -> None:
+    ok = evaluate(TrialJob(fake.NAME, SHAPE, "fp32", {"MODE": "ok", "BV": 8}, 1e-4, device="cpu", compile_only=True))
+    assert ok.ok and ok.compile_s is not None and ok.time_ms is None
+    bad = evaluate(
+        TrialJob(fake.NAME, SHAPE, "fp32", {"MODE": "compile", "BV": 8}, 1e-4, device="cpu", compile_only=True)
+    )
+    assert bad.reason == "compile"
