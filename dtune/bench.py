@@ -167,6 +167,17 @@ def tuned_grid(entries: Sequence[dict[str, Any]], kernel: str, dtype: torch.dtyp
     return Grid(seq_lens=(), head_dims=(), heads=(), shapes=ordered)
 
 
+TINY = 1 << 14  # B·T·H·K of a shape the interpreter runs in seconds
+
+
+def tuned_grid_here(config_file: str | Path, kernel: str, dtype: torch.dtype, on_gpu: bool) -> Grid | None:
+    """The shapes ``config_file`` was tuned on, when it has any and they can run here (tiny ones on the CPU)."""
+    grid = tuned_grid(ConfigSource.load(config_file).entries, kernel, dtype)
+    if grid is None or on_gpu:
+        return grid
+    return grid if all(B * T * H * K <= TINY for B, T, H, _, K, _ in grid.shapes) else None
+
+
 # --------------------------------------------------------------------------------------------- tuned configs
 
 

@@ -9,7 +9,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -52,7 +52,7 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return str(x)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     err_console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code=2)
 
@@ -109,10 +109,7 @@ def bench(
             batch_tokens,
         )
         if config is not None and not any((seq_lens, head_dims, heads, batch, batch_tokens)):
-            # No shapes asked for: benchmark the shapes the config was tuned on (tiny ones only on the CPU).
-            tuned = b.tuned_grid(b.ConfigSource.load(config).entries, kernel, dt)
-            if tuned is not None and (on_gpu or all(s[0] * s[1] * s[2] * s[4] <= 1 << 14 for s in tuned.shapes)):
-                grid = tuned
+            grid = b.tuned_grid_here(config, kernel, dt, on_gpu) or grid  # the shapes the config was tuned on
         status = err_console.status("benchmarking", spinner="dots") if not as_json else None
         if status:
             status.start()
@@ -132,7 +129,6 @@ def bench(
                 status.stop()
     except (ValueError, FileNotFoundError, json.JSONDecodeError) as exc:
         _fail(str(exc))
-        return
     out_dir = out or b.default_out_dir(config)
     csv_path, json_path = b.write(result, out_dir)
     if as_json:
@@ -219,13 +215,10 @@ def profile(
         B = batch or ((32 if decode else max(1, 32768 // T)) if on_gpu else 1)
         p = Problem(B=B, T=T, H=H, HV=H, K=D, V=D, N=B, gate=Gate(spec.gate))
         if config is not None and not any((seq_len, head_dim, heads, batch)):
-            # No shape asked for: profile the largest shape the config was tuned on (a tiny one only on the CPU).
-            tuned = b.tuned_grid(b.ConfigSource.load(config).entries, kernel, dt)
+            # No shape asked for: the largest shape the config was tuned on.
+            tuned = b.tuned_grid_here(config, kernel, dt, on_gpu)
             if tuned is not None:
-                fits = [s for s in tuned.shapes if on_gpu or s[0] * s[1] * s[2] * s[4] <= 1 << 14]
-                if fits:
-                    sB, sT, sH, sHV, sK, sV = max(fits, key=lambda s: s[0] * s[1] * s[3] * s[4] * s[5])
-                    p = Problem(B=sB, T=sT, H=sH, HV=sHV, K=sK, V=sV, N=sB, gate=Gate(spec.gate))
+                p = max(tuned.problems(Gate(spec.gate)), key=lambda q: q.B * q.T * q.HV * q.K * q.V)
         roofs = None
         if gpu:
             from dtune.gpu import get_profile
@@ -234,10 +227,8 @@ def profile(
         result = pr.run_profile(kernel, p, dt, config, roofs=roofs)
     except ImportError as exc:
         _fail(f"{exc} (the GPU profiles come with dtune.gpu)")
-        return
     except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
         _fail(str(exc))
-        return
     out_dir = out or b.default_out_dir(config)
     csv_path, json_path = pr.write(result, out_dir)
     ncu_msg = ""
@@ -299,7 +290,6 @@ def report(
 
     if not run_dir.is_dir():
         _fail(f"{run_dir} is not a folder")
-        return
     out_path, sections = build_report(run_dir, output)
     if as_json:
         typer.echo(json.dumps({"html": str(out_path), "sections": sections}))

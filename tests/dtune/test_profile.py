@@ -153,3 +153,18 @@ def test_profile_cli_json_and_ncu_message(tmp_path: Path, monkeypatch: pytest.Mo
     assert (tmp_path / "profile.csv").exists()
     r = CliRunner().invoke(cli(), args)
     assert r.exit_code == 0 and "dtune profile" in r.output
+
+
+def test_profile_cli_defaults_to_the_largest_tuned_shape(tmp_path: Path) -> None:
+    entries = [
+        {"kernel": "fused_recurrent_kda", "dtype": "bf16", "bucket": dict(T=t, B=b, H=1, HV=1, K=16, V=16),
+         "config": {"BV": 8}} for t, b in ((1, 1), (4, 2), (2, 1))
+    ]  # fmt: skip
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"schema": 1, "gpu": "cpu", "entries": entries}))
+    args = ["profile", "--kernel", "fused_recurrent_kda", "--config", str(tuned), "--out", str(tmp_path), "--json"]
+    r = CliRunner().invoke(cli(), args)
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output)["rows"][0]
+    assert (row["B"], row["T"], row["K"]) == (2, 4, 16)
+    assert json.loads(row["config"])["BV"] == 8
