@@ -253,7 +253,8 @@ def profile(
     roof_txt = f" — roofs {r0.gbs:.0f} GB/s, {r0.tflops:.0f} TFLOP/s ({r0.source})" if r0 else ""
     shape = f"B{p.B} T{p.T} H{p.H} " + (f"D{p.K}" if p.K == p.V else f"K{p.K} V{p.V}")
     table = Table(title=f"dtune profile: {kernel} {shape} {dtype}{roof_txt}")
-    for col in ("stage", "ms", "share", "regs", "spills", "smem", "GB/s", "TFLOP/s", "floor ms", "vs floor"):
+    cols = ("stage", "ms", "share", "regs", "spills", "smem", "GB/s", "%BW", "TFLOP/s", "%MM", "floor ms", "vs floor")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("stage", "vs floor") else "right")
     for r in result.frame.itertuples(index=False):
         table.add_row(
@@ -264,7 +265,9 @@ def profile(
             _fmt(r.spills, ".0f"),
             _fmt(r.shared_mem, ".0f"),
             _fmt(r.gbs, ".0f"),
+            _fmt(r.pct_bandwidth, ".0f"),
             _fmt(r.tflops, ".1f"),
+            _fmt(r.pct_matmul, ".0f"),
             _fmt(r.floor_ms, ".4f"),
             str(r.verdict),
         )

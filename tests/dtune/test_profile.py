@@ -76,6 +76,8 @@ def test_chunk_profile_uses_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     assert intra["floor_ms"] == pytest.approx(max(2e6 / 4e12, 4e6 / 7e14) * 1e3)
     assert intra["bound"] == "memory" and "× floor, memory-bound" in intra["verdict"]
     assert intra["x_floor"] == pytest.approx(intra["median_ms"] / intra["floor_ms"])
+    assert intra["pct_bandwidth"] == pytest.approx(100 * intra["gbs"] / 4000.0)
+    assert intra["pct_matmul"] == pytest.approx(100 * intra["tflops"] / 700.0)
     assert f.loc[["intra", "state"], "share"].sum() == pytest.approx(1.0)
     assert math.isnan(f.loc[pr.TOTAL, "share"])
     total_work = roofline.work("chunk_gated_delta_rule", p, torch.float32)
