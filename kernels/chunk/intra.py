@@ -73,19 +73,29 @@ def chunk_intra_kernel(
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     m_t = o_t < L
+    # Scalar (int64) base pointers of this chunk; offsets inside the chunk are int32 tiles.
+    k_b = k + (bos * H + i_h) * K
+    q_b = q + (bos * H + i_h) * K
+    v_b = v + (bos * HV + i_hv) * V
+    w_b = w + (bos * HV + i_hv) * K
+    u_b = u + (bos * HV + i_hv) * V
+    if GATE == 2:
+        g_b = g + (bos * HV + i_hv) * K
+    elif GATE == 1:
+        g_b = g + (bos * HV + i_hv)
 
     # Scalar gate: the whole chunk's cumulative gate, once (it is one number per row).
     if GATE == 1:
-        b_g_all = tl.load(g + (bos + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+        b_g_all = tl.load(g_b + o_t * HV, mask=m_t, other=0).to(tl.float32)
         b_gam_all = tl.cumsum(b_g_all, 0)
-        tl.store(gout + (bos + o_t) * HV + i_hv, b_gam_all, mask=m_t)
+        tl.store(gout + (bos * HV + i_hv) + o_t * HV, b_gam_all, mask=m_t)
 
     for I in tl.static_range(NB):
         r0 = I * BC
         if r0 < L:
             rows = r0 + o_c
             m_r = rows < L
-            b_beta = tl.load(beta + (bos + rows) * HV + i_hv, mask=m_r, other=0).to(tl.float32)
+            b_beta = tl.load(beta + (bos * HV + i_hv) + rows * HV, mask=m_r, other=0).to(tl.float32)
             b_A = tl.zeros([BC, BT], dtype=tl.float32)  # A_kk[I, :I] (without beta)
             b_Aq = tl.zeros([BC, BT], dtype=tl.float32)  # A_qk[I, :I] (without scale)
             b_D = tl.zeros([BC, BC], dtype=tl.float32)  # A_kk[I, I]
@@ -95,21 +105,19 @@ def chunk_intra_kernel(
                 m_k = o_k < K
                 m_rk = m_r[:, None] & m_k[None, :]
                 m_tk = (m_t & (o_t < r0))[:, None] & m_k[None, :]
-                p_kr = k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :]
-                p_qr = q + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :]
-                p_kt = k + ((bos + o_t) * H + i_h)[:, None] * K + o_k[None, :]
+                p_kr = k_b + (rows[:, None] * (H * K) + o_k[None, :])
+                p_qr = q_b + (rows[:, None] * (H * K) + o_k[None, :])
+                p_kt = k_b + (o_t[:, None] * (H * K) + o_k[None, :])
                 if GATE == 2:
                     b_k = tl.load(p_kr, mask=m_rk, other=0).to(tl.float32)
                     b_q = tl.load(p_qr, mask=m_rk, other=0).to(tl.float32)
                     b_kt = tl.load(p_kt, mask=m_tk, other=0).to(tl.float32)
-                    p_gt = g + ((bos + o_t) * HV + i_hv)[:, None] * K + o_k[None, :]
+                    p_gt = g_b + (o_t[:, None] * (HV * K) + o_k[None, :])
                     b_gt = tl.load(p_gt, mask=m_t[:, None] & m_k[None, :], other=0).to(tl.float32)
                     b_gamt = tl.cumsum(b_gt, 0)  # γ of the whole chunk, this key tile
                     # γ_r: cumulative gate at the block's first row
                     b_gr = tl.sum(tl.where((o_t == r0)[:, None], b_gamt, 0.0), 0)
-                    b_gam = tl.load(g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
-                        tl.float32
-                    )
+                    b_gam = tl.load(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
                     b_gam = tl.cumsum(b_gam, 0)
                     b_gam = b_gam - tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)[None, :] + b_gr[None, :]
                     # off-diagonal: rows scaled by exp(γ_i - γ_r) <= 1, columns (j < r) by exp(γ_r - γ_j) <= 1
@@ -148,7 +156,7 @@ def chunk_intra_kernel(
             m_cau = (o_c[None, :] <= o_c[:, None]) & m_r[:, None]
             if GATE == 1:
                 b_gr1 = tl.sum(tl.where(o_t == r0 - 1, b_gam_all, 0.0), 0)  # γ before the block (0 for I = 0)
-                b_gam1 = tl.load(g + (bos + rows) * HV + i_hv, mask=m_r, other=0).to(tl.float32)
+                b_gam1 = tl.load(g_b + rows * HV, mask=m_r, other=0).to(tl.float32)
                 b_gam1 = tl.cumsum(b_gam1, 0) + b_gr1
                 b_A *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
                 b_Aq *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
@@ -161,7 +169,7 @@ def chunk_intra_kernel(
             b_Dq = tl.where(m_cau, b_Dq, 0.0) * scale
 
             # A_qk rows of this block: [0, r0) off-diagonal, [r0, r0 + BC) diagonal block, zeros after
-            p_aq = aqk + ((bos + rows) * HV + i_hv)[:, None] * BT
+            p_aq = aqk + (bos * HV + i_hv) * BT + rows[:, None] * (HV * BT)
             tl.store(p_aq + o_t[None, :], b_Aq.to(aqk.dtype.element_ty), mask=m_off)
             tl.store(p_aq + r0 + o_c[None, :], b_Dq.to(aqk.dtype.element_ty), mask=m_r[:, None])
             if r0 + BC < BT:
@@ -184,30 +192,32 @@ def chunk_intra_kernel(
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < K
                 m_rk = m_r[:, None] & m_k[None, :]
-                b_k = tl.load(k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
-                    tl.float32
-                )
+                b_k = tl.load(k_b + (rows[:, None] * (H * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
                 if GATE == 1:
                     b_x = b_k * (b_beta * tl.exp(b_gam1))[:, None]
                 elif GATE == 2:
                     b_gt = tl.load(
-                        g + ((bos + o_t) * HV + i_hv)[:, None] * K + o_k[None, :],
+                        g_b + (o_t[:, None] * (HV * K) + o_k[None, :]),
                         mask=m_t[:, None] & m_k[None, :],
                         other=0,
                     ).to(tl.float32)
                     b_gC = tl.sum(b_gt, 0)  # γ_C (rows past the end hold 0)
                     b_base = tl.sum(tl.where((o_t < r0)[:, None], b_gt, 0.0), 0)
-                    b_gam = tl.load(g + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
-                        tl.float32
-                    )
+                    b_gam = tl.load(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
                     b_gam = tl.cumsum(b_gam, 0) + b_base[None, :]
                     b_x = b_k * tl.exp(b_gam) * b_beta[:, None]
-                    b_q = tl.load(q + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :], mask=m_rk, other=0).to(
-                        tl.float32
+                    b_q = tl.load(q_b + (rows[:, None] * (H * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
+                    p_r = rows[:, None] * (HV * K) + o_k[None, :]
+                    tl.store(
+                        qg + (bos * HV + i_hv) * K + p_r,
+                        (b_q * tl.exp(b_gam) * scale).to(qg.dtype.element_ty),
+                        mask=m_rk,
                     )
-                    p_r = ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :]
-                    tl.store(qg + p_r, (b_q * tl.exp(b_gam) * scale).to(qg.dtype.element_ty), mask=m_rk)
-                    tl.store(kg + p_r, (b_k * tl.exp(b_gC[None, :] - b_gam)).to(kg.dtype.element_ty), mask=m_rk)
+                    tl.store(
+                        kg + (bos * HV + i_hv) * K + p_r,
+                        (b_k * tl.exp(b_gC[None, :] - b_gam)).to(kg.dtype.element_ty),
+                        mask=m_rk,
+                    )
                     if I == 0:
                         tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
                 else:
@@ -215,35 +225,33 @@ def chunk_intra_kernel(
                 if I > 0:
                     m_tk = (o_t < r0)[:, None] & m_k[None, :]
                     b_wp = tl.load(
-                        w + ((bos + o_t) * HV + i_hv)[:, None] * K + o_k[None, :],
+                        w_b + (o_t[:, None] * (HV * K) + o_k[None, :]),
                         mask=m_tk,
                         other=0,
                         cache_modifier=".cg",
                     )
                     b_x -= tl.dot(b_Ac, b_wp.to(DT), input_precision=DOT_PREC)
                 b_w = tl.dot(b_Tc, b_x.to(DT), input_precision=DOT_PREC)
-                tl.store(w + ((bos + rows) * HV + i_hv)[:, None] * K + o_k[None, :], b_w.to(DT), mask=m_rk)
+                tl.store(w_b + (rows[:, None] * (HV * K) + o_k[None, :]), b_w.to(DT), mask=m_rk)
 
             # U_I = T_II (beta V - A[I, :I] U[:I])
             for i_v in range(NV):
                 o_v = i_v * BV + tl.arange(0, BV)
                 m_v = o_v < V
                 m_rv = m_r[:, None] & m_v[None, :]
-                b_v = tl.load(v + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], mask=m_rv, other=0).to(
-                    tl.float32
-                )
+                b_v = tl.load(v_b + (rows[:, None] * (HV * V) + o_v[None, :]), mask=m_rv, other=0).to(tl.float32)
                 b_x = b_v * b_beta[:, None]
                 if I > 0:
                     m_tv = (o_t < r0)[:, None] & m_v[None, :]
                     b_up = tl.load(
-                        u + ((bos + o_t) * HV + i_hv)[:, None] * V + o_v[None, :],
+                        u_b + (o_t[:, None] * (HV * V) + o_v[None, :]),
                         mask=m_tv,
                         other=0,
                         cache_modifier=".cg",
                     )
                     b_x -= tl.dot(b_Ac, b_up.to(DT), input_precision=DOT_PREC)
                 b_u = tl.dot(b_Tc, b_x.to(DT), input_precision=DOT_PREC)
-                tl.store(u + ((bos + rows) * HV + i_hv)[:, None] * V + o_v[None, :], b_u.to(DT), mask=m_rv)
+                tl.store(u_b + (rows[:, None] * (HV * V) + o_v[None, :]), b_u.to(DT), mask=m_rv)
             if I + 1 < NB:
                 # the next blocks read W[:I+1], U[:I+1] back: make this block's stores visible to the whole CTA
                 tl.debug_barrier()

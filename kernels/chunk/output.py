@@ -45,33 +45,38 @@ def chunk_output_kernel(
         bos = i_b.to(tl.int64) * T + (i_c % NT) * BT
         eos = i_b.to(tl.int64) * T + T
     DT = vnew.dtype.element_ty
-
+    L = tl.minimum(eos - bos, BT).to(tl.int32)
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_t = (bos + o_t) < eos
+    m_t = o_t < L
     m_v = o_v < V
     m_tv = m_t[:, None] & m_v[None, :]
-    r_hv = (bos + o_t) * HV + i_hv
-    r_h = (bos + o_t) * H + i_h
     if GATE == 1:
-        b_eg = tl.exp(tl.load(gout + r_hv, mask=m_t, other=0)) * scale
-
+        b_eg = tl.exp(tl.load(gout + bos * HV + i_hv + o_t * HV, mask=m_t, other=0)) * scale
+    if GATE == 2:
+        q_b = qg + (bos * HV + i_hv) * K
+        q_stride: tl.constexpr = HV * K
+    else:
+        q_b = q + (bos * H + i_h) * K
+        q_stride: tl.constexpr = H * K
+    h_b = hbuf + (i_c.to(tl.int64) * HV + i_hv) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    p_h = hbuf + (i_c.to(tl.int64) * HV + i_hv) * K * V
     for i_k in range(NK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         if GATE == 2:
-            b_q = tl.load(qg + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+            b_q = tl.load(q_b + o_t[:, None] * q_stride + o_k[None, :], mask=m_tk, other=0)
         elif GATE == 1:
-            b_q = tl.load(q + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_q = tl.load(q_b + o_t[:, None] * q_stride + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
             b_q = (b_q * b_eg[:, None]).to(DT)
         else:
-            b_q = (tl.load(q + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale).to(DT)
-        b_h = tl.load(p_h + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
+            b_q = (tl.load(q_b + o_t[:, None] * q_stride + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale).to(
+                DT
+            )
+        b_h = tl.load(h_b + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
         b_o += tl.dot(b_q, b_h, input_precision=DOT_PREC)
-    b_A = tl.load(aqk + r_hv[:, None] * BT + o_t[None, :], mask=m_t[:, None], other=0)
-    b_vn = tl.load(vnew + r_hv[:, None] * V + o_v[None, :], mask=m_tv, other=0)
+    b_A = tl.load(aqk + (bos * HV + i_hv) * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
+    b_vn = tl.load(vnew + (bos * HV + i_hv) * V + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0)
     b_o += tl.dot(b_A, b_vn, input_precision=DOT_PREC)
-    tl.store(o + r_hv[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+    tl.store(o + (bos * HV + i_hv) * V + o_t[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)

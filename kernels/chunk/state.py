@@ -68,52 +68,56 @@ def chunk_state_kernel(
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_h, other=0).to(
+        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + (o_k[:, None] * V + o_v[None, :]), mask=m_h, other=0).to(
             tl.float32
         )
 
+    # Tile offsets inside one chunk (int32, loop-invariant); the chunk's base pointers are scalars (int64).
+    off_wk = o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, BK] rows of [tokens, HV, K]
+    off_qk = o_t[:, None] * (H * K) + o_k[None, :]  # [BT, BK] rows of [tokens, H, K]
+    off_v = o_t[:, None] * (HV * V) + o_v[None, :]  # [BT, BV] rows of [tokens, HV, V]
+    off_h = o_k[:, None] * V + o_v[None, :]  # [BK, BV] of one [K, V] state
     for i_t in range(NTn):
         t0 = bos + i_t * BT
-        m_t = (t0 + o_t) < eos
-        r_hv = (t0 + o_t) * HV + i_hv  # [BT] row index into [tokens, HV, ...]
-        r_h = (t0 + o_t) * H + i_h  # [BT] row index into [tokens, H, ...]
+        m_t = o_t < eos - t0
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_w = tl.load(w + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
-        b_u = tl.load(u + r_hv[:, None] * V + o_v[None, :], mask=m_tv, other=0).to(tl.float32)
+        row_hv = t0 * HV + i_hv  # scalar: first row of the chunk in [tokens, HV, ...]
+        row_h = t0 * H + i_h
+        b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
+        b_u = tl.load(u + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
         b_hc = b_h.to(DT)
         b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)
         b_vnc = b_vn.to(DT)
         if GATE == 1:
-            b_gam = tl.load(gout + r_hv, mask=m_t, other=0)
+            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
             b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
         if FUSE_OUTPUT:
             if GATE == 2:
-                b_q = tl.load(qg + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+                b_q = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
             else:
-                b_q = tl.load(q + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32) * scale
+                b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32) * scale
                 if GATE == 1:
                     b_q *= tl.exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
-            b_A = tl.load(aqk + r_hv[:, None] * BT + o_t[None, :], mask=m_t[:, None], other=0)
+            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
             b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
             b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
-            tl.store(o + r_hv[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+            tl.store(o + row_hv * V + off_v, b_o.to(o.dtype.element_ty), mask=m_tv)
         else:
-            p_hb = hbuf + ((c0 + i_t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-            tl.store(p_hb, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
-            tl.store(vnew + r_hv[:, None] * V + o_v[None, :], b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
+            tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
+            tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
         if GATE == 2:
-            b_kg = tl.load(kg + r_hv[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+            b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
             b_h *= b_dec[:, None]
         elif GATE == 1:
-            b_kg = tl.load(k + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
+            b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
             b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
             b_h *= tl.exp(b_gC)
         else:
-            b_kg = tl.load(k + r_h[:, None] * K + o_k[None, :], mask=m_tk, other=0).to(DT)
+            b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
         b_h += tl.dot(tl.trans(b_kg), b_vnc, input_precision=DOT_PREC)
 
     if STORE_HT:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_h)
+        tl.store(ht + i_nh.to(tl.int64) * K * V + (o_k[:, None] * V + o_v[None, :]), b_h, mask=m_h)
