@@ -28,7 +28,7 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from dtune import results
-from dtune.gpu import GpuProfile
+from dtune.gpu import GpuProfile, device_name
 from dtune.kernels import get_kernel
 from dtune.plugins import load_plugins
 from dtune.runinfo import TRIALS_CSV, git_commit, now_iso, versions, write_run_json
@@ -193,6 +193,7 @@ def run_info(cfg: SearchConfig) -> dict[str, Any]:
     return {
         "kernel": cfg.kernel,
         "gpu": cfg.gpu.as_dict(),
+        "device_name": None if cfg.interpret else device_name(),  # what torch reported: provenance
         "dtype": cfg.dtype,
         "shapes": [s.as_dict() for s in cfg.shapes],
         "versions": versions(),
