@@ -121,3 +121,17 @@ def test_rel_rms_error() -> None:
     bad[0, 0] = float("inf")
     assert rel_rms_error(bad, ref) == float("inf")
     assert rel_rms_error(torch.ones(4, 3), ref) == float("inf")
+
+
+def test_gate_poisons_outputs_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_config, "POISON_OUTPUTS", False)
+    seen: list[bool] = []
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kernel_config.POISON_OUTPUTS)
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(fr, "forward", spy)
+    assert gate(KDA, PROBLEM, torch.float32, "cpu", CONFIG, 1e-4, determinism=True).passed
+    assert seen == [True, True]  # every gate launch runs with NaN-filled outputs
+    assert kernel_config.POISON_OUTPUTS is False
