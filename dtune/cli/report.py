@@ -44,6 +44,9 @@ JsonOpt = Annotated[
 ]
 
 
+WRONG = 0.1  # a relative RMS error this large is a wrong output, not rounding
+
+
 def _fmt(x: Any, spec: str = ".3f") -> str:
     if isinstance(x, float) and math.isnan(x):
         return "–"
@@ -136,7 +139,7 @@ def bench(
         typer.echo(json.dumps({"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}))
         return
     table = Table(title=f"dtune bench: {kernel} ({dtype})")
-    for col in ("shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "note"):
+    for col in ("shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err", "note"):
         table.add_column(col, justify="right" if col not in ("shape", "impl", "mode", "note") else "left")
     for r in result.frame.itertuples(index=False):
         table.add_row(
@@ -148,6 +151,7 @@ def bench(
             _fmt(r.speedup_vs_fla, ".2f"),
             _fmt(r.gbs, ".0f"),
             _fmt(r.tflops, ".1f"),
+            _fmt(r.error_o, ".1e"),
             str(r.note)[:60],
         )
     console.print(table)
@@ -155,6 +159,11 @@ def bench(
         console.print(f"[yellow]note:[/yellow] {note}")
     if not result.frame["meaningful"].all():
         console.print("* not meaningful: timed on the CPU under Triton's interpreter")
+    wrong = result.frame[result.frame["error_o"] > WRONG]
+    for r in wrong.drop_duplicates("impl").itertuples(index=False):
+        console.print(
+            f"[red]warning:[/red] {r.impl} is off the float64 reference (rel. error {r.error_o:.1e}) at B{r.B} T{r.T}"
+        )
     console.print(f"wrote {csv_path} and {json_path}")
 
 
