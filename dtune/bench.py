@@ -167,6 +167,10 @@ def tuned_grid(entries: Sequence[dict[str, Any]], kernel: str, dtype: torch.dtyp
     return Grid(seq_lens=(), head_dims=(), heads=(), shapes=ordered)
 
 
+INTERPRETER_BF16_DOT = (
+    "Triton's interpreter computes tl.dot on bfloat16 inputs wrongly (checked with Triton 3.9): the chunk kernels' "
+    "errors here say nothing about the GPU; use --dtype fp16 or fp32 on the CPU"
+)
 TINY = 1 << 14  # B·T·H·K of a shape the interpreter runs in seconds
 
 
@@ -540,6 +544,8 @@ def run_bench(
     notes: list[str] = []
     if not on_gpu:
         notes.append("no GPU: times come from Triton's interpreter on the CPU and are NOT meaningful")
+        if dtype == torch.bfloat16 and spec.family == "chunk":
+            notes.append(INTERPRETER_BF16_DOT)
     if graph and not kernel.startswith("fused_recurrent"):
         notes.append("--graph applies to fused-recurrent decode (T = 1) only")
     elif graph and not on_gpu:

@@ -221,3 +221,10 @@ def test_bench_cli_rejects_an_illegal_tuned_file(tmp_path: Path) -> None:
     tuned.write_text(tuned_doc({**entry(1, 16, 8, H=1), "config": {"BV": 7}}))
     r = CliRunner().invoke(cli(), ["bench", "--kernel", "fused_recurrent_kda", "--config", str(tuned)])
     assert r.exit_code == 2 and "illegal config" in r.output
+
+
+def test_bf16_chunk_on_the_interpreter_is_flagged() -> None:
+    grid = b.make_grid("chunk_delta_rule", on_gpu=False, seq_lens=[16], head_dims=[16], heads=[1])
+    res = b.run_bench("chunk_delta_rule", grid, torch.bfloat16, ["torch"])
+    assert b.INTERPRETER_BF16_DOT in res.notes
+    assert res.frame.set_index("impl").loc["torch", "error_o"] < 1e-2  # the reference itself is fine in bf16 inputs
