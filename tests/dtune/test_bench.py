@@ -223,6 +223,7 @@ def test_bench_cli_rejects_an_illegal_tuned_file(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "illegal config" in r.output
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflows on the interpreter's bf16 garbage
 def test_bf16_chunk_on_the_interpreter_is_flagged() -> None:
     grid = b.make_grid("chunk_delta_rule", on_gpu=False, seq_lens=[16], head_dims=[16], heads=[1])
     res = b.run_bench("chunk_delta_rule", grid, torch.bfloat16, ["torch"])
