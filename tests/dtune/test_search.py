@@ -138,3 +138,8 @@ def test_bad_search_config(tmp_path: Path) -> None:
         config("fused_recurrent_kda", tmp_path, sampler="bayes")
     with pytest.raises(ValueError, match="--trials must be at least 1"):
         config("fused_recurrent_kda", tmp_path, trials=0)
+
+
+def test_timeout_budget(tmp_path: Path) -> None:
+    run = run_search(config("fused_recurrent_delta_rule", tmp_path, trials=None, timeout=0.5))
+    assert 1 <= run.shapes[0].trials_run <= 3  # the first trial starts; no new one is asked after 0.5 s
