@@ -170,3 +170,19 @@ def test_profile_cli_defaults_to_the_largest_tuned_shape(tmp_path: Path) -> None
     row = json.loads(r.output)["rows"][0]
     assert (row["B"], row["T"], row["K"]) == (2, 4, 16)
     assert json.loads(row["config"])["BV"] == 8
+
+
+def test_op_stage_finds_the_freshly_compiled_kernel() -> None:
+    """A fused-recurrent op returns no kernel: OpStage reads it from the JIT function's cache (Triton 3.x layout)."""
+    old = types.SimpleNamespace(n_regs=40)
+    cache: dict[str, Any] = {"old": old}
+    jit = types.SimpleNamespace(device_caches={0: (cache, {}, None, None, None)})
+    new = types.SimpleNamespace(n_regs=72, n_spills=0, metadata=types.SimpleNamespace(shared=0))
+
+    def call() -> None:
+        cache["new"] = new
+
+    stage = pr.OpStage("op", call, 1.0, 1.0, jit)
+    assert stage.run() is new  # compiled by this call
+    assert stage.run() is new  # already compiled: the latest one
+    assert pr.OpStage("op", lambda: None, 1.0, 1.0, None).run() is None  # interpreter: no cache
