@@ -58,7 +58,7 @@ def chunk_output_kernel(
         q_stride: tl.constexpr = HV * K
     else:
         q_b = q + (bos * H + i_h) * K
-        q_stride: tl.constexpr = H * K
+        q_stride: tl.constexpr = H * K  # type: ignore[no-redef]
     h_b = hbuf + (i_c.to(tl.int64) * HV + i_hv) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(NK):
