@@ -203,7 +203,8 @@ def test_tuned_grid_takes_the_config_shapes() -> None:
     assert b.tuned_grid(entries, "chunk_delta_rule", torch.bfloat16) is None
 
 
-def test_bench_cli_uses_tuned_shapes(tmp_path: Path) -> None:
+def test_bench_cli_uses_tuned_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default output folder, reports/, is relative to the working directory
     tuned = tmp_path / "tuned.json"
     tuned.write_text(tuned_doc(entry(3, 16, 8, H=1, B=2)))
     args = ["bench", "--kernel", "fused_recurrent_kda", "--baselines", "default", "--config", str(tuned), "--json"]
@@ -216,7 +217,8 @@ def test_bench_cli_uses_tuned_shapes(tmp_path: Path) -> None:
     assert tuned_row["first_call_s"] > 0
 
 
-def test_bench_cli_rejects_an_illegal_tuned_file(tmp_path: Path) -> None:
+def test_bench_cli_rejects_an_illegal_tuned_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     tuned = tmp_path / "tuned.json"
     tuned.write_text(tuned_doc({**entry(1, 16, 8, H=1), "config": {"BV": 7}}))
     r = CliRunner().invoke(cli(), ["bench", "--kernel", "fused_recurrent_kda", "--config", str(tuned)])
