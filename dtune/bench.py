@@ -323,8 +323,11 @@ def _fla(fn: Callable[..., Any], gated: bool, **extra: Any) -> Callable[[Inputs]
         g = x["g"]
         if "lower_bound" in extra and g is not None:
             g = g.clamp(min=extra["lower_bound"])
-        lead = (x["q"], x["k"], x["v"], g, x["beta"]) if gated else (x["q"], x["k"], x["v"], x["beta"])
+        # By keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta, ...).
+        lead = (x["q"], x["k"], x["v"])
+        gates = {"g": g, "beta": x["beta"]} if gated else {"beta": x["beta"]}
         kw = {
+            **gates,
             "scale": x["scale"],
             "initial_state": x["initial_state"],
             "output_final_state": x["output_final_state"],
