@@ -116,9 +116,11 @@ def test_fla_call_convention_and_fast_mode() -> None:
     b._fla(fake, gated=False)(x)()
     b._fla(fake, gated=True, safe_gate=True, lower_bound=-5.0)(x)()
     (args0, kw0), (args1, kw1) = seen
-    assert len(args0) == 4 and args0[3] is x["beta"]
+    # g and beta go by keyword: fla's gated fused-recurrent op has (q, k, v, g, gk, gv, beta, ...).
+    assert len(args0) == 3 and kw0.pop("beta") is x["beta"]
     assert kw0 == {"scale": 0.25, "initial_state": None, "output_final_state": True, "cu_seqlens": None}
-    assert args1[3].tolist() == [-5.0, -1.0] and args1[4] is x["beta"]  # gates clamped to the lower bound
+    assert len(args1) == 3 and kw1["g"].tolist() == [-5.0, -1.0]  # gates clamped to the lower bound
+    assert kw1["beta"] is x["beta"]
     assert kw1["safe_gate"] is True and kw1["lower_bound"] == -5.0
 
 
