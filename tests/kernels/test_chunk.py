@@ -187,3 +187,12 @@ def test_plan_stages_produce_outputs(fuse: bool) -> None:
     )
     assert s is not None and s_ref is not None
     assert rel_err(o, o_ref) < TOL[torch.float32] and rel_err(s, s_ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("gate", [Gate.SCALAR, Gate.CHANNEL], ids=["scalar", "channel"])
+def test_bfloat16_gate(gate: Gate) -> None:
+    """Gates may come in bfloat16 (the kernels read them as float32); the reference sees the same rounded gates."""
+    p = Problem(1, 45, 1, 1, 32, 32, 1, gate)
+    x = make_inputs(p, seed=13)
+    x["g"] = x["g"].to(torch.bfloat16)
+    check(p, x, SMALL)
