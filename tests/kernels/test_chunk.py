@@ -71,7 +71,9 @@ SMALL = {"BT": 32, "BC": 16}
 CASES: dict[str, tuple[Problem, list[int] | None, bool, dict[str, Any] | None]] = {}
 
 
-def add(p: Problem, seq_lens: list[int] | None = None, h0: bool = True, config: dict | None = None, extra: str = ""):
+def add(
+    p: Problem, seq_lens: list[int] | None = None, h0: bool = True, config: dict | None = None, extra: str = ""
+) -> None:
     CASES[case_id(p, seq_lens, extra)] = (p, seq_lens, h0, config)
 
 
