@@ -80,10 +80,34 @@ def build_export(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def write_export(run_dir: Path, path: Path | None = None) -> Path:
-    """Write the export of ``run_dir`` to ``path`` (default RUN/tuned.json); returns the path."""
-    doc = build_export(run_dir)
-    path = path or run_dir / TUNED_JSON
+def merge_exports(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document of several runs' exports (same GPU): per (kernel, dtype, bucket) the fastest entry."""
+    gpus = {d["gpu"] for d in docs}
+    if len(gpus) != 1:
+        raise ValueError(
+            f"cannot merge runs of different GPUs ({', '.join(sorted(gpus))}): configs must keep their GPU"
+        )
+    best: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        for e in doc["entries"]:
+            key = json.dumps([e["kernel"], e["dtype"], e["bucket"]], sort_keys=True)
+            if key not in best or e["time_ms"] < best[key]["time_ms"]:
+                best[key] = e
+    return {**docs[-1], "created": now_iso(), "entries": list(best.values())}
+
+
+def write_export(run_dirs: Path | list[Path], path: Path | None = None) -> Path:
+    """Write the export of one run folder, or the merge of several, to ``path``; returns the path.
+
+    ``path`` defaults to RUN/tuned.json for one run folder and is required for several.
+    """
+    dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    if not dirs:
+        raise ValueError("no run folder given")
+    if path is None and len(dirs) > 1:
+        raise ValueError("merging several run folders needs an output file (-o)")
+    doc = merge_exports([build_export(d) for d in dirs]) if len(dirs) > 1 else build_export(dirs[0])
+    path = path or dirs[0] / TUNED_JSON
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return path

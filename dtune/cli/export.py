@@ -12,17 +12,26 @@ from dtune.cli.common import fail, out
 
 
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="Run folder written by `dtune search` (holds run.json).")],
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Run folder(s) written by `dtune search` (each holds run.json); several are merged, the fastest "
+            "entry per kernel, dtype and shape bucket winning.",
+        ),
+    ],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Where to write the JSON (default RUN_DIR/tuned.json).")
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Where to write the JSON (default RUN_DIR/tuned.json; needed for several)."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the exported document on stdout.")] = False,
 ) -> None:
-    """Export the best config of every study of RUN_DIR (only COMPLETE trials that passed the gate)."""
+    """Export the best config of every study of RUN_DIRS (only COMPLETE trials that passed the gate)."""
     from dtune.export import write_export
 
     try:
-        path = write_export(run_dir, output)
+        path = write_export(run_dirs, output)
     except ValueError as e:
         fail(str(e))
     doc = json.loads(path.read_text(encoding="utf-8"))

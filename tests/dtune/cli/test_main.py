@@ -87,3 +87,21 @@ def test_unknown_kernel_and_export_errors(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "unknown kernel 'nope'" in result.output
     result = runner.invoke(app, ["export", str(tmp_path)])
     assert result.exit_code == 2 and "not a dtune run folder" in result.output
+
+
+def test_export_merges_runs_of_several_kernels(tmp_path: Path) -> None:
+    runs = []
+    for kernel in (KERNEL, "fused_recurrent_delta_rule"):
+        run = tmp_path / kernel
+        args = ["search", "--kernel", kernel, "--interpret", "--dtype", "fp32", "--out", str(run)]
+        result = runner.invoke(app, [*args, "--trials", "2", "--seq-lens", "1"])
+        assert result.exit_code == 0, result.output
+        runs.append(str(run))
+    result = runner.invoke(app, ["export", *runs])
+    assert result.exit_code != 0 and "needs an output file" in result.output
+    merged = tmp_path / "merged.json"
+    result = runner.invoke(app, ["export", *runs, "-o", str(merged)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(merged.read_text())
+    assert sorted(e["kernel"] for e in doc["entries"]) == ["fused_recurrent_delta_rule", KERNEL]
+    assert doc["gpu"] == "cpu" and doc["schema"] == 1
