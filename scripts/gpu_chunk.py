@@ -71,8 +71,8 @@ def correctness_cases(quick: bool) -> list[tuple[str, Problem, list[int] | None,
                 {"BT": 32, "BC": 16, "h_BV": 64, "o_BV": 32},
             ]
             if gate is Gate.CHANNEL:
-                variants.append({"DIAG_EXACT": False, "BC": 16})
-                variants.append({"DIAG_EXACT": False, "BC": 32})
+                variants.append({"SAFE_DIAG": False, "BC": 16})
+                variants.append({"SAFE_DIAG": False, "BC": 32})
             for cfg in variants:
                 tag = "-".join(f"{k}{v}" for k, v in cfg.items())
                 cases.append((f"B4-T2000-H8-D128-{s}-{tag}", Problem(4, 2000, 8, 8, 128, 128, 4, gate), None, cfg))

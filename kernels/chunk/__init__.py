@@ -21,7 +21,7 @@ starting its own chunks at its own offset) is built on the host; empty sequences
 final state is their initial state).
 
 Tunable parameters (``legal_params``): ``BT`` chunk size; ``BC`` sub-chunk rows (``BC <= BT``, else
-ValueError); ``DIAG_EXACT`` (KDA only) the diagonal-block method; ``intra_BK``/``intra_BV`` key/value tiles of stage
+ValueError); ``SAFE_DIAG`` (KDA only) the diagonal-block guard; ``intra_BK``/``intra_BV`` key/value tiles of stage
 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV`` tiles of the output stage (tiles larger than the
 head dimension are clipped to it); ``*_num_warps``/``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``,
 the precision of tensor-core dots on float32 inputs (``"ieee"`` exact, ``"tf32"`` faster, ~1e-3 relative
@@ -32,15 +32,18 @@ NUMERICS (where a configuration is unsafe):
 * No configuration ever forms ``exp(γ_i)·exp(−γ_j)`` across a chunk. Gated DeltaNet builds the ``[C, C]``
   decay ``exp(γ_i − γ_j)`` directly (masked before the exp): safe at every ``BT``. KDA off-diagonal blocks use
   the block's first row as reference point (both factors ≤ 1): safe at every ``BT``/``BC``.
-* KDA diagonal blocks, ``DIAG_EXACT = True`` (default): element-wise ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))``,
-  column by column: safe for every gate (slower: ``BC`` exp's per key channel per row).
-* KDA diagonal blocks, ``DIAG_EXACT = False`` ("ref"): one dot around the block's middle row ``m``, with factors
-  ``exp(γ_i − γ_m)`` and ``exp(γ_m − γ_j)`` up to ``exp(BC/2 · max|g|)`` in float32. UNSAFE when
-  ``BC/2 · max|g| ≥ ~87`` (float32 exp overflows at 88.7): with per-step log gates down to −5 that is
-  ``BC = 64`` (160) — and ``BC = 32`` once gates go below about −5.4; ``BC = 16`` is safe down to −10.9.
-  When unsafe, the overflowing factor is ``inf`` and every entry of the affected rows becomes inf/NaN, which
-  propagates to the output: the correctness gate (NaN/Inf fail) rejects it. Products that underflow
-  instead are true values below ``exp(−87 + BC/2·max|g|)`` relative, i.e. negligible.
+* KDA diagonal blocks (``BC × BC``, rows and columns in the same sub-chunk): one dot around the block's middle
+  row ``m``, factors ``exp(γ_i − γ_m)`` and ``exp(γ_m − γ_j)`` in float32 — finite and exact to rounding while the
+  block's gate span ``max_d(γ_first − γ_last)`` (at most ``(BC − 1) · max|g|``) stays below ~88.
+  ``SAFE_DIAG = True`` (default): a block (per key tile) whose span exceeds 80 takes an element-wise loop
+  ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))`` over its ``BC`` columns instead: SAFE FOR EVERY GATE, and as fast as
+  the dot whenever decays are moderate (span ≤ 80: e.g. ``BC = 16`` with per-step log gates ≥ −5.3).
+  ``SAFE_DIAG = False``: always the dot. UNSAFE when the span reaches ~88 (float32 exp overflows at 88.7), i.e.
+  ``(BC − 1) · max|g| ≳ 88``-ish in the worst case: with gates down to −5 that is ``BC = 64`` (and ``BC = 32``
+  where many consecutive strong gates line up; ``BC = 16`` is safe down to about −5.8). When unsafe, a factor
+  is ``inf`` and the affected rows become inf/NaN, which propagates to the output: the correctness gate's
+  NaN/Inf check rejects it (never a silently small error: an underflowing factor only drops contributions below
+  ``exp(−80)`` relative).
 * 16-bit inputs: the intermediates (W, U, A_qk, q̃, k̃, chunk states, V_new) are rounded to the inputs'
   dtype, as in flash-linear-attention; float16 inputs additionally need ``|v|`` and the state small enough for
   float16's range (the chunk states are stored in float16).
@@ -87,7 +90,7 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         raise ValueError(f"unknown gate mode {gate!r}")
     params = dict(_COMMON)
     if gate == "channel":
-        params["DIAG_EXACT"] = (True, False)
+        params["SAFE_DIAG"] = (True, False)
     return params
 
 
@@ -114,7 +117,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "F32_DOT": "ieee",
     }
     if gate == "channel":
-        cfg["DIAG_EXACT"] = True
+        cfg["SAFE_DIAG"] = True
     return cfg
 
 
@@ -241,7 +244,7 @@ def plan(
             BK=i_BK,
             BV=i_BV,
             GATE=GATE,
-            DIAG_EXACT=bool(config.get("DIAG_EXACT", True)),
+            SAFE_DIAG=bool(config.get("SAFE_DIAG", True)),
             NB=BT // BC,
             NK=triton.cdiv(K, i_BK),
             NV=triton.cdiv(V, i_BV),

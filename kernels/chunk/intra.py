@@ -6,9 +6,10 @@ The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunk
    before the block) and the diagonal block ``A[I, I]`` (``[BC, BC]``) of both ``A_kk`` and ``A_qk``.
    Per-channel gates (KDA) use the reference row ``r`` = first row of ``I`` for the off-diagonal part:
    ``k_i·exp(γ_i − γ_r)`` and ``k_j·exp(γ_r − γ_j)`` are both ≤ 1, so it is one tensor-core dot with no overflow
-   at any distance. The diagonal block is exact (``DIAG_EXACT``: a loop over its ``BC`` columns, exponent
-   clamped at 0) or a reference-point dot around the block's middle row (fast; unsafe when
-   ``BC/2 · max|g| ≳ 87``, see the package docstring).
+   at any distance. The diagonal block is one dot around the block's middle row (exact to rounding while the
+   block's gate span stays below 80 nats); with ``SAFE_DIAG`` a block whose span exceeds 80 (any key tile) takes
+   an element-wise loop over its ``BC`` columns instead (exponent clamped at 0: exact for any gate). Without
+   ``SAFE_DIAG`` such a block overflows to inf/NaN (see the package docstring).
 2. ``T_II = (I + A[I, I])⁻¹`` by forward substitution over the ``BC`` rows (registers, CUDA cores).
 3. Block forward substitution directly on W and U:
    ``W_I = T_II (β_I K_I exp(γ_I) − A[I, :I] W[:I])`` and ``U_I = T_II (β_I V_I − A[I, :I] U[:I])``, where
@@ -22,6 +23,36 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _diag_exact(b_k, b_q, b_gam, BC: tl.constexpr):
+    """Diagonal block, element-wise: column c is Σ_d k_i[d] k_c[d] exp(min(γ_i[d] − γ_c[d], 0)) (rows i < c masked
+    later). Exact for any gate; BC exp's per key channel per row."""
+    o_c = tl.arange(0, BC)
+    b_D = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Dq = tl.zeros([BC, BC], dtype=tl.float32)
+    for c in range(BC):
+        sel = (o_c == c)[:, None]
+        b_kj = tl.sum(tl.where(sel, b_k, 0.0), 0)
+        b_gj = tl.sum(tl.where(sel, b_gam, 0.0), 0)
+        b_e = tl.exp(tl.minimum(b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
+        b_D += tl.where((o_c == c)[None, :], tl.sum(b_k * b_e, 1)[:, None], 0.0)
+        b_Dq += tl.where((o_c == c)[None, :], tl.sum(b_q * b_e, 1)[:, None], 0.0)
+    return b_D, b_Dq
+
+
+@triton.jit
+def _diag_ref(b_k, b_q, b_gam, BC: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Diagonal block as one dot around the middle row m: (k_i e^{γ_i − γ_m}) · (k_j e^{γ_m − γ_j}), float32 operands.
+    Finite (and exact to rounding) while |γ_i − γ_m| < ~88 for every row; overflows to inf/NaN beyond."""
+    o_c = tl.arange(0, BC)
+    b_gm = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+    b_kR = b_k * tl.exp(b_gm[None, :] - b_gam)
+    b_eL = tl.exp(b_gam - b_gm[None, :])
+    b_D = tl.dot(b_k * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
+    b_Dq = tl.dot(b_q * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
+    return b_D, b_Dq
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -49,7 +80,7 @@ def chunk_intra_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     GATE: tl.constexpr,
-    DIAG_EXACT: tl.constexpr,
+    SAFE_DIAG: tl.constexpr,
     NB: tl.constexpr,
     NK: tl.constexpr,
     NV: tl.constexpr,
@@ -126,22 +157,21 @@ def chunk_intra_kernel(
                     b_kc = (b_kt * b_ec).to(DT)
                     b_A += tl.dot((b_k * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
                     b_Aq += tl.dot((b_q * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
-                    if DIAG_EXACT:
-                        for c in range(BC):
-                            sel = (o_c == c)[:, None]
-                            b_kj = tl.sum(tl.where(sel, b_k, 0.0), 0)
-                            b_gj = tl.sum(tl.where(sel, b_gam, 0.0), 0)
-                            # rows i >= c have γ_i - γ_j <= 0; the clamp keeps rows i < c (masked later) finite
-                            b_e = tl.exp(tl.minimum(b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
-                            b_D += tl.where((o_c == c)[None, :], tl.sum(b_k * b_e, 1)[:, None], 0.0)
-                            b_Dq += tl.where((o_c == c)[None, :], tl.sum(b_q * b_e, 1)[:, None], 0.0)
+                    if SAFE_DIAG:
+                        # the block's gate span (γ non-increasing): the reference-point dot is finite while < 80
+                        b_span = tl.max(
+                            tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)
+                            - tl.sum(tl.where((o_c == BC - 1)[:, None], b_gam, 0.0), 0),
+                            0,
+                        )
+                        if b_span > 80.0:
+                            b_dD, b_dDq = _diag_exact(b_k, b_q, b_gam, BC)
+                        else:
+                            b_dD, b_dDq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
                     else:
-                        # reference row m = BC // 2: factors up to exp(BC/2 · max|g|), fp32 operands
-                        b_gm = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
-                        b_kR = b_k * tl.exp(b_gm[None, :] - b_gam)
-                        b_eL = tl.exp(b_gam - b_gm[None, :])
-                        b_D += tl.dot(b_k * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
-                        b_Dq += tl.dot(b_q * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
+                        b_dD, b_dDq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                    b_D += b_dD
+                    b_Dq += b_dDq
                 else:
                     b_k = tl.load(p_kr, mask=m_rk, other=0).to(DT)
                     b_q = tl.load(p_qr, mask=m_rk, other=0).to(DT)

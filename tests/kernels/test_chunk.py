@@ -87,8 +87,17 @@ for gate in Gate:
 add(Problem(1, 20, 1, 1, 256, 32, 1, Gate.CHANNEL), config=SMALL)  # K = 256: key tiles in every stage
 add(Problem(1, 20, 1, 1, 32, 256, 1, Gate.SCALAR), config=SMALL)  # V = 256
 add(Problem(1, 17, 1, 1, 256, 256, 1, Gate.NONE), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True})
-add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "DIAG_EXACT": False}, extra="-ref")
+add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "SAFE_DIAG": False}, extra="-ref")
 add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.SCALAR), config={"BT": 128, "BC": 32}, extra="-BT128")
+
+
+@pytest.mark.parametrize("BC", [16, 32])
+def test_kda_guarded_diagonal_under_extreme_decay(BC: int) -> None:
+    """Per-step log gates down to −20: every diagonal block spans > 80 nats, so the guarded default takes the exact
+    element-wise path (and the off-diagonal blocks' reference rows keep every factor <= 1)."""
+    p = Problem(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=21, gate_min=-20.0)
+    check(p, x, {"BT": 32, "BC": BC})
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "config"), list(CASES.values()), ids=list(CASES))
@@ -115,14 +124,14 @@ def test_no_final_state(gate: Gate) -> None:
 
 
 def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` configs drawn from the whole legal space (BC <= BT; the documented-unsafe KDA "ref" diagonal,
-    DIAG_EXACT = False, with BC = 64 excluded: it is tested to fail loudly below)."""
+    """``n`` configs drawn from the whole legal space (BC <= BT; the documented-unsafe unguarded KDA diagonal,
+    SAFE_DIAG = False, with BC = 64 excluded: it is tested to fail loudly below)."""
     legal = KERNELS[CHUNK[gate]].legal_params()
     rng = random.Random(seed)
     out: list[dict[str, Any]] = []
     while len(out) < n:
         cfg = {name: rng.choice(values) for name, values in legal.items()}
-        if cfg["BC"] > cfg["BT"] or (cfg.get("DIAG_EXACT") is False and cfg["BC"] == 64):
+        if cfg["BC"] > cfg["BT"] or (cfg.get("SAFE_DIAG") is False and cfg["BC"] == 64):
             continue
         out.append(cfg)
     return out
@@ -142,12 +151,12 @@ def test_sampled_configs(gate: Gate, cfg: dict[str, Any]) -> None:
     check(p, x, cfg)
 
 
-def test_ref_diagonal_fails_loudly_when_unsafe() -> None:
-    """DIAG_EXACT = False ("ref") with BC = 64 under per-step log gates down to −5: float32 exp overflows -> inf/NaN,
-    never a silently small error (the correctness gate rejects it)."""
+def test_unguarded_diagonal_fails_loudly_when_unsafe() -> None:
+    """SAFE_DIAG = False (always the reference-point dot) with BC = 64 under per-step log gates down to −5:
+    float32 exp overflows -> inf/NaN, never a silently small error (the correctness gate rejects it)."""
     p = Problem(1, 64, 1, 1, 16, 16, 1, Gate.CHANNEL)
     x = make_inputs(p, seed=9, gate_min=-5.0)
-    o, s = run("chunk_kda", x, {"BT": 64, "BC": 64, "DIAG_EXACT": False})
+    o, s = run("chunk_kda", x, {"BT": 64, "BC": 64, "SAFE_DIAG": False})
     assert s is not None
     assert not (torch.isfinite(o).all() and torch.isfinite(s).all())
 
@@ -169,7 +178,7 @@ def test_defaults_are_legal(gate: Gate) -> None:
         assert all(cfg[name] in legal[name] for name in cfg)
         assert cfg["BC"] <= cfg["BT"]
         if gate is Gate.CHANNEL:
-            assert cfg["DIAG_EXACT"] is True  # safe for every gate strength
+            assert cfg["SAFE_DIAG"] is True  # safe for every gate strength
 
 
 @pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])

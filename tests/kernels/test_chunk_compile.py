@@ -80,7 +80,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         chunk_intra_kernel,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table},
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
-        | dict(NV=triton.cdiv(V, i_BV), DIAG_EXACT=cfg.get("DIAG_EXACT", True), VARLEN=varlen, DOT_PREC=prec),
+        | dict(NV=triton.cdiv(V, i_BV), SAFE_DIAG=cfg.get("SAFE_DIAG", True), VARLEN=varlen, DOT_PREC=prec),
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
@@ -121,7 +121,7 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {}, False),
     ("channel", "bf16", 256, {}, True),
     ("channel", "fp32", 64, {}, False),
-    ("channel", "bf16", 128, {"DIAG_EXACT": False, "FUSE_OUTPUT": True}, False),
+    ("channel", "bf16", 128, {"SAFE_DIAG": False, "FUSE_OUTPUT": True}, False),
     ("scalar", "bf16", 128, {"BT": 128, "BC": 32, "intra_num_warps": 8}, True),
     ("scalar", "fp16", 64, {"FUSE_OUTPUT": True}, False),
     ("none", "bf16", 256, {}, False),
