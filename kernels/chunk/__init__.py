@@ -38,12 +38,12 @@ NUMERICS (where a configuration is unsafe):
   ``SAFE_DIAG = True`` (default): a block (per key tile) whose span exceeds 80 takes an element-wise loop
   ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))`` over its ``BC`` columns instead: SAFE FOR EVERY GATE, and as fast as
   the dot whenever decays are moderate (span ≤ 80: e.g. ``BC = 16`` with per-step log gates ≥ −5.3).
-  ``SAFE_DIAG = False``: always the dot. UNSAFE when the span reaches ~88 (float32 exp overflows at 88.7), i.e.
-  ``(BC − 1) · max|g| ≳ 88``-ish in the worst case: with gates down to −5 that is ``BC = 64`` (and ``BC = 32``
-  where many consecutive strong gates line up; ``BC = 16`` is safe down to about −5.8). When unsafe, a factor
-  is ``inf`` and the affected rows become inf/NaN, which propagates to the output: the correctness gate's
-  NaN/Inf check rejects it (never a silently small error: an underflowing factor only drops contributions below
-  ``exp(−80)`` relative).
+  ``SAFE_DIAG = False``: always the dot. UNSAFE when some ``|γ_i − γ_m|`` reaches ~88 (float32 exp overflows at
+  88.7): at most about ``BC/2 · max|g|``, i.e. ``BC = 64`` once per-step log gates go below about −2.8, ``BC = 32``
+  below about −5.5 (16 consecutive such steps), ``BC = 16`` below about −11. When unsafe, a factor is ``inf`` and
+  the affected rows become inf/NaN, which propagates to the output: the correctness gate's NaN/Inf check rejects
+  it (never a silently small error: an underflowing factor only drops contributions below ``exp(−80)``
+  relative). The search space excludes ``SAFE_DIAG = False`` with ``BC = 64``.
 * 16-bit inputs: the intermediates (W, U, A_qk, q̃, k̃, chunk states, V_new) are rounded to the inputs'
   dtype, as in flash-linear-attention; float16 inputs additionally need ``|v|`` and the state small enough for
   float16's range (the chunk states are stored in float16).
