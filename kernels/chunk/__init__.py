@@ -254,7 +254,7 @@ def plan(
             num_stages=config["intra_num_stages"],
         )
 
-    h_BK, h_BV = _tile(K, K), _tile(config["h_BV"], V)
+    h_BK, h_BV = _tile(next_power_of_2(K), K), _tile(config["h_BV"], V)
     state_grid = (triton.cdiv(V, h_BV), N * HV)
 
     def run_state() -> Any:

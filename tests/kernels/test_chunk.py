@@ -89,6 +89,10 @@ add(Problem(1, 20, 1, 1, 32, 256, 1, Gate.SCALAR), config=SMALL)  # V = 256
 add(Problem(1, 17, 1, 1, 256, 256, 1, Gate.NONE), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True})
 add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "SAFE_DIAG": False}, extra="-ref")
 add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.SCALAR), config={"BT": 128, "BC": 32}, extra="-BT128")
+# head dims that are not powers of two (padded tiles, masked channels), fused and unfused
+add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
+add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)
+add(Problem(1, 19, 1, 1, 8, 4, 1, Gate.NONE), config={"BT": 16, "BC": 16})
 
 
 @pytest.mark.parametrize("BC", [16, 32])

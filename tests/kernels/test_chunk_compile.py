@@ -92,7 +92,17 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         "state",
         chunk_state_kernel,
         state_ptrs,
-        dict(H=2, HV=4, K=K, V=V, BT=BT, BK=_tile(K, K), BV=_tile(cfg["h_BV"], V), GATE=G, USE_H0=True)
+        dict(
+            H=2,
+            HV=4,
+            K=K,
+            V=V,
+            BT=BT,
+            BK=_tile(triton.next_power_of_2(K), K),
+            BV=_tile(cfg["h_BV"], V),
+            GATE=G,
+            USE_H0=True,
+        )
         | dict(STORE_HT=True, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=prec),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
