@@ -135,6 +135,7 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("scalar", "bf16", 128, {"BT": 128, "BC": 32, "intra_num_warps": 8}, True),
     ("scalar", "fp16", 64, {"FUSE_OUTPUT": True}, False),
     ("none", "bf16", 256, {}, False),
+    ("channel", "bf16", 96, {"FUSE_OUTPUT": True}, True),
     ("none", "fp32", 128, {"BT": 32, "F32_DOT": "tf32"}, True),
 ]
 
