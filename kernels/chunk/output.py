@@ -55,10 +55,10 @@ def chunk_output_kernel(
         b_eg = tl.exp(tl.load(gout + bos * HV + i_hv + o_t * HV, mask=m_t, other=0)) * scale
     if GATE == 2:
         q_b = qg + (bos * HV + i_hv) * K
-        q_stride: tl.constexpr = HV * K
+        q_stride = HV * K
     else:
         q_b = q + (bos * H + i_h) * K
-        q_stride: tl.constexpr = H * K  # type: ignore[no-redef]
+        q_stride = H * K
     h_b = hbuf + (i_c.to(tl.int64) * HV + i_hv) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(NK):
