@@ -1,11 +1,14 @@
 """GPU check of the chunkwise kernels: correctness at real sizes (float32, bfloat16) and a benchmark against fla.
 
 Usage (one CUDA GPU):  python scripts/gpu_chunk.py [--quick] [--no-bench] [--no-check] [--no-fla] [--budget-s 230]
+                                                   [--sweep N]
 
 1. Correctness: chunk_delta_rule / chunk_gated_delta_rule / chunk_kda with their default configs (plus a few
    non-default configs unless --quick) against the float64 chunked reference on the GPU (chunk_reference),
    strong decays (per-step log gate down to −5): relative RMS error of the output and the final state, PASS/FAIL
-   per case. One failing case prints FAIL (with the exception) and the run continues.
+   per case. One failing case prints FAIL (with the exception) and the run continues. ``--sweep N`` adds N random
+   configs per op drawn from the shipped search space (bf16, B=2 T=1000 H=4 HV=8 D=128), each run twice and
+   compared bitwise (races in the intra stage's read-back of W/U would show there).
 2. Benchmark (not a test): bf16, B·T = 32768, H = 16 (8 at D = 256), T in {1024, 4096, 16384}, D in {64, 128, 256}:
    median ms (dtune.measure.time_fn: CUDA events, L2 flushed, median) of dtune's default config, of the same
    with FUSE_OUTPUT, and of flash-linear-attention when importable (chunk_kda also in its fast mode
@@ -107,6 +110,56 @@ def check_correctness(quick: bool) -> list[dict[str, Any]]:
                 flush=True,
             )
             torch.cuda.empty_cache()
+    return rows
+
+
+def sweep(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """n random configs per op from the shipped search space (constraints applied, H200-like limits), bf16, one
+    mid-size shape: error vs the reference, and a second run compared bitwise (a race shows as a difference)."""
+    import random
+
+    from dtune.space import Shape, load_space
+
+    gpu = {"smem_per_block": 232448, "sm_count": 132, "cc_major": 9, "cc_minor": 0, "regs_per_sm": 65536}
+    rows = []
+    rng = random.Random(seed)
+    for gate in Gate:
+        op = OPS[gate]
+        space = load_space(op)
+        p = Problem(2, 1000, 4, 8, 128, 128, 2, gate)
+        shape = Shape(B=2, T=1000, H=4, HV=8, K=128, V=128)
+        x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=5, gate_min=-5.0)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        kw = {"initial_state": x["initial_state"], "output_final_state": True}
+        o_ref, s_ref = chunk_reference(*args, **kw)
+        assert s_ref is not None
+        drawn = 0
+        for _ in range(50 * n):
+            if drawn == n:
+                break
+            cfg = {name: rng.choice(list(choices)) for name, choices in space.params.items()}
+            full = KERNELS[op].check_config(128, 128, cfg)
+            if space.violations(full, shape, gpu):
+                continue
+            drawn += 1
+            row: dict[str, Any] = {"op": op, "config": json.dumps(cfg)}
+            try:
+                o, s = ops.run_kernel(op, *args, **kw, config=cfg)
+                o2, s2 = ops.run_kernel(op, *args, **kw, config=cfg)
+                assert s is not None and s2 is not None
+                row |= {"err_o": rel(o, o_ref), "err_s": rel(s, s_ref)}
+                row["deterministic"] = bool(torch.equal(o, o2) and torch.equal(s, s2))
+                row["pass"] = row["err_o"] < TOL[torch.bfloat16] and row["err_s"] < TOL[torch.bfloat16]
+                row["pass"] = row["pass"] and row["deterministic"]
+            except Exception as e:
+                row |= {"err_o": float("nan"), "err_s": float("nan"), "pass": False, "error": repr(e)[:300]}
+            rows.append(row)
+            print(
+                f"sweep {op:<24} o {row['err_o']:.2e} S {row['err_s']:.2e} det {row.get('deterministic')} "
+                f"{'PASS' if row['pass'] else 'FAIL'} {row['config']}"[:400],
+                flush=True,
+            )
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -228,6 +281,9 @@ def main() -> int:
     ap.add_argument("--no-bench", action="store_true", help="skip the benchmark")
     ap.add_argument("--no-fla", action="store_true", help="benchmark dtune only")
     ap.add_argument("--budget-s", type=float, default=230.0, help="skip benchmark cases started after this")
+    ap.add_argument(
+        "--sweep", type=int, default=0, metavar="N", help="also check N random search-space configs per op (bf16)"
+    )
     args = ap.parse_args()
     start = time.time()
     out = Path(os.environ.get("OUT", "out"))
@@ -242,6 +298,15 @@ def main() -> int:
             f.write(",".join(cols) + "\n")
             for r in corr:
                 f.write(",".join(json.dumps(r.get(c, "")) for c in cols) + "\n")
+    if args.sweep:
+        sw = sweep(args.sweep)
+        corr += [
+            {"case": f"sweep-{r['op']}", "dtype": "bf16"}
+            | {k: r.get(k, "") for k in ("config", "err_o", "err_s", "pass")}
+            for r in sw
+        ]
+        with open(out / "chunk_sweep.json", "w") as f:
+            json.dump(sw, f, indent=1, default=str)
     t_check = time.time() - start
     rows: list[dict[str, Any]] = []
     stage_rows: list[dict[str, Any]] = []
