@@ -25,19 +25,20 @@ search() {  # name, kernel, budget seconds, extra args...
   budget=$(t "$3")
   shift 3
   echo "=== $name: dtune search --kernel $kernel $* --timeout $budget"
-  timeout $((budget + 90)) dtune search --kernel "$kernel" --gpu "$GPU" --dtype bf16 --timeout "$budget" \
+  timeout $((budget + 45)) dtune search --kernel "$kernel" --gpu "$GPU" --dtype bf16 --timeout "$budget" \
     --out "$RUNS/$name" "${EXTRA[@]}" "$@" || echo "!!! $name exited with $?"
 }
 
-search chunk_kda chunk_kda 70 --seq-lens 4096 --head-dims 64,128 --heads 16
-search chunk_gated_delta_rule chunk_gated_delta_rule 70 --seq-lens 4096 --head-dims 128 --heads 16
-search chunk_delta_rule chunk_delta_rule 60 --seq-lens 4096 --head-dims 128 --heads 16
-search fused_recurrent_kda fused_recurrent_kda 20 --seq-lens 1 --head-dims 128 --heads 16 --batch 32,256
-search fused_recurrent_gated_delta_rule fused_recurrent_gated_delta_rule 15 --seq-lens 1 --head-dims 128 \
+search chunk_kda_d128 chunk_kda 75 --seq-lens 4096 --head-dims 128 --heads 16
+search chunk_kda_d64 chunk_kda 45 --seq-lens 4096 --head-dims 64 --heads 16
+search chunk_gated_delta_rule chunk_gated_delta_rule 55 --seq-lens 4096 --head-dims 128 --heads 16
+search chunk_delta_rule chunk_delta_rule 50 --seq-lens 4096 --head-dims 128 --heads 16
+search fused_recurrent_kda fused_recurrent_kda 15 --seq-lens 1 --head-dims 128 --heads 16 --batch 32,256
+search fused_recurrent_gated_delta_rule fused_recurrent_gated_delta_rule 10 --seq-lens 1 --head-dims 128 \
   --heads 16 --batch 32,256
-search fused_recurrent_delta_rule fused_recurrent_delta_rule 15 --seq-lens 1 --head-dims 128 --heads 16 \
+search fused_recurrent_delta_rule fused_recurrent_delta_rule 10 --seq-lens 1 --head-dims 128 --heads 16 \
   --batch 32,256
-search grid_fused_recurrent_kda fused_recurrent_kda 60 --seq-lens 1 --head-dims 128 --heads 16 --batch 32 \
+search grid_fused_recurrent_kda fused_recurrent_kda 35 --seq-lens 1 --head-dims 128 --heads 16 --batch 32 \
   --sampler grid --trials 200
 
 # One tuned-config file for the package: every tuning run (the grid sweep is a measurement, not a source).
