@@ -18,6 +18,7 @@ if [ "${1:-}" = "--interpret" ]; then
 fi
 RUNS="$OUT/runs"
 mkdir -p "$RUNS"
+dtune() { python3 -m dtune "$@"; }  # works where the console script is not on PATH
 t() { python3 -c "print(int($1 * $SCALE))"; }
 
 search() {  # name, kernel, budget seconds, extra args...
