@@ -26,7 +26,7 @@ search() {  # name, kernel, budget seconds, extra args...
   budget=$(t "$3")
   shift 3
   echo "=== $name: dtune search --kernel $kernel $* --timeout $budget"
-  timeout $((budget + 45)) dtune search --kernel "$kernel" --gpu "$GPU" --dtype bf16 --timeout "$budget" \
+  timeout $((budget + 45)) python3 -m dtune search --kernel "$kernel" --gpu "$GPU" --dtype bf16 --timeout "$budget" \
     --out "$RUNS/$name" "${EXTRA[@]}" "$@" || echo "!!! $name exited with $?"
 }
 
