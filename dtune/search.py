@@ -14,6 +14,8 @@ import dataclasses
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -414,8 +416,10 @@ def tune_shape(
     t0 = time.monotonic()
 
     def should_stop() -> bool:
-        return (cfg.trials is not None and search.asked >= cfg.trials) or (
-            cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout
+        return (
+            _INTERRUPTED.is_set()
+            or (cfg.trials is not None and search.asked >= cfg.trials)
+            or (cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout)
         )
 
     def write_rows() -> None:
@@ -438,6 +442,16 @@ def tune_shape(
         write_rows()
 
 
+# Set by Ctrl-C. The KeyboardInterrupt raised with it can be swallowed when the signal lands in a finaliser
+# ("Exception ignored in ..."), so the trial loop also checks this flag and the run still stops and says so.
+_INTERRUPTED = threading.Event()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
 def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummary:
     """Tune every shape of ``cfg``; returns the summary (also after Ctrl-C, with ``interrupted``)."""
     from dtune.export import write_export
@@ -454,8 +468,13 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
     run = RunSummary(str(cfg.out), cfg.storage_url, cfg.kernel, cfg.gpu.key, cfg.dtype, cfg.interpret)
     rows: dict[str, list[dict[str, Any]]] = {}
     t_run = time.monotonic()
+    _INTERRUPTED.clear()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if main_thread else None
     try:
         for index, shape in enumerate(cfg.shapes):
+            if _INTERRUPTED.is_set():
+                break
             search = ShapeSearch(cfg, shape, storage, worker)
             summary = ShapeSummary(search.name, shape.key)
             run.shapes.append(summary)
@@ -463,8 +482,11 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
             tune_shape(cfg, search, summary, pool, rows, reporter)
             reporter.shape_finished(summary)
     except KeyboardInterrupt:
-        run.interrupted = True
+        _INTERRUPTED.set()
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        run.interrupted = _INTERRUPTED.is_set()
         if pool is not None:
             pool.close()
         worker.close()
