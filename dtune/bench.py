@@ -578,9 +578,6 @@ def default_out_dir(config_file: str | Path | None) -> Path:
 
 def write(result: BenchResult, out_dir: str | Path) -> tuple[Path, Path]:
     """``bench.csv`` and ``bench.json`` (records) into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out / "bench.csv", out / "bench.json"
-    result.frame.to_csv(csv_path, index=False)
-    result.frame.to_json(json_path, orient="records", indent=1)
-    return csv_path, json_path
+    from dtune.results import write_table
+
+    return write_table(result.frame, out_dir, "bench")

@@ -241,12 +241,9 @@ def run_profile(
 
 def write(result: ProfileResult, out_dir: str | Path) -> tuple[Path, Path]:
     """``profile.csv`` and ``profile.json`` (records) into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out / "profile.csv", out / "profile.json"
-    result.frame.to_csv(csv_path, index=False)
-    result.frame.to_json(json_path, orient="records", indent=1)
-    return csv_path, json_path
+    from dtune.results import write_table
+
+    return write_table(result.frame, out_dir, "profile")
 
 
 # --------------------------------------------------------------------------------------------- Nsight Compute

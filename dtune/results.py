@@ -127,3 +127,13 @@ def write_trials_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp = path.with_suffix(".csv.tmp")
     trials_frame(rows).to_csv(tmp, index=False)
     tmp.replace(path)
+
+
+def write_table(frame: pd.DataFrame, out_dir: str | Path, stem: str) -> tuple[Path, Path]:
+    """``<stem>.csv`` and ``<stem>.json`` (records) of ``frame`` into ``out_dir``: what bench and profile write."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
+    frame.to_csv(csv_path, index=False)
+    frame.to_json(json_path, orient="records", indent=1)
+    return csv_path, json_path
