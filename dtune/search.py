@@ -276,11 +276,19 @@ class ShapeSearch:
     def exhausted(self, finished: list[FrozenTrial]) -> bool:
         return len({_key(t.params) for t in finished}) >= self.size
 
-    def run(self, should_stop: Callable[[], bool], on_trial: Callable[[], None], pool: CompilePool | None) -> None:
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        on_trial: Callable[[], None],
+        pool: CompilePool | None,
+        out_of_time: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Ask, evaluate and tell until ``should_stop()`` or the space is exhausted; ``on_trial`` after each tell.
 
         With a compile pool the loop asks ``pool.size`` trials ahead of the one being timed and has the pool
-        compile them meanwhile (the timing worker then finds them in Triton's cache).
+        compile them meanwhile (the timing worker then finds them in Triton's cache). Once ``out_of_time()``,
+        the trials asked ahead are not run: each is closed as failed with reason ``cancelled`` (a time budget
+        must not stretch by ``pool.size`` trials).
         """
         ahead = pool.size if pool is not None else 0
         pending: deque[Pending] = deque()
@@ -301,6 +309,14 @@ class ShapeSearch:
                         item.compiled = pool.submit(self.job(trial.number, item.config, compile_only=True))
                     pending.append(item)
                 if not pending:
+                    return
+                if out_of_time():
+                    for item in pending:
+                        item.trial.set_user_attr("reason", "cancelled")
+                        item.trial.set_user_attr("message", "the time budget ran out before this trial ran")
+                        self.study.tell(item.trial, state=TrialState.FAIL, skip_if_finished=True)
+                        on_trial()
+                    pending.clear()
                     return
                 self._finish(pending[0])
                 pending.popleft()
@@ -415,12 +431,11 @@ def tune_shape(
     """Run one shape's study within the budget; the CSV is rewritten after every trial."""
     t0 = time.monotonic()
 
+    def out_of_time() -> bool:
+        return _INTERRUPTED.is_set() or (cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout)
+
     def should_stop() -> bool:
-        return (
-            _INTERRUPTED.is_set()
-            or (cfg.trials is not None and search.asked >= cfg.trials)
-            or (cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout)
-        )
+        return out_of_time() or (cfg.trials is not None and search.asked >= cfg.trials)
 
     def write_rows() -> None:
         rows[search.name] = search.rows()
@@ -436,7 +451,7 @@ def tune_shape(
 
     summarize(search, summary, search.finished())
     try:
-        search.run(should_stop, on_trial, pool)
+        search.run(should_stop, on_trial, pool, out_of_time)
     finally:
         summary.elapsed_s = time.monotonic() - t0
         write_rows()

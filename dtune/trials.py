@@ -24,7 +24,7 @@ from dtune.cost import nominal_bytes, nominal_flops
 from dtune.gate import gate
 from dtune.inputs import Gate, Problem, dtype_from_name, make_inputs
 
-REASONS = ("constraint", "compile", "resources", "gate", "timeout", "crash", "runtime")
+REASONS = ("constraint", "compile", "resources", "gate", "timeout", "crash", "runtime", "cancelled")
 TIMING_SEED = 1234
 
 

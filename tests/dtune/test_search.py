@@ -143,3 +143,18 @@ def test_bad_search_config(tmp_path: Path) -> None:
 def test_timeout_budget(tmp_path: Path) -> None:
     run = run_search(config("fused_recurrent_delta_rule", tmp_path, trials=None, timeout=0.5))
     assert 1 <= run.shapes[0].trials_run <= 3  # the first trial starts; no new one is asked after 0.5 s
+
+
+def test_time_budget_cancels_trials_asked_ahead(tmp_path: Path) -> None:
+    """With a compile pool, a time budget must not stretch by the trials asked ahead: they are cancelled."""
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=None, timeout=1.0, compile_ahead=3))
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    trials = optuna.load_study(study_name=run.shapes[0].study, storage=storage).get_trials()
+    states = {t.state.name for t in trials}
+    assert "RUNNING" not in states
+    cancelled = [t for t in trials if t.user_attrs.get("reason") == "cancelled"]
+    assert cancelled, "the trials compiled ahead should have been cancelled when the budget ran out"
+    assert all(t.state.name == "FAIL" for t in cancelled)
+    assert not [e for e in json.loads((tmp_path / "tuned.json").read_text())["entries"] if e["time_ms"] is None]
