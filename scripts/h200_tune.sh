@@ -2,6 +2,10 @@
 # Tune all six kernels on the GPU of this machine in one sitting of under ten minutes, then export and merge.
 #
 # Usage:  bash scripts/h200_tune.sh [--interpret]
+#   Run it from outside the checkout once dtune is installed (pip install --no-deps --no-build-isolation .), so
+#   the source folder dtune/ does not shadow the installed package. Results: $OUT/runs.tgz (re-packed after every
+#   search) and $OUT/tuned.json; the first H200 sitting (reports/h200/tune.log) lost its run folders because
+#   they were packed only at the end.
 #   OUT      where run folders, the merged config and a tarball go (default ./out)
 #   SCALE    multiplies every per-shape time budget (default 1)
 # Shapes: the targets (bf16, B*T = 32768, H = 16): chunk kernels at T = 4096 with D = 128 (KDA also
@@ -12,7 +16,7 @@ set -uo pipefail
 OUT=${OUT:-out}
 SCALE=${SCALE:-1}
 GPU=auto
-EXTRA=(--compile-ahead 6)
+EXTRA=(--compile-ahead 6 --trial-timeout 60)
 if [ "${1:-}" = "--interpret" ]; then
   EXTRA=(--interpret)
 fi
@@ -28,8 +32,12 @@ search() {  # name, kernel, budget seconds, extra args...
   echo "=== $name: dtune search --kernel $kernel $* --timeout $budget"
   timeout $((budget + 45)) python3 -m dtune search --kernel "$kernel" --gpu "$GPU" --dtype bf16 --timeout "$budget" \
     --out "$RUNS/$name" "${EXTRA[@]}" "$@" || echo "!!! $name exited with $?"
+  # Re-pack after every search: the device returns at most 8 files, and a later step may run out of time.
+  tar czf "$OUT/runs.tgz" -C "$OUT" runs
 }
 
+search grid_fused_recurrent_kda fused_recurrent_kda 35 --seq-lens 1 --head-dims 128 --heads 16 --batch 32 \
+  --sampler grid --trials 200
 search chunk_kda_d128 chunk_kda 75 --seq-lens 4096 --head-dims 128 --heads 16
 search chunk_kda_d64 chunk_kda 45 --seq-lens 4096 --head-dims 64 --heads 16
 search chunk_gated_delta_rule chunk_gated_delta_rule 55 --seq-lens 4096 --head-dims 128 --heads 16
@@ -39,8 +47,6 @@ search fused_recurrent_gated_delta_rule fused_recurrent_gated_delta_rule 10 --se
   --heads 16 --batch 32,256
 search fused_recurrent_delta_rule fused_recurrent_delta_rule 10 --seq-lens 1 --head-dims 128 --heads 16 \
   --batch 32,256
-search grid_fused_recurrent_kda fused_recurrent_kda 35 --seq-lens 1 --head-dims 128 --heads 16 --batch 32 \
-  --sampler grid --trials 200
 
 # One tuned-config file for the package: every tuning run (the grid sweep is a measurement, not a source).
 dtune export "$RUNS"/chunk_* "$RUNS"/fused_recurrent_* -o "$OUT/tuned.json" || echo "!!! export failed"
