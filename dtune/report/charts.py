@@ -31,7 +31,8 @@ def speedup_vs_seq_len(frame: pd.DataFrame, against: str = "the untuned default"
 def speedup_vs_head_dim(frame: pd.DataFrame, against: str = "the untuned default") -> go.Figure:
     fig = px.line(frame, x="K", y="speedup", color="line", markers=True, hover_data=["best_ms", "dtype"])
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.update_xaxes(title="head dim D (K = V)", type="category")
+    dims = sorted(int(k) for k in frame["K"].unique())  # categories in numeric order, not order of appearance
+    fig.update_xaxes(title="head dim D (K = V)", type="category", categoryorder="array", categoryarray=dims)
     fig.update_yaxes(title=f"speedup vs {against} (×)")
     return _styled(fig, f"Tuned config vs {against}, by head dim (a line per sequence length)")
 
