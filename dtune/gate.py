@@ -3,9 +3,10 @@
 Fresh random inputs with strong decays (log gates down to -5) and a random initial state; the op's outputs
 are NaN-poisoned before launch (``dtune.kernels.config.POISON_OUTPUTS``) so elements a kernel fails to write
 surface as NaN; output and final state are compared with the float64 chunked reference on the same device
-by relative RMS error over every element. NaN/Inf anywhere fails. With ``determinism`` a second run on the
-same inputs must be bitwise identical (catches races). Exceptions raised by the kernel propagate: the
-caller classifies them (compile, resources, runtime).
+by relative RMS error over every element, at the tuned shape and on a small packed variable-length edge case
+(1-token, shorter-than-a-chunk and chunk-spanning sequences). NaN/Inf anywhere fails. With ``determinism``
+a second run on the same inputs must be bitwise identical (catches races). Exceptions raised by the kernel
+propagate: the caller classifies them (compile, resources, runtime).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from dtune.kernels import KernelSpec, get_kernel
 from dtune.kernels.reference import chunk_reference
 
 GATE_MIN = -5.0  # strongest per-step log decay the gate draws (DESIGN.md §1: unsafe chunkings must fail)
+# The edge case every config must also pass, whatever shape it is tuned for: a packed variable-length batch
+# with a 1-token sequence, one shorter than any chunk and one that spans chunks without filling the last
+# (a config tuned at T = 4096 is dispatched to odd lengths too).
+EDGE_SEQ_LENS = (1, 17, 150)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,33 @@ def gate_inputs(
     return make_inputs(problem, dtype=dtype, device=device, seed=seed, gate_min=GATE_MIN, initial_state=True)
 
 
+def _edge_errors(
+    spec: KernelSpec,
+    problem: Problem,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    config: dict[str, Any] | None,
+    seed: int,
+) -> tuple[float, float]:
+    """Relative errors of ``config`` on the edge case (EDGE_SEQ_LENS packed, the problem's head dims)."""
+    from dtune.ops import run_kernel
+
+    H = min(problem.H, 2)
+    edge = Problem(1, sum(EDGE_SEQ_LENS), H, H * (problem.HV // problem.H), problem.K, problem.V, len(EDGE_SEQ_LENS))
+    x = make_inputs(
+        dataclasses.replace(edge, gate=Gate(spec.gate), varlen=True),
+        dtype=dtype,
+        device=device,
+        seed=seed + 1,
+        gate_min=GATE_MIN,
+        seq_lens=list(EDGE_SEQ_LENS),
+    )
+    with poisoned_outputs():
+        o, s = run_kernel(spec.name, **x, output_final_state=True, config=dict(config or {}))
+    ref_o, ref_s = chunk_reference(**x, output_final_state=True)
+    return rel_rms_error(o, ref_o), (rel_rms_error(s, ref_s) if s is not None else math.inf)
+
+
 def gate(
     kernel: str | KernelSpec,
     problem: Problem,
@@ -105,7 +137,15 @@ def gate(
         reason = f"NaN/Inf in the {where} (unwritten elements or overflow)"
     elif err_o > tolerance or err_s > tolerance:
         reason = f"relative RMS error o={err_o:.2e}, state={err_s:.2e} exceeds the {name} tolerance {tolerance:.1e}"
-    elif determinism:
+    else:
+        edge_o, edge_s = _edge_errors(spec, problem, dtype, device, config, seed)
+        err_o, err_s = max(err_o, edge_o), max(err_s, edge_s)
+        if not (edge_o <= tolerance and edge_s <= tolerance):  # NaN compares False: fails too
+            reason = (
+                f"edge case (packed sequences of {', '.join(map(str, EDGE_SEQ_LENS))} tokens): relative RMS error "
+                f"o={edge_o:.2e}, state={edge_s:.2e} exceeds the {name} tolerance {tolerance:.1e}"
+            )
+    if reason is None and determinism:
         o2, s2 = launch()
         if not (torch.equal(o, o2) and s2 is not None and torch.equal(s, s2)):
             reason = "two runs on the same inputs differ (not deterministic: a race?)"

@@ -59,6 +59,12 @@ def stale_state_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_sta
     return o, h0.clone()
 
 
+def varlen_only_wrong_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config):  # type: ignore[no-untyped-def]
+    """Right on uniform batches, wrong on packed variable-length ones (a bug the tuned shape cannot show)."""
+    o, s = real_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config)
+    return (o * 1.05 if cu is not None else o), s
+
+
 def noisy_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config):  # type: ignore[no-untyped-def]
     """Correct within tolerance, but never twice the same bits (a race's signature)."""
     o, s = real_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config)
@@ -80,8 +86,9 @@ def test_real_kernel_passes(kernel: str, dtype: torch.dtype) -> None:
         (half_written_forward, "NaN/Inf in the output"),
         (zero_tail_forward, "relative RMS error"),
         (stale_state_forward, "relative RMS error"),
+        (varlen_only_wrong_forward, "edge case (packed sequences of 1, 17, 150 tokens)"),
     ],
-    ids=["no-correction", "half-written", "zero-tail", "stale-state"],
+    ids=["no-correction", "half-written", "zero-tail", "stale-state", "varlen-only"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_planted_wrong_kernels_fail(
@@ -133,5 +140,5 @@ def test_gate_poisons_outputs_itself(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(fr, "forward", spy)
     assert gate(KDA, PROBLEM, torch.float32, "cpu", CONFIG, 1e-4, determinism=True).passed
-    assert seen == [True, True]  # every gate launch runs with NaN-filled outputs
+    assert seen == [True, True, True]  # every gate launch (shape, edge case, rerun) runs with NaN-filled outputs
     assert kernel_config.POISON_OUTPUTS is False
