@@ -145,7 +145,7 @@ def gate(
                 f"edge case (packed sequences of {', '.join(map(str, EDGE_SEQ_LENS))} tokens): relative RMS error "
                 f"o={edge_o:.2e}, state={edge_s:.2e} exceeds the {name} tolerance {tolerance:.1e}"
             )
-    if reason is None and determinism:
+    if reason is None and determinism and s is not None:
         o2, s2 = launch()
         if not (torch.equal(o, o2) and s2 is not None and torch.equal(s, s2)):
             reason = "two runs on the same inputs differ (not deterministic: a race?)"
