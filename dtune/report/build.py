@@ -77,25 +77,23 @@ def build_sections(data: d.RunData) -> list[Section]:
     no_speedups = "no complete trials with a default time (trials.csv or tuned.json): no speedups to plot"
     no_fla = "No speedup against flash-linear-attention: bench.csv has no fla rows (fla not installed or not run)."
 
-    def speed_T(s: Section) -> None:
-        if sp is not None:
-            s.add_figure(charts.speedup_vs_seq_len(d.speedup_vs_seq_len(sp)))
-        if fla is not None:
-            s.add_figure(charts.speedup_vs_seq_len(d.speedup_vs_seq_len(fla), FLA))
-        elif sp is not None:
-            s.add_note(no_fla)
-        if sp is None:
-            s.missing = no_speedups
+    def speedup_section(prepare: Callable, draw: Callable) -> Callable[[Section], None]:
+        """Speedup against the default and against fla along one axis (sequence length or head dim)."""
 
-    def speed_D(s: Section) -> None:
-        if sp is not None:
-            s.add_figure(charts.speedup_vs_head_dim(d.speedup_vs_head_dim(sp)))
-        if fla is not None:
-            s.add_figure(charts.speedup_vs_head_dim(d.speedup_vs_head_dim(fla), FLA))
-        elif sp is not None:
-            s.add_note(no_fla)
-        if sp is None:
-            s.missing = no_speedups
+        def make(s: Section) -> None:
+            if sp is not None:
+                s.add_figure(draw(prepare(sp)))
+            if fla is not None:
+                s.add_figure(draw(prepare(fla), FLA))
+            elif sp is not None:
+                s.add_note(no_fla)
+            if sp is None:
+                s.missing = no_speedups
+
+        return make
+
+    speed_T = speedup_section(d.speedup_vs_seq_len, charts.speedup_vs_seq_len)
+    speed_D = speedup_section(d.speedup_vs_head_dim, charts.speedup_vs_head_dim)
 
     def bench(s: Section) -> None:
         if data.bench is None:
