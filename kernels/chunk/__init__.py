@@ -2,13 +2,15 @@
 
 Math: DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pipeline (each stage one Triton kernel):
 
-1. ``intra`` (:mod:`.intra`, one program per chunk × value head, fully parallel): the gate's cumulative sum
-   inside the chunk, ``A_kk`` and ``A_qk`` in row blocks of ``BC`` rows (sub-chunks), the triangular solve
-   (``BC × BC`` diagonal blocks inverted by forward substitution, then block forward substitution on W and U
-   with tensor-core dots), and the outputs W ``[tokens, HV, K]``, U ``[tokens, HV, V]``, ``A_qk``
-   ``[tokens, HV, BT]`` (scale folded in); for KDA also ``q̃ = scale·q·exp(γ)``, ``k̃ = k·exp(γ_C − γ)``
+1. ``intra`` (one program per chunk × value head, fully parallel): the gate's cumulative sum inside the chunk,
+   ``A_kk`` and ``A_qk`` in row blocks of ``BC`` rows (sub-chunks), the triangular solve (``BC × BC`` diagonal
+   blocks inverted by forward substitution), and the outputs W ``[tokens, HV, K]``, U ``[tokens, HV, V]``,
+   ``A_qk`` ``[tokens, HV, BT]`` (scale folded in); for KDA also ``q̃ = scale·q·exp(γ)``, ``k̃ = k·exp(γ_C − γ)``
    ``[tokens, HV, K]`` and ``exp(γ_C)`` ``[chunks, HV, K]`` (float32); for Gated DeltaNet ``γ`` ``[tokens, HV]``
-   (float32). Intermediates are stored in the inputs' dtype (float32 stays float32).
+   (float32). Intermediates are stored in the inputs' dtype (float32 stays float32). Two variants (``INTRA``):
+   ``"blocks"`` (:mod:`.intra_blocks`, default) keeps all ``BT / BC`` in {1, 2, 4} blocks in registers at once
+   and inverts them together (no read-back, no barrier); ``"rows"`` (:mod:`.intra`) walks the blocks one after
+   the other, block forward substitution on W and U through memory (any ``BT / BC``, fewer live registers).
 2. ``state`` (:mod:`.state`, one program per sequence × value head × ``h_BV`` value channels, sequential over
    the sequence's chunks): ``V_new = U − W S``, ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new`` with S in float32
    registers. Unfused it stores each chunk-start state (inputs' dtype) and ``V_new``; with ``FUSE_OUTPUT`` it
@@ -21,7 +23,8 @@ starting its own chunks at its own offset) is built on the host; empty sequences
 final state is their initial state).
 
 Tunable parameters (``legal_params``): ``BT`` chunk size; ``BC`` sub-chunk rows (``BC <= BT``, else
-ValueError); ``SAFE_DIAG`` (KDA only) the diagonal-block guard; ``intra_BK``/``intra_BV`` key/value tiles of stage
+ValueError); ``INTRA`` the stage-1 variant (``"blocks"`` needs ``BT / BC <= 4``, else ValueError);
+``SAFE_DIAG`` (KDA only) the diagonal-block guard; ``intra_BK``/``intra_BV`` key/value tiles of stage
 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV`` tiles of the output stage (tiles larger than the
 head dimension are clipped to it); ``*_num_warps``/``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``,
 the precision of tensor-core dots on float32 inputs (``"ieee"`` exact, ``"tf32"`` faster, ~1e-3 relative
@@ -31,13 +34,15 @@ NUMERICS (where a configuration is unsafe):
 
 * No configuration ever forms ``exp(γ_i)·exp(−γ_j)`` across a chunk. Gated DeltaNet builds the ``[C, C]``
   decay ``exp(γ_i − γ_j)`` directly (masked before the exp): safe at every ``BT``. KDA off-diagonal blocks use
-  the block's first row as reference point (both factors ≤ 1): safe at every ``BT``/``BC``.
+  a reference point between the row block and the column block (the row block's first row, or the last row
+  before it): both factors ≤ 1, safe at every ``BT``/``BC``.
 * KDA diagonal blocks (``BC × BC``, rows and columns in the same sub-chunk): one dot around the block's middle
   row ``m``, factors ``exp(γ_i − γ_m)`` and ``exp(γ_m − γ_j)`` in float32 — finite and exact to rounding while the
-  block's gate span ``max_d(γ_first − γ_last)`` (at most ``(BC − 1) · max|g|``) stays below ~88.
-  ``SAFE_DIAG = True`` (default): a block (per key tile) whose span exceeds 80 takes an element-wise loop
+  block's half span ``max_d max(γ_first − γ_m, γ_m − γ_last)`` (at most about ``BC/2 · max|g|``) stays below ~88.
+  ``SAFE_DIAG = True`` (default): a block (per key tile) whose half span exceeds 80 takes an element-wise loop
   ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))`` over its ``BC`` columns instead: SAFE FOR EVERY GATE, and as fast as
-  the dot whenever decays are moderate (span ≤ 80: e.g. ``BC = 16`` with per-step log gates ≥ −5.3).
+  the dot whenever decays are moderate (half span ≤ 80: e.g. ``BC = 16`` with per-step log gates ≥ −10,
+  ``BC = 32`` with gates ≥ −5).
   ``SAFE_DIAG = False``: always the dot. UNSAFE when some ``|γ_i − γ_m|`` reaches ~88 (float32 exp overflows at
   88.7): at most about ``BC/2 · max|g|``, i.e. ``BC = 64`` once per-step log gates go below about −2.8, ``BC = 32``
   below about −5.5 (16 consecutive such steps), ``BC = 16`` below about −11. When unsafe, a factor is ``inf`` and
@@ -60,6 +65,7 @@ import triton
 
 from ..config import Config, new_output, next_power_of_2
 from .intra import chunk_intra_kernel
+from .intra_blocks import chunk_intra_blocks_kernel
 from .output import chunk_output_kernel
 from .state import chunk_state_kernel
 
@@ -81,6 +87,7 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "o_num_warps": (1, 2, 4, 8),
     "o_num_stages": (1, 2, 3, 4),
     "F32_DOT": ("ieee", "tf32"),
+    "INTRA": ("blocks", "rows"),
 }
 
 
@@ -115,6 +122,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "o_num_warps": 4,
         "o_num_stages": 2,
         "F32_DOT": "ieee",
+        "INTRA": "blocks",
     }
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
@@ -173,6 +181,8 @@ def plan(
     BT, BC = config["BT"], config["BC"]
     if BC > BT:
         raise ValueError(f"chunk config: BC={BC} must be <= BT={BT}")
+    if config["INTRA"] == "blocks" and BT // BC not in (1, 2, 4):
+        raise ValueError(f"chunk config: INTRA='blocks' holds 1, 2 or 4 sub-chunks, got BT={BT}, BC={BC}")
     GATE = GATE_CODES[gate]
     dev = q.device
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -220,7 +230,8 @@ def plan(
     def run_intra() -> Any:
         if NC == 0:
             return None
-        return chunk_intra_kernel[intra_grid](
+        intra_kernel = chunk_intra_blocks_kernel if config["INTRA"] == "blocks" else chunk_intra_kernel
+        return intra_kernel[intra_grid](
             q,
             k,
             v,

@@ -6,9 +6,9 @@ The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunk
    before the block) and the diagonal block ``A[I, I]`` (``[BC, BC]``) of both ``A_kk`` and ``A_qk``.
    Per-channel gates (KDA) use the reference row ``r`` = first row of ``I`` for the off-diagonal part:
    ``k_i·exp(γ_i − γ_r)`` and ``k_j·exp(γ_r − γ_j)`` are both ≤ 1, so it is one tensor-core dot with no overflow
-   at any distance. The diagonal block is one dot around the block's middle row (exact to rounding while the
-   block's gate span stays below 80 nats); with ``SAFE_DIAG`` a block whose span exceeds 80 (any key tile) takes
-   an element-wise loop over its ``BC`` columns instead (exponent clamped at 0: exact for any gate). Without
+   at any distance. The diagonal block is one dot around the block's middle row ``m`` (exact to rounding while
+   every ``|γ_i − γ_m|`` stays below 80 nats); with ``SAFE_DIAG`` a block whose half span exceeds 80 (any key
+   tile) takes an element-wise loop over its ``BC`` columns instead (exponent clamped at 0: exact for any gate). Without
    ``SAFE_DIAG`` such a block overflows to inf/NaN (see the package docstring).
 2. ``T_II = (I + A[I, I])⁻¹`` by forward substitution over the ``BC`` rows (registers, CUDA cores).
 3. Block forward substitution directly on W and U:
@@ -158,13 +158,17 @@ def chunk_intra_kernel(
                     b_A += tl.dot((b_k * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
                     b_Aq += tl.dot((b_q * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
                     if SAFE_DIAG:
-                        # the block's gate span (γ non-increasing): the reference-point dot is finite while < 80
-                        b_span = tl.max(
-                            tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)
-                            - tl.sum(tl.where((o_c == BC - 1)[:, None], b_gam, 0.0), 0),
+                        # the block's half span around its middle row m (γ non-increasing): the middle-row dot's
+                        # factors exp(±(γ_i − γ_m)) stay finite while it is < 80
+                        b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+                        b_half = tl.max(
+                            tl.maximum(
+                                tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0) - b_mid,
+                                b_mid - tl.sum(tl.where((o_c == BC - 1)[:, None], b_gam, 0.0), 0),
+                            ),
                             0,
                         )
-                        if b_span > 80.0:
+                        if b_half > 80.0:
                             b_dD, b_dDq = _diag_exact(b_k, b_q, b_gam, BC)
                         else:
                             b_dD, b_dDq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)

@@ -89,19 +89,26 @@ add(Problem(1, 20, 1, 1, 32, 256, 1, Gate.SCALAR), config=SMALL)  # V = 256
 add(Problem(1, 17, 1, 1, 256, 256, 1, Gate.NONE), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True})
 add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "SAFE_DIAG": False}, extra="-ref")
 add(Problem(1, 70, 1, 1, 16, 16, 1, Gate.SCALAR), config={"BT": 128, "BC": 32}, extra="-BT128")
+# the other stage-1 variant: blocks one after the other through memory (any BT / BC, e.g. 8 blocks)
+ROWS = {"BT": 32, "BC": 16, "INTRA": "rows"}
+for gate in Gate:
+    add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=ROWS, extra="-rows")
+    add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=ROWS, extra="-rows")
+add(Problem(1, 140, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 128, "BC": 16, "INTRA": "rows"}, extra="-rows8")
 # head dims that are not powers of two (padded tiles, masked channels), fused and unfused
 add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
 add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)
 add(Problem(1, 19, 1, 1, 8, 4, 1, Gate.NONE), config={"BT": 16, "BC": 16})
 
 
+@pytest.mark.parametrize("intra", ["blocks", "rows"])
 @pytest.mark.parametrize("BC", [16, 32])
-def test_kda_guarded_diagonal_under_extreme_decay(BC: int) -> None:
-    """Per-step log gates down to −20: every diagonal block spans > 80 nats, so the guarded default takes the exact
-    element-wise path (and the off-diagonal blocks' reference rows keep every factor <= 1)."""
+def test_kda_guarded_diagonal_under_extreme_decay(BC: int, intra: str) -> None:
+    """Per-step log gates down to −60: diagonal blocks' half spans exceed 80 nats, so the guarded default takes the
+    exact element-wise path (and the off-diagonal blocks' reference points keep every factor <= 1)."""
     p = Problem(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL)
-    x = make_inputs(p, seed=21, gate_min=-20.0)
-    check(p, x, {"BT": 32, "BC": BC})
+    x = make_inputs(p, seed=21, gate_min=-60.0)
+    check(p, x, {"BT": 32, "BC": BC, "INTRA": intra})
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "config"), list(CASES.values()), ids=list(CASES))
@@ -137,6 +144,8 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
         cfg = {name: rng.choice(values) for name, values in legal.items()}
         if cfg["BC"] > cfg["BT"] or (cfg.get("SAFE_DIAG") is False and cfg["BC"] == 64):
             continue
+        if cfg["INTRA"] == "blocks" and cfg["BT"] // cfg["BC"] > 4:
+            continue
         out.append(cfg)
     return out
 
@@ -160,9 +169,10 @@ def test_unguarded_diagonal_fails_loudly_when_unsafe() -> None:
     float32 exp overflows -> inf/NaN, never a silently small error (the correctness gate rejects it)."""
     p = Problem(1, 64, 1, 1, 16, 16, 1, Gate.CHANNEL)
     x = make_inputs(p, seed=9, gate_min=-5.0)
-    o, s = run("chunk_kda", x, {"BT": 64, "BC": 64, "SAFE_DIAG": False})
-    assert s is not None
-    assert not (torch.isfinite(o).all() and torch.isfinite(s).all())
+    for intra in ("blocks", "rows"):
+        o, s = run("chunk_kda", x, {"BT": 64, "BC": 64, "SAFE_DIAG": False, "INTRA": intra})
+        assert s is not None
+        assert not (torch.isfinite(o).all() and torch.isfinite(s).all())
 
 
 def test_bc_larger_than_bt_is_rejected() -> None:
@@ -170,6 +180,13 @@ def test_bc_larger_than_bt_is_rejected() -> None:
     x = make_inputs(p, seed=1)
     with pytest.raises(ValueError, match="BC"):
         run("chunk_delta_rule", x, {"BT": 16, "BC": 32})
+
+
+def test_blocks_variant_rejects_eight_subchunks() -> None:
+    p = Problem(1, 8, 1, 1, 16, 16, 1, Gate.NONE)
+    x = make_inputs(p, seed=1)
+    with pytest.raises(ValueError, match="INTRA='blocks'"):
+        run("chunk_delta_rule", x, {"BT": 128, "BC": 16, "INTRA": "blocks"})
 
 
 @pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])

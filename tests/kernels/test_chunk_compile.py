@@ -19,6 +19,7 @@ import triton
 from dtune.kernels import KERNELS
 from dtune.kernels.chunk import GATE_CODES
 from dtune.kernels.chunk.intra import chunk_intra_kernel
+from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
 from dtune.kernels.chunk.state import chunk_state_kernel
 
@@ -77,7 +78,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
     intra = (
         "intra",
-        chunk_intra_kernel,
+        chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table},
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), SAFE_DIAG=cfg.get("SAFE_DIAG", True), VARLEN=varlen, DOT_PREC=prec),
@@ -137,6 +138,10 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("none", "bf16", 256, {}, False),
     ("channel", "bf16", 96, {"FUSE_OUTPUT": True}, True),
     ("none", "fp32", 128, {"BT": 32, "F32_DOT": "tf32"}, True),
+    ("channel", "bf16", 128, {"INTRA": "rows"}, False),
+    ("channel", "bf16", 64, {"INTRA": "rows", "BT": 128, "BC": 16}, True),
+    ("scalar", "bf16", 128, {"INTRA": "rows", "BT": 32}, False),
+    ("none", "fp16", 64, {"INTRA": "rows", "BC": 32}, True),
 ]
 
 

@@ -1,0 +1,483 @@
+"""Stage 1 of the chunk forward, ``INTRA = "blocks"``: every sub-chunk of the chunk at once, all in registers.
+
+Same outputs and contract as :mod:`.intra` (``INTRA = "rows"``); one program per chunk and value head. The chunk
+of ``BT = NB · BC`` rows (``NB`` in {1, 2, 4}) is held as ``NB`` row blocks of ``BC`` rows, each block its own set
+of register tiles, so nothing is read back from memory and no barrier is needed:
+
+1. One pass over key tiles accumulates every lower block ``A[i, j]`` (``j < i``) and every diagonal block of
+   ``A_kk`` and ``A_qk`` (``NB (NB + 1) / 2`` small dots each). KDA's per-channel gate is split around reference
+   points so that no factor exceeds 1: an off-diagonal block ``(i, j)`` uses ``s_{i-1}``, the cumulative gate at the
+   last row of block ``i - 1``: rows ``k_r exp(γ_r − s_{i-1})`` and columns ``k_c exp(s_j − γ_c) · exp(s_{i-1} − s_j)``
+   (the column factor is computed once per block ``j``; the second factor is one vector per pair). Diagonal
+   blocks use the block's middle row, as in :mod:`.intra` (``SAFE_DIAG``: an exact element-wise loop when a half
+   span exceeds 80 nats). The same pass stores ``q̃``, ``k̃`` and ``exp(γ_C)`` (KDA) or ``γ`` (scalar gate).
+2. ``T_ii = (I + A[i, i])⁻¹`` for all blocks in one forward-substitution loop (the blocks are independent, so
+   their steps interleave), then the off-diagonal blocks of the inverse by block back-substitution
+   ``Ai[i, j] = −T_ii Σ_{j ≤ m < i} A[i, m] Ai[m, j]`` (float32 dots).
+3. ``W_i = Σ_{j ≤ i} Ai[i, j] (β K exp(γ))_j`` and ``U_i = Σ_{j ≤ i} Ai[i, j] (β V)_j`` per key / value tile.
+
+Register cost grows with ``NB · BC · BK`` (tiles of all blocks are live together): ``BT = 64`` as 4 × 16 or
+``BT = 128`` as 4 × 32, not 8 blocks (use ``INTRA = "rows"`` there).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .intra import _diag_exact, _diag_ref
+
+
+@triton.jit
+def _rows(base, rows, stride, o_x, m_r, m_x):
+    """A [BC, BX] float32 tile of rows ``rows`` (masked rows and columns read 0)."""
+    return tl.load(base + (rows[:, None] * stride + o_x[None, :]), mask=m_r[:, None] & m_x[None, :], other=0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _store_rows(base, rows, stride, o_x, m_r, m_x, x):
+    tl.store(
+        base + (rows[:, None] * stride + o_x[None, :]), x.to(base.dtype.element_ty), mask=m_r[:, None] & m_x[None, :]
+    )
+
+
+@triton.jit
+def _sub_row(b_T, sel):
+    """One forward-substitution step on row ``sel`` of ``T = (I + D)⁻¹ − I`` (rows above it are final)."""
+    b_row = tl.sum(tl.where(sel, b_T, 0.0), 0)
+    b_row += tl.sum(b_row[:, None] * b_T, 0)
+    return tl.where(sel, b_row[None, :], b_T)
+
+
+@triton.jit
+def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, SAFE_DIAG: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Diagonal block of A_kk / A_qk under a per-channel gate (middle-row reference; exact loop if a half span > 80)."""
+    if SAFE_DIAG:
+        o_c = tl.arange(0, BC)
+        b_first = tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)
+        b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+        b_half = tl.max(tl.maximum(b_first - b_mid, b_mid - b_last), 0)
+        if b_half > 80.0:
+            b_D, b_Dq = _diag_exact(b_k, b_q, b_gam, BC)
+        else:
+            b_D, b_Dq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+    else:
+        b_D, b_Dq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+    return b_D, b_Dq
+
+
+@triton.jit
+def _gam(g_b, rows, SG, o_k, m_r, m_k, b_base):
+    """Cumulative per-channel gate of one row block on top of ``b_base`` (γ before the block), and γ at its end."""
+    b_g = _rows(g_b, rows, SG, o_k, m_r, m_k)
+    return tl.cumsum(b_g, 0) + b_base[None, :], b_base + tl.sum(b_g, 0)
+
+
+@triton.jit
+def _kda_gated_rows(b_k, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_beta, scale, SK, SG):
+    """KDA, one row block and key tile: store q~ = scale q e^γ and k~ = k e^(γ_C − γ); return β k e^γ (W's operand)."""
+    b_e = tl.exp(b_gam)
+    b_q = _rows(q_b, rows, SK, o_k, m_r, m_k)
+    _store_rows(qg_b, rows, SG, o_k, m_r, m_k, b_q * b_e * scale)
+    _store_rows(kg_b, rows, SG, o_k, m_r, m_k, b_k * tl.exp(b_gC[None, :] - b_gam))
+    return b_k * b_e * b_beta[:, None]
+
+
+@triton.jit
+def _row_blocks(
+    k_b,
+    q_b,
+    g_b,
+    ri,
+    mi,
+    r1,
+    m1,
+    r2,
+    m2,
+    r3,
+    m3,
+    dt_ref,
+    SK,
+    SG,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BC: tl.constexpr,
+    NK: tl.constexpr,
+    NJ: tl.constexpr,
+    GATE: tl.constexpr,
+    SAFE_DIAG: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Row block ``i`` (rows ``ri``) of A_kk and A_qk over all key tiles: the diagonal block and the ``NJ`` blocks
+    left of it (columns ``r1``, ``r2``, ``r3``), without beta, scale or the scalar gate's decay. Returns
+    ``(D, Dq, A_i1, Aq_i1, A_i2, Aq_i2, A_i3, Aq_i3)`` (blocks past ``NJ`` are zeros)."""
+    DT = dt_ref.dtype.element_ty
+    b_D = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Dq = tl.zeros([BC, BC], dtype=tl.float32)
+    b_A1 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Aq1 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_A2 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Aq2 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_A3 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Aq3 = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        if GATE == 2:
+            # γ of the earlier blocks (columns) and of this one; the reference point is γ before this block
+            b_ref = tl.zeros([BK], dtype=tl.float32)
+            if NJ >= 1:
+                b_gam1, b_ref = _gam(g_b, r1, SG, o_k, m1, m_k, b_ref)
+            if NJ >= 2:
+                b_gam2, b_ref = _gam(g_b, r2, SG, o_k, m2, m_k, b_ref)
+            if NJ >= 3:
+                b_gam3, b_ref = _gam(g_b, r3, SG, o_k, m3, m_k, b_ref)
+            b_gami, b_si = _gam(g_b, ri, SG, o_k, mi, m_k, b_ref)
+            b_ki = _rows(k_b, ri, SK, o_k, mi, m_k)
+            b_qi = _rows(q_b, ri, SK, o_k, mi, m_k)
+            b_d, b_dq = _kda_diag(b_ki, b_qi, b_gami, b_si, BC, SAFE_DIAG, DOT_PREC)
+            b_D += b_d
+            b_Dq += b_dq
+            if NJ >= 1:
+                # rows k_r e^(γ_r − ref) <= 1, columns k_c e^(ref − γ_c) <= 1
+                b_er = tl.exp(b_gami - b_ref[None, :])
+                b_kr = (b_ki * b_er).to(DT)
+                b_qr = (b_qi * b_er).to(DT)
+                b_col = _rows(k_b, r1, SK, o_k, m1, m_k) * tl.exp(b_ref[None, :] - b_gam1)
+                b_col = tl.trans(b_col.to(DT))
+                b_A1 += tl.dot(b_kr, b_col, input_precision=DOT_PREC)
+                b_Aq1 += tl.dot(b_qr, b_col, input_precision=DOT_PREC)
+                if NJ >= 2:
+                    b_col = _rows(k_b, r2, SK, o_k, m2, m_k) * tl.exp(b_ref[None, :] - b_gam2)
+                    b_col = tl.trans(b_col.to(DT))
+                    b_A2 += tl.dot(b_kr, b_col, input_precision=DOT_PREC)
+                    b_Aq2 += tl.dot(b_qr, b_col, input_precision=DOT_PREC)
+                if NJ >= 3:
+                    b_col = _rows(k_b, r3, SK, o_k, m3, m_k) * tl.exp(b_ref[None, :] - b_gam3)
+                    b_col = tl.trans(b_col.to(DT))
+                    b_A3 += tl.dot(b_kr, b_col, input_precision=DOT_PREC)
+                    b_Aq3 += tl.dot(b_qr, b_col, input_precision=DOT_PREC)
+        else:
+            b_ki = _rows(k_b, ri, SK, o_k, mi, m_k).to(DT)
+            b_qi = _rows(q_b, ri, SK, o_k, mi, m_k).to(DT)
+            b_col = tl.trans(b_ki)
+            b_D += tl.dot(b_ki, b_col, input_precision=DOT_PREC)
+            b_Dq += tl.dot(b_qi, b_col, input_precision=DOT_PREC)
+            if NJ >= 1:
+                b_col = tl.trans(_rows(k_b, r1, SK, o_k, m1, m_k).to(DT))
+                b_A1 += tl.dot(b_ki, b_col, input_precision=DOT_PREC)
+                b_Aq1 += tl.dot(b_qi, b_col, input_precision=DOT_PREC)
+            if NJ >= 2:
+                b_col = tl.trans(_rows(k_b, r2, SK, o_k, m2, m_k).to(DT))
+                b_A2 += tl.dot(b_ki, b_col, input_precision=DOT_PREC)
+                b_Aq2 += tl.dot(b_qi, b_col, input_precision=DOT_PREC)
+            if NJ >= 3:
+                b_col = tl.trans(_rows(k_b, r3, SK, o_k, m3, m_k).to(DT))
+                b_A3 += tl.dot(b_ki, b_col, input_precision=DOT_PREC)
+                b_Aq3 += tl.dot(b_qi, b_col, input_precision=DOT_PREC)
+    return b_D, b_Dq, b_A1, b_Aq1, b_A2, b_Aq2, b_A3, b_Aq3
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_intra_blocks_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    w,
+    u,
+    aqk,
+    qg,
+    kg,
+    gout,
+    chunk_info,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    GATE: tl.constexpr,
+    SAFE_DIAG: tl.constexpr,
+    NB: tl.constexpr,
+    NK: tl.constexpr,
+    NV: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = tl.load(chunk_info + 2 * i_c).to(tl.int64)
+        eos = tl.load(chunk_info + 2 * i_c + 1).to(tl.int64)
+    else:
+        NT = tl.cdiv(T, BT)
+        i_b = i_c // NT
+        bos = i_b.to(tl.int64) * T + (i_c % NT) * BT
+        eos = i_b.to(tl.int64) * T + T
+    L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
+    DT = w.dtype.element_ty
+
+    o_c = tl.arange(0, BC)
+    m_low = o_c[None, :] < o_c[:, None]
+    m_cau = o_c[None, :] <= o_c[:, None]
+    k_b = k + (bos * H + i_h) * K
+    q_b = q + (bos * H + i_h) * K
+    v_b = v + (bos * HV + i_hv) * V
+    w_b = w + (bos * HV + i_hv) * K
+    u_b = u + (bos * HV + i_hv) * V
+    a_b = aqk + (bos * HV + i_hv) * BT
+    if GATE == 2:
+        g_b = g + (bos * HV + i_hv) * K
+        qg_b = qg + (bos * HV + i_hv) * K
+        kg_b = kg + (bos * HV + i_hv) * K
+    elif GATE == 1:
+        g_b = g + (bos * HV + i_hv)
+    else:
+        g_b = g
+    be_b = beta + (bos * HV + i_hv)
+    SK = H * K  # row stride of q, k
+    SG = HV * K  # row stride of per-channel gates and of W, q~, k~
+
+    r1 = o_c
+    m1 = r1 < L
+    b_be1 = tl.load(be_b + r1 * HV, mask=m1, other=0).to(tl.float32)
+    if NB >= 2:
+        r2 = BC + o_c
+        m2 = r2 < L
+        b_be2 = tl.load(be_b + r2 * HV, mask=m2, other=0).to(tl.float32)
+    if NB >= 4:
+        r3 = 2 * BC + o_c
+        r4 = 3 * BC + o_c
+        m3 = r3 < L
+        m4 = r4 < L
+        b_be3 = tl.load(be_b + r3 * HV, mask=m3, other=0).to(tl.float32)
+        b_be4 = tl.load(be_b + r4 * HV, mask=m4, other=0).to(tl.float32)
+
+    if GATE == 1:  # scalar gate: the cumulative gate of every block (a vector each), stored for the later stages
+        b_gl = tl.load(g_b + r1 * HV, mask=m1, other=0).to(tl.float32)
+        b_c1 = tl.cumsum(b_gl, 0)
+        tl.store(gout + (bos * HV + i_hv) + r1 * HV, b_c1, mask=m1)
+        if NB >= 2:
+            b_gl = tl.load(g_b + r2 * HV, mask=m2, other=0).to(tl.float32)
+            b_c2 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c1, 0.0), 0)
+            tl.store(gout + (bos * HV + i_hv) + r2 * HV, b_c2, mask=m2)
+        if NB >= 4:
+            b_gl = tl.load(g_b + r3 * HV, mask=m3, other=0).to(tl.float32)
+            b_c3 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c2, 0.0), 0)
+            tl.store(gout + (bos * HV + i_hv) + r3 * HV, b_c3, mask=m3)
+            b_gl = tl.load(g_b + r4 * HV, mask=m4, other=0).to(tl.float32)
+            b_c4 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c3, 0.0), 0)
+            tl.store(gout + (bos * HV + i_hv) + r4 * HV, b_c4, mask=m4)
+
+    # ---- 1. A_kk and A_qk, one row block at a time (only that row's accumulators are live); store A_qk -------------
+    b_D1, b_Dq1, _a, _b, _c, _d, _e, _f = _row_blocks(
+        k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, SAFE_DIAG, DOT_PREC
+    )
+    if GATE == 1:
+        b_ed = tl.exp(tl.where(m_cau, b_c1[:, None] - b_c1[None, :], float("-inf")))
+        b_D1 *= b_ed
+        b_Dq1 *= b_ed
+    b_D1 = tl.where(m_low, b_D1, 0.0) * b_be1[:, None]
+    _store_rows(a_b, r1, HV * BT, o_c, m1, o_c < BC, tl.where(m_cau, b_Dq1, 0.0) * scale)
+    if NB >= 2:
+        b_zero = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_z in range(1, NB):
+            _store_rows(a_b + i_z * BC, r1, HV * BT, o_c, m1, o_c < BC, b_zero)
+        b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f = _row_blocks(
+            k_b, q_b, g_b, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, SAFE_DIAG, DOT_PREC
+        )
+        if GATE == 1:
+            b_ed = tl.exp(tl.where(m_cau, b_c2[:, None] - b_c2[None, :], float("-inf")))
+            b_D2 *= b_ed
+            b_Dq2 *= b_ed
+            b_ed = tl.exp(b_c2[:, None] - b_c1[None, :])
+            b_A21 *= b_ed
+            b_Aq21 *= b_ed
+        b_D2 = tl.where(m_low, b_D2, 0.0) * b_be2[:, None]
+        b_A21 *= b_be2[:, None]
+        _store_rows(a_b, r2, HV * BT, o_c, m2, o_c < BC, b_Aq21 * scale)
+        _store_rows(a_b + BC, r2, HV * BT, o_c, m2, o_c < BC, tl.where(m_cau, b_Dq2, 0.0) * scale)
+    if NB >= 4:
+        for i_z in range(2, 4):
+            _store_rows(a_b + i_z * BC, r2, HV * BT, o_c, m2, o_c < BC, b_zero)
+        _store_rows(a_b + 3 * BC, r3, HV * BT, o_c, m3, o_c < BC, b_zero)
+        b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f = _row_blocks(
+            k_b, q_b, g_b, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, SAFE_DIAG, DOT_PREC
+        )
+        if GATE == 1:
+            b_ed = tl.exp(tl.where(m_cau, b_c3[:, None] - b_c3[None, :], float("-inf")))
+            b_D3 *= b_ed
+            b_Dq3 *= b_ed
+            b_ed = tl.exp(b_c3[:, None] - b_c1[None, :])
+            b_A31 *= b_ed
+            b_Aq31 *= b_ed
+            b_ed = tl.exp(b_c3[:, None] - b_c2[None, :])
+            b_A32 *= b_ed
+            b_Aq32 *= b_ed
+        b_D3 = tl.where(m_low, b_D3, 0.0) * b_be3[:, None]
+        b_A31 *= b_be3[:, None]
+        b_A32 *= b_be3[:, None]
+        _store_rows(a_b, r3, HV * BT, o_c, m3, o_c < BC, b_Aq31 * scale)
+        _store_rows(a_b + BC, r3, HV * BT, o_c, m3, o_c < BC, b_Aq32 * scale)
+        _store_rows(a_b + 2 * BC, r3, HV * BT, o_c, m3, o_c < BC, tl.where(m_cau, b_Dq3, 0.0) * scale)
+        b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43 = _row_blocks(
+            k_b, q_b, g_b, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, SAFE_DIAG, DOT_PREC
+        )
+        if GATE == 1:
+            b_ed = tl.exp(tl.where(m_cau, b_c4[:, None] - b_c4[None, :], float("-inf")))
+            b_D4 *= b_ed
+            b_Dq4 *= b_ed
+            b_ed = tl.exp(b_c4[:, None] - b_c1[None, :])
+            b_A41 *= b_ed
+            b_Aq41 *= b_ed
+            b_ed = tl.exp(b_c4[:, None] - b_c2[None, :])
+            b_A42 *= b_ed
+            b_Aq42 *= b_ed
+            b_ed = tl.exp(b_c4[:, None] - b_c3[None, :])
+            b_A43 *= b_ed
+            b_Aq43 *= b_ed
+        b_D4 = tl.where(m_low, b_D4, 0.0) * b_be4[:, None]
+        b_A41 *= b_be4[:, None]
+        b_A42 *= b_be4[:, None]
+        b_A43 *= b_be4[:, None]
+        _store_rows(a_b, r4, HV * BT, o_c, m4, o_c < BC, b_Aq41 * scale)
+        _store_rows(a_b + BC, r4, HV * BT, o_c, m4, o_c < BC, b_Aq42 * scale)
+        _store_rows(a_b + 2 * BC, r4, HV * BT, o_c, m4, o_c < BC, b_Aq43 * scale)
+        _store_rows(a_b + 3 * BC, r4, HV * BT, o_c, m4, o_c < BC, tl.where(m_cau, b_Dq4, 0.0) * scale)
+
+    # ---- 2. the inverse: diagonal blocks by forward substitution (interleaved), the rest by block substitution ----
+    b_T1 = -b_D1
+    if NB >= 2:
+        b_T2 = -b_D2
+    if NB >= 4:
+        b_T3 = -b_D3
+        b_T4 = -b_D4
+    for i in range(1, BC):
+        sel = (o_c == i)[:, None]
+        b_T1 = _sub_row(b_T1, sel)
+        if NB >= 2:
+            b_T2 = _sub_row(b_T2, sel)
+        if NB >= 4:
+            b_T3 = _sub_row(b_T3, sel)
+            b_T4 = _sub_row(b_T4, sel)
+    b_eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
+    b_T1 += b_eye
+    b_I11 = b_T1.to(DT)
+    if NB >= 2:
+        b_T2 += b_eye
+        b_I22 = b_T2.to(DT)
+        b_T21 = -tl.dot(tl.dot(b_T2, b_A21, input_precision="ieee"), b_T1, input_precision="ieee")
+        b_I21 = b_T21.to(DT)
+    if NB >= 4:
+        b_T3 += b_eye
+        b_T4 += b_eye
+        b_T32 = -tl.dot(tl.dot(b_T3, b_A32, input_precision="ieee"), b_T2, input_precision="ieee")
+        b_T43 = -tl.dot(tl.dot(b_T4, b_A43, input_precision="ieee"), b_T3, input_precision="ieee")
+        b_T31 = tl.dot(b_A31, b_T1, input_precision="ieee") + tl.dot(b_A32, b_T21, input_precision="ieee")
+        b_T31 = -tl.dot(b_T3, b_T31, input_precision="ieee")
+        b_T42 = tl.dot(b_A42, b_T2, input_precision="ieee") + tl.dot(b_A43, b_T32, input_precision="ieee")
+        b_T42 = -tl.dot(b_T4, b_T42, input_precision="ieee")
+        b_T41 = (
+            tl.dot(b_A41, b_T1, input_precision="ieee")
+            + tl.dot(b_A42, b_T21, input_precision="ieee")
+            + tl.dot(b_A43, b_T31, input_precision="ieee")
+        )
+        b_T41 = -tl.dot(b_T4, b_T41, input_precision="ieee")
+        b_I33 = b_T3.to(DT)
+        b_I44 = b_T4.to(DT)
+        b_I32 = b_T32.to(DT)
+        b_I43 = b_T43.to(DT)
+        b_I31 = b_T31.to(DT)
+        b_I42 = b_T42.to(DT)
+        b_I41 = b_T41.to(DT)
+
+    # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) ---------------------------------------------------------------
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_x1 = _rows(k_b, r1, SK, o_k, m1, m_k)
+        if NB >= 2:
+            b_x2 = _rows(k_b, r2, SK, o_k, m2, m_k)
+        if NB >= 4:
+            b_x3 = _rows(k_b, r3, SK, o_k, m3, m_k)
+            b_x4 = _rows(k_b, r4, SK, o_k, m4, m_k)
+        if GATE != 2:
+            b_x1 *= b_be1[:, None]
+            if NB >= 2:
+                b_x2 *= b_be2[:, None]
+            if NB >= 4:
+                b_x3 *= b_be3[:, None]
+                b_x4 *= b_be4[:, None]
+        if GATE == 1:
+            b_x1 *= tl.exp(b_c1)[:, None]
+            if NB >= 2:
+                b_x2 *= tl.exp(b_c2)[:, None]
+            if NB >= 4:
+                b_x3 *= tl.exp(b_c3)[:, None]
+                b_x4 *= tl.exp(b_c4)[:, None]
+        elif GATE == 2:
+            # γ per block, then W's operand β k e^γ, q~ = scale q e^γ, k~ = k e^(γ_C − γ) and e^(γ_C)
+            b_gam1, b_gC = _gam(g_b, r1, SG, o_k, m1, m_k, tl.zeros([BK], dtype=tl.float32))
+            if NB >= 2:
+                b_gam2, b_gC = _gam(g_b, r2, SG, o_k, m2, m_k, b_gC)
+            if NB >= 4:
+                b_gam3, b_gC = _gam(g_b, r3, SG, o_k, m3, m_k, b_gC)
+                b_gam4, b_gC = _gam(g_b, r4, SG, o_k, m4, m_k, b_gC)
+            tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
+            b_x1 = _kda_gated_rows(b_x1, q_b, qg_b, kg_b, r1, m1, o_k, m_k, b_gam1, b_gC, b_be1, scale, SK, SG)
+            if NB >= 2:
+                b_x2 = _kda_gated_rows(b_x2, q_b, qg_b, kg_b, r2, m2, o_k, m_k, b_gam2, b_gC, b_be2, scale, SK, SG)
+            if NB >= 4:
+                b_x3 = _kda_gated_rows(b_x3, q_b, qg_b, kg_b, r3, m3, o_k, m_k, b_gam3, b_gC, b_be3, scale, SK, SG)
+                b_x4 = _kda_gated_rows(b_x4, q_b, qg_b, kg_b, r4, m4, o_k, m_k, b_gam4, b_gC, b_be4, scale, SK, SG)
+        b_x1 = b_x1.to(DT)
+        _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
+        if NB >= 2:
+            b_x2 = b_x2.to(DT)
+            b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
+            _store_rows(w_b, r2, SG, o_k, m2, m_k, b_o)
+        if NB >= 4:
+            b_x3 = b_x3.to(DT)
+            b_x4 = b_x4.to(DT)
+            b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
+            _store_rows(w_b, r3, SG, o_k, m3, m_k, b_o)
+            b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
+            _store_rows(w_b, r4, SG, o_k, m4, m_k, b_o)
+
+    for i_v in range(NV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_x1 = (_rows(v_b, r1, HV * V, o_v, m1, m_v) * b_be1[:, None]).to(DT)
+        _store_rows(u_b, r1, HV * V, o_v, m1, m_v, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
+        if NB >= 2:
+            b_x2 = (_rows(v_b, r2, HV * V, o_v, m2, m_v) * b_be2[:, None]).to(DT)
+            b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
+            _store_rows(u_b, r2, HV * V, o_v, m2, m_v, b_o)
+        if NB >= 4:
+            b_x3 = (_rows(v_b, r3, HV * V, o_v, m3, m_v) * b_be3[:, None]).to(DT)
+            b_x4 = (_rows(v_b, r4, HV * V, o_v, m4, m_v) * b_be4[:, None]).to(DT)
+            b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
+            _store_rows(u_b, r3, HV * V, o_v, m3, m_v, b_o)
+            b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
+            _store_rows(u_b, r4, HV * V, o_v, m4, m_v, b_o)
