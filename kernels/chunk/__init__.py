@@ -104,14 +104,15 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
 def default_config(K: int, V: int, gate: str) -> Config:
     """Correct for every supported shape (K, V <= 256) and for strong decays (exact KDA diagonal blocks)."""
     BK = next_power_of_2(K)
-    # Register/shared-memory budgets checked by compiling for sm_90 (Triton 3.9): no spills at K, V in {64, 128,
-    # 256} in bfloat16; at K = 256 the state pass keeps one pipeline stage (float32 W/k~ tiles would overflow smem).
+    # Shared-memory budgets checked by compiling for sm_90 (Triton 3.9): at K = 256 the state pass keeps one pipeline
+    # stage (float32 W/k~ tiles would overflow smem). The blocks intra stage runs at the 255-register cap with small
+    # spills at BT = 64 (ptxas); on the H200 it is still 1.3-2.6x faster than INTRA = "rows" there.
     cfg: Config = {
         "BT": 64,
         "BC": 16,
         "intra_BK": 64,
         "intra_BV": 64,
-        "intra_num_warps": 4 if BK <= 128 else 8,
+        "intra_num_warps": 2,  # INTRA = "blocks": 16-row tiles, more warps only replicate them (H200: 1.6-3x slower)
         "intra_num_stages": 1,
         "h_BV": 32 if BK <= 128 else 16,
         "h_num_warps": 4 if BK <= 128 else 8,
@@ -226,44 +227,26 @@ def plan(
 
     i_BK, i_BV = _tile(config["intra_BK"], K), _tile(config["intra_BV"], V)
     intra_grid = (NC, HV)
+    safe_diag = bool(config.get("SAFE_DIAG", True))
+    two_pass = GATE == 2 and safe_diag
+    flags = torch.empty(max(NC, 1) * HV, dtype=torch.int32, device=dev) if two_pass else None
+    intra_args = (q, k, v, g, beta, w, u, aqk, qg, kg, gout, chunk_info, flags, scale, T)
+    intra_kw: dict[str, Any] = dict(
+        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=GATE, NB=BT // BC,
+        NK=triton.cdiv(K, i_BK), NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=dot_prec,
+        num_warps=config["intra_num_warps"], num_stages=config["intra_num_stages"],
+    )  # fmt: skip
 
     def run_intra() -> Any:
         if NC == 0:
             return None
-        intra_kernel = chunk_intra_blocks_kernel if config["INTRA"] == "blocks" else chunk_intra_kernel
-        return intra_kernel[intra_grid](
-            q,
-            k,
-            v,
-            g,
-            beta,
-            w,
-            u,
-            aqk,
-            qg,
-            kg,
-            gout,
-            chunk_info,
-            scale,
-            T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=BT,
-            BC=BC,
-            BK=i_BK,
-            BV=i_BV,
-            GATE=GATE,
-            SAFE_DIAG=bool(config.get("SAFE_DIAG", True)),
-            NB=BT // BC,
-            NK=triton.cdiv(K, i_BK),
-            NV=triton.cdiv(V, i_BV),
-            VARLEN=varlen,
-            DOT_PREC=dot_prec,
-            num_warps=config["intra_num_warps"],
-            num_stages=config["intra_num_stages"],
-        )
+        if config["INTRA"] == "blocks":
+            first = chunk_intra_blocks_kernel[intra_grid](*intra_args, DIAG=1 if two_pass else 0, **intra_kw)
+            if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
+                chunk_intra_blocks_kernel[intra_grid](*intra_args, DIAG=2, **intra_kw)
+            return first
+        rows_args = intra_args[:12] + (scale, T)  # the same arguments, without the flags
+        return chunk_intra_kernel[intra_grid](*rows_args, SAFE_DIAG=safe_diag, **intra_kw)
 
     h_BK, h_BV = _tile(next_power_of_2(K), K), _tile(config["h_BV"], V)
     state_grid = (triton.cdiv(V, h_BV), N * HV)

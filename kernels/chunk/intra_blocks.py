@@ -9,8 +9,10 @@ of register tiles, so nothing is read back from memory and no barrier is needed:
    points so that no factor exceeds 1: an off-diagonal block ``(i, j)`` uses ``s_{i-1}``, the cumulative gate at the
    last row of block ``i - 1``: rows ``k_r exp(γ_r − s_{i-1})`` and columns ``k_c exp(s_j − γ_c) · exp(s_{i-1} − s_j)``
    (the column factor is computed once per block ``j``; the second factor is one vector per pair). Diagonal
-   blocks use the block's middle row, as in :mod:`.intra` (``SAFE_DIAG``: an exact element-wise loop when a half
-   span exceeds 80 nats). The same pass stores ``q̃``, ``k̃`` and ``exp(γ_C)`` (KDA) or ``γ`` (scalar gate).
+   blocks use the block's middle row, as in :mod:`.intra`. With ``SAFE_DIAG`` the kernel runs twice: the first
+   pass (``DIAG = 1``) flags every chunk where a diagonal block's half span exceeds 80 nats, and the second pass
+   (``DIAG = 2``, exact element-wise diagonal loop) redoes only those chunks; the others return at once. The exact
+   loop's code thus never weighs on the common path's registers. The same pass stores ``q̃``, ``k̃`` and ``exp(γ_C)`` (KDA) or ``γ`` (scalar gate).
 2. ``T_ii = (I + A[i, i])⁻¹`` for all blocks in one forward-substitution loop (the blocks are independent, so
    their steps interleave), then the off-diagonal blocks of the inverse by block back-substitution
    ``Ai[i, j] = −T_ii Σ_{j ≤ m < i} A[i, m] Ai[m, j]`` (float32 dots).
@@ -52,20 +54,23 @@ def _sub_row(b_T, sel):
 
 
 @triton.jit
-def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, SAFE_DIAG: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Diagonal block of A_kk / A_qk under a per-channel gate (middle-row reference; exact loop if a half span > 80)."""
-    if SAFE_DIAG:
-        o_c = tl.arange(0, BC)
-        b_first = tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)
-        b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
-        b_half = tl.max(tl.maximum(b_first - b_mid, b_mid - b_last), 0)
-        if b_half > 80.0:
-            b_D, b_Dq = _diag_exact(b_k, b_q, b_gam, BC)
-        else:
-            b_D, b_Dq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Diagonal block of A_kk / A_qk under a per-channel gate, and the block's half span (0 unless ``DIAG == 1``).
+
+    ``DIAG`` 0: one dot around the middle row (unguarded); 1: the same, and the half span around the middle row
+    ``max_d max(γ_first − γ_m, γ_m − γ_last)`` so that the caller can flag the chunk when it exceeds 80 nats;
+    2: the exact element-wise loop (any gate)."""
+    b_half = 0.0
+    if DIAG == 2:
+        b_D, b_Dq = _diag_exact(b_k, b_q, b_gam, BC)
     else:
         b_D, b_Dq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
-    return b_D, b_Dq
+        if DIAG == 1:
+            o_c = tl.arange(0, BC)
+            b_first = tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)
+            b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+            b_half = tl.max(tl.maximum(b_first - b_mid, b_mid - b_last), 0)
+    return b_D, b_Dq, b_half
 
 
 @triton.jit
@@ -107,12 +112,13 @@ def _row_blocks(
     NK: tl.constexpr,
     NJ: tl.constexpr,
     GATE: tl.constexpr,
-    SAFE_DIAG: tl.constexpr,
+    DIAG: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     """Row block ``i`` (rows ``ri``) of A_kk and A_qk over all key tiles: the diagonal block and the ``NJ`` blocks
     left of it (columns ``r1``, ``r2``, ``r3``), without beta, scale or the scalar gate's decay. Returns
-    ``(D, Dq, A_i1, Aq_i1, A_i2, Aq_i2, A_i3, Aq_i3)`` (blocks past ``NJ`` are zeros)."""
+    ``(D, Dq, A_i1, Aq_i1, A_i2, Aq_i2, A_i3, Aq_i3, half)`` (blocks past ``NJ`` are zeros; ``half``: the
+    diagonal block's largest half span over key tiles, see :func:`_kda_diag`)."""
     DT = dt_ref.dtype.element_ty
     b_D = tl.zeros([BC, BC], dtype=tl.float32)
     b_Dq = tl.zeros([BC, BC], dtype=tl.float32)
@@ -122,6 +128,7 @@ def _row_blocks(
     b_Aq2 = tl.zeros([BC, BC], dtype=tl.float32)
     b_A3 = tl.zeros([BC, BC], dtype=tl.float32)
     b_Aq3 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_half = 0.0
     for i_k in range(NK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -137,7 +144,8 @@ def _row_blocks(
             b_gami, b_si = _gam(g_b, ri, SG, o_k, mi, m_k, b_ref)
             b_ki = _rows(k_b, ri, SK, o_k, mi, m_k)
             b_qi = _rows(q_b, ri, SK, o_k, mi, m_k)
-            b_d, b_dq = _kda_diag(b_ki, b_qi, b_gami, b_si, BC, SAFE_DIAG, DOT_PREC)
+            b_d, b_dq, b_h = _kda_diag(b_ki, b_qi, b_gami, b_si, BC, DIAG, DOT_PREC)
+            b_half = tl.maximum(b_half, b_h)
             b_D += b_d
             b_Dq += b_dq
             if NJ >= 1:
@@ -177,7 +185,7 @@ def _row_blocks(
                 b_col = tl.trans(_rows(k_b, r3, SK, o_k, m3, m_k).to(DT))
                 b_A3 += tl.dot(b_ki, b_col, input_precision=DOT_PREC)
                 b_Aq3 += tl.dot(b_qi, b_col, input_precision=DOT_PREC)
-    return b_D, b_Dq, b_A1, b_Aq1, b_A2, b_Aq2, b_A3, b_Aq3
+    return b_D, b_Dq, b_A1, b_Aq1, b_A2, b_Aq2, b_A3, b_Aq3, b_half
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -194,6 +202,7 @@ def chunk_intra_blocks_kernel(
     kg,
     gout,
     chunk_info,
+    flags,
     scale,
     T,
     H: tl.constexpr,
@@ -205,7 +214,7 @@ def chunk_intra_blocks_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     GATE: tl.constexpr,
-    SAFE_DIAG: tl.constexpr,
+    DIAG: tl.constexpr,
     NB: tl.constexpr,
     NK: tl.constexpr,
     NV: tl.constexpr,
@@ -214,6 +223,9 @@ def chunk_intra_blocks_kernel(
 ):
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    if DIAG == 2:  # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
+        if tl.load(flags + i_c * HV + i_hv) == 0:
+            return
     i_h = i_hv // (HV // H)
     if VARLEN:
         bos = tl.load(chunk_info + 2 * i_c).to(tl.int64)
@@ -279,8 +291,8 @@ def chunk_intra_blocks_kernel(
             tl.store(gout + (bos * HV + i_hv) + r4 * HV, b_c4, mask=m4)
 
     # ---- 1. A_kk and A_qk, one row block at a time (only that row's accumulators are live); store A_qk -------------
-    b_D1, b_Dq1, _a, _b, _c, _d, _e, _f = _row_blocks(
-        k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, SAFE_DIAG, DOT_PREC
+    b_D1, b_Dq1, _a, _b, _c, _d, _e, _f, b_flag = _row_blocks(
+        k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, DIAG, DOT_PREC
     )
     if GATE == 1:
         b_ed = tl.exp(tl.where(m_cau, b_c1[:, None] - b_c1[None, :], float("-inf")))
@@ -292,9 +304,10 @@ def chunk_intra_blocks_kernel(
         b_zero = tl.zeros([BC, BC], dtype=tl.float32)
         for i_z in range(1, NB):
             _store_rows(a_b + i_z * BC, r1, HV * BT, o_c, m1, o_c < BC, b_zero)
-        b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f = _row_blocks(
-            k_b, q_b, g_b, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, SAFE_DIAG, DOT_PREC
+        b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f, b_h = _row_blocks(
+            k_b, q_b, g_b, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, DIAG, DOT_PREC
         )
+        b_flag = tl.maximum(b_flag, b_h)
         if GATE == 1:
             b_ed = tl.exp(tl.where(m_cau, b_c2[:, None] - b_c2[None, :], float("-inf")))
             b_D2 *= b_ed
@@ -310,9 +323,10 @@ def chunk_intra_blocks_kernel(
         for i_z in range(2, 4):
             _store_rows(a_b + i_z * BC, r2, HV * BT, o_c, m2, o_c < BC, b_zero)
         _store_rows(a_b + 3 * BC, r3, HV * BT, o_c, m3, o_c < BC, b_zero)
-        b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f = _row_blocks(
-            k_b, q_b, g_b, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, SAFE_DIAG, DOT_PREC
+        b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, b_h = _row_blocks(
+            k_b, q_b, g_b, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC
         )
+        b_flag = tl.maximum(b_flag, b_h)
         if GATE == 1:
             b_ed = tl.exp(tl.where(m_cau, b_c3[:, None] - b_c3[None, :], float("-inf")))
             b_D3 *= b_ed
@@ -329,9 +343,10 @@ def chunk_intra_blocks_kernel(
         _store_rows(a_b, r3, HV * BT, o_c, m3, o_c < BC, b_Aq31 * scale)
         _store_rows(a_b + BC, r3, HV * BT, o_c, m3, o_c < BC, b_Aq32 * scale)
         _store_rows(a_b + 2 * BC, r3, HV * BT, o_c, m3, o_c < BC, tl.where(m_cau, b_Dq3, 0.0) * scale)
-        b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43 = _row_blocks(
-            k_b, q_b, g_b, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, SAFE_DIAG, DOT_PREC
+        b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, b_h = _row_blocks(
+            k_b, q_b, g_b, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC
         )
+        b_flag = tl.maximum(b_flag, b_h)
         if GATE == 1:
             b_ed = tl.exp(tl.where(m_cau, b_c4[:, None] - b_c4[None, :], float("-inf")))
             b_D4 *= b_ed
@@ -353,6 +368,9 @@ def chunk_intra_blocks_kernel(
         _store_rows(a_b + BC, r4, HV * BT, o_c, m4, o_c < BC, b_Aq42 * scale)
         _store_rows(a_b + 2 * BC, r4, HV * BT, o_c, m4, o_c < BC, b_Aq43 * scale)
         _store_rows(a_b + 3 * BC, r4, HV * BT, o_c, m4, o_c < BC, tl.where(m_cau, b_Dq4, 0.0) * scale)
+
+    if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
+        tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
 
     # ---- 2. the inverse: diagonal blocks by forward substitution (interleaved), the rest by block substitution ----
     b_T1 = -b_D1

@@ -79,9 +79,11 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     intra = (
         "intra",
         chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
-        {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table},
+        {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
+        | ({"flags": "*i32"} if G == 2 and cfg.get("SAFE_DIAG", True) and cfg["INTRA"] == "blocks" else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
-        | dict(NV=triton.cdiv(V, i_BV), SAFE_DIAG=cfg.get("SAFE_DIAG", True), VARLEN=varlen, DOT_PREC=prec),
+        | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
+        | ({"DIAG": 1 if G == 2 and cfg.get("SAFE_DIAG", True) else 0} if cfg["INTRA"] == "blocks" else {"SAFE_DIAG": cfg.get("SAFE_DIAG", True)}),
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
