@@ -245,7 +245,7 @@ def plan(
             if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
                 chunk_intra_blocks_kernel[intra_grid](*intra_args, DIAG=2, **intra_kw)
             return first
-        rows_args = intra_args[:12] + (scale, T)  # the same arguments, without the flags
+        rows_args = (*intra_args[:12], scale, T)  # the same arguments, without the flags
         return chunk_intra_kernel[intra_grid](*rows_args, SAFE_DIAG=safe_diag, **intra_kw)
 
     h_BK, h_BV = _tile(next_power_of_2(K), K), _tile(config["h_BV"], V)

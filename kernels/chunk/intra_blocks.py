@@ -223,7 +223,8 @@ def chunk_intra_blocks_kernel(
 ):
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
-    if DIAG == 2:  # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
+    if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
         if tl.load(flags + i_c * HV + i_hv) == 0:
             return
     i_h = i_hv // (HV // H)

@@ -76,6 +76,8 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     chan = {"qg": p, "kg": p} if G == 2 else {}
     table = {"chunk_info": "*i32"} if varlen else {}
     i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
+    safe = cfg.get("SAFE_DIAG", True)
+    diag = {"DIAG": int(G == 2 and safe)} if cfg["INTRA"] == "blocks" else {"SAFE_DIAG": safe}
     intra = (
         "intra",
         chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
@@ -83,7 +85,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         | ({"flags": "*i32"} if G == 2 and cfg.get("SAFE_DIAG", True) and cfg["INTRA"] == "blocks" else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
-        | ({"DIAG": 1 if G == 2 and cfg.get("SAFE_DIAG", True) else 0} if cfg["INTRA"] == "blocks" else {"SAFE_DIAG": cfg.get("SAFE_DIAG", True)}),
+        | diag,
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
