@@ -162,8 +162,10 @@ def compile_constraint(name: str, expression: str, known: set[str], source: str 
             raise _fail(
                 source, f"constraint {name!r} names unknown {node.id!r}; known names: {', '.join(sorted(known))}"
             )
-        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool)):
-            raise _fail(source, f"constraint {name!r}: only numbers may appear as constants: {expression!r}")
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool, str)):
+            raise _fail(
+                source, f"constraint {name!r}: only numbers and strings may appear as constants: {expression!r}"
+            )
     return Constraint(name, expression, compile(tree, f"<constraint {name}>", "eval"))
 
 
