@@ -6,8 +6,9 @@ worker answers one JSON :class:`~dtune.trials.TrialOutcome` per line on its stdo
 else the process prints goes to stderr, which the parent sends to a log file). The worker announces
 ``{"ready": ...}`` once torch, triton and the plugins are imported. A worker that dies mid-trial is a
 ``crash``; one that does not answer within the trial timeout is killed: ``timeout``. Either way the next
-trial starts a fresh worker. After a runtime error on a GPU the worker exits on purpose (the CUDA context
-may be corrupt) and is restarted too.
+trial starts a fresh worker. After a runtime error or an untyped exception on a GPU the worker exits on
+purpose (the CUDA context may be corrupt: an illegal memory access poisons every later launch) and is
+restarted too.
 """
 
 from __future__ import annotations
@@ -116,6 +117,13 @@ def _tail_since(path: Path, start: int, n: int = 1500) -> str:
     return data.decode("utf-8", errors="replace").strip()[-n:]
 
 
+def must_restart(reason: str | None, device: str) -> bool:
+    """Whether the worker must exit after a trial that failed with ``reason``: any error raised on a GPU at run time
+    (a launch failure, or an exception evaluate did not type, such as an illegal memory access) may leave the CUDA
+    context unusable, and every later trial in this process would fail too (H200, 2026-11-29: 7 trials in a row)."""
+    return reason in ("runtime", "crash") and device.startswith("cuda")
+
+
 def main() -> None:
     """Worker loop: jobs on stdin, outcomes on the original stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops this worker
@@ -138,7 +146,7 @@ def main() -> None:
         except Exception as e:  # evaluate types its failures; anything else is a bug worth a record
             outcome = TrialOutcome(reason="crash", message=f"{type(e).__name__}: {e}")
         proto.write(json.dumps(outcome.as_dict()) + "\n")
-        if outcome.reason == "runtime" and job.device.startswith("cuda"):
+        if must_restart(outcome.reason, job.device):
             sys.exit(0)  # a failed launch may leave the CUDA context unusable: start fresh
 
 

@@ -108,7 +108,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
     # stage (float32 W/k~ tiles would overflow smem). The blocks intra stage runs at the 255-register cap with small
     # spills at BT = 64 (ptxas); on the H200 it is still 1.3-2.6x faster than INTRA = "rows" there.
     cfg: Config = {
-        "BT": 64,
+        "BT": 32,  # H200 searches (2026-11-29): BT = 32 won for all three gates at D = 64 and 128
         "BC": 16,
         "intra_BK": 64,
         "intra_BV": 64,
@@ -117,7 +117,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "h_BV": 32 if BK <= 128 else 16,
         "h_num_warps": 4 if BK <= 128 else 8,
         "h_num_stages": 2 if BK <= 128 else 1,
-        "FUSE_OUTPUT": False,
+        "FUSE_OUTPUT": BK <= 128,  # the output inside the state pass: no chunk states in memory (same searches)
         "o_BK": 64,
         "o_BV": 64,
         "o_num_warps": 4,

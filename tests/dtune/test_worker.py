@@ -7,7 +7,7 @@ from types import ModuleType
 
 from dtune.search import worker_env
 from dtune.trials import TrialJob
-from dtune.worker import Worker
+from dtune.worker import Worker, must_restart
 
 SHAPE = {"B": 1, "T": 2, "H": 1, "HV": 1, "K": 16, "V": 16}
 
@@ -36,3 +36,11 @@ def test_crash_timeout_and_restart(fake: ModuleType, tmp_path: Path) -> None:
     finally:
         worker.close()
     assert worker.proc is not None and worker.proc.poll() is not None  # no process left behind
+
+
+def test_gpu_errors_restart_the_worker() -> None:
+    """An illegal memory access surfaces as an untyped exception ("crash"): the CUDA context is then poisoned, so the
+    worker must start fresh, as after a launch failure ("runtime"); gate failures and CPU errors keep it."""
+    assert must_restart("crash", "cuda") and must_restart("runtime", "cuda:1")
+    assert not must_restart("gate", "cuda") and not must_restart(None, "cuda")
+    assert not must_restart("crash", "cpu")
