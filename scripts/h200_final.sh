@@ -22,8 +22,8 @@ step() {  # name, seconds, dtune arguments...
 }
 chunk=(--seq-lens "$SHAPE_T" --heads 16 --batch-tokens "$TOKENS" --dtype bf16 --baselines default,fla)
 decode=(--seq-lens 1 --head-dims "$D128" --heads 16 --batch "$DECODE_B" --dtype bf16 --baselines default,fla --graph)
-step bench_chunk_delta_rule 75 bench -k chunk_delta_rule --head-dims "$D128" "${chunk[@]}"
-step bench_chunk_gated_delta_rule 75 bench -k chunk_gated_delta_rule --head-dims "$D128" "${chunk[@]}"
+step bench_chunk_delta_rule 95 bench -k chunk_delta_rule --head-dims "$D128" "${chunk[@]}"
+step bench_chunk_gated_delta_rule 95 bench -k chunk_gated_delta_rule --head-dims "$D128" "${chunk[@]}"
 step bench_fused_recurrent_kda 50 bench -k fused_recurrent_kda "${decode[@]}"
 step profile_chunk_kda 45 profile -k chunk_kda --seq-len "$SHAPE_T" --head-dim "$D128" --heads 16 --batch "$PROFILE_B" --dtype bf16
-step bench_chunk_kda 200 bench -k chunk_kda --head-dims "$D64,$D128" "${chunk[@]}"
+step bench_chunk_kda 230 bench -k chunk_kda --head-dims "$D64,$D128" "${chunk[@]}"
