@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -45,8 +46,9 @@ document.querySelectorAll('table.sortable th').forEach(function(th, col){
 
 
 def number(x: float) -> str:
-    """Whole numbers as integers (registers, bytes), the rest to 4 significant digits."""
-    if x == int(x) and abs(x) < 1e15:
+    """Whole numbers as integers (registers, bytes), the rest to 4 significant digits (inf and nan as such: a gate
+    failure records an infinite error)."""
+    if math.isfinite(x) and x == int(x) and abs(x) < 1e15:
         return str(int(x))
     return f"{x:.4g}"
 

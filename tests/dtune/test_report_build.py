@@ -90,3 +90,11 @@ def test_report_cli_default_output(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     shutil.rmtree(run)
     r = CliRunner().invoke(cli(), ["report", str(run)])
     assert r.exit_code == 2 and "is not a folder" in r.output
+
+
+def test_numbers_in_tables_include_inf_and_nan() -> None:
+    """A gate failure records an infinite error: the trials table must still render (it raised OverflowError)."""
+    from dtune.report.html import number
+
+    assert number(3.0) == "3" and number(0.123456) == "0.1235"
+    assert number(float("inf")) == "inf" and number(float("nan")) == "nan"
