@@ -60,14 +60,15 @@ BF16 = (torch.bfloat16,)
 def correctness_cases(quick: bool) -> list[Case]:
     """(name, problem, seq_lens, config, dtypes). Every distinct case compiles its three kernels (~2 s each; float32
     with exact dots takes ~15 s a case on the H200), so float32 runs only where it adds coverage: the varlen case
-    (grouped heads, K != V), and without --quick also T = 16384. --quick keeps one real size (bf16), D = 256 and
-    the varlen case."""
+    (grouped heads, K != V), and without --quick also T = 16384. --quick keeps two real sizes (bf16; T = 4096 at D = 128, T = 16384
+    at D = 64), D = 256 and the varlen case."""
     cases: list[Case] = []
     for gate in Gate:
         s = SHORT[gate]
         varlen = Problem(1, 0, 4, 8, 128, 64, 7, gate, True)
         if quick:
             cases.append((f"B8-T4096-H16-D128-{s}", Problem(8, 4096, 16, 16, 128, 128, 8, gate), None, None, BF16))
+            cases.append((f"B1-T16384-H16-D64-{s}", Problem(1, 16384, 16, 16, 64, 64, 1, gate), None, None, BF16))
         else:
             cases.append((f"B2-T16384-H16-D128-{s}", Problem(2, 16384, 16, 16, 128, 128, 2, gate), None, None, BOTH))
             cases.append((f"B8-T4096-H16-D64-{s}", Problem(8, 4096, 16, 16, 64, 64, 8, gate), None, None, BF16))
