@@ -5,7 +5,8 @@ Usage (one CUDA GPU):  python scripts/gpu_chunk.py [--quick] [--no-bench] [--no-
 
 1. Correctness: chunk_delta_rule / chunk_gated_delta_rule / chunk_kda with their default configs (plus a few
    non-default configs unless --quick) against the float64 chunked reference on the GPU (chunk_reference),
-   strong decays (per-step log gate down to −5): relative RMS error of the output and the final state, PASS/FAIL
+   strong decays (per-step log gate down to −5; one KDA case down to −60, where the guarded diagonal's exact
+   second pass runs): relative RMS error of the output and the final state, PASS/FAIL
    per case. One failing case prints FAIL (with the exception) and the run continues. ``--sweep N`` adds N random
    configs per op drawn from the shipped search space (bf16, B=2 T=1000 H=4 HV=8 D=128), each run twice and
    compared bitwise (races in the intra stage's read-back of W/U would show there).
@@ -60,8 +61,8 @@ BF16 = (torch.bfloat16,)
 def correctness_cases(quick: bool) -> list[Case]:
     """(name, problem, seq_lens, config, dtypes). Every distinct case compiles its three kernels (~2 s each; float32
     with exact dots takes ~15 s a case on the H200), so float32 runs only where it adds coverage: the varlen case
-    (grouped heads, K != V), and without --quick also T = 16384. --quick keeps two real sizes (bf16; T = 4096 at D = 128, T = 16384
-    at D = 64), D = 256 and the varlen case."""
+    (grouped heads, K != V), and without --quick also T = 16384. --quick keeps two real sizes (bf16; T = 4096 at
+    D = 128, T = 16384 at D = 64), D = 256, the varlen case and the KDA case with log gates down to −60."""
     cases: list[Case] = []
     for gate in Gate:
         s = SHORT[gate]
@@ -74,6 +75,9 @@ def correctness_cases(quick: bool) -> list[Case]:
             cases.append((f"B8-T4096-H16-D64-{s}", Problem(8, 4096, 16, 16, 64, 64, 8, gate), None, None, BF16))
         cases.append((f"B4-T1023-H8-D256-{s}", Problem(4, 1023, 8, 8, 256, 256, 4, gate), None, None, BF16))
         cases.append((f"varlen-H4-HV8-K128-V64-{s}", varlen, [1, 700, 33, 0, 2048, 129, 63], None, BOTH))
+        if gate is Gate.CHANNEL:  # per-step log gates down to −60: the guarded diagonal's exact second pass runs
+            steep = Problem(2, 1000, 4, 8, 128, 128, 2, gate)
+            cases.append((f"B2-T1000-H4-HV8-D128-{s}-gate-60", steep, None, None, BOTH))
         if not quick:
             variants: list[dict[str, Any]] = [{"FUSE_OUTPUT": True}, {"BT": 128, "BC": 32, "intra_num_warps": 8}]
             if gate is Gate.CHANNEL:
@@ -92,7 +96,8 @@ def check_correctness(quick: bool) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"case": name, "dtype": dtype_name(dtype), "config": json.dumps(cfg or {})}
             t0 = time.time()
             try:
-                x = make_inputs(p, dtype=dtype, device="cuda", seed=1, seq_lens=seq_lens, gate_min=-5.0)
+                gmin = -60.0 if name.endswith("gate-60") else -5.0
+                x = make_inputs(p, dtype=dtype, device="cuda", seed=1, seq_lens=seq_lens, gate_min=gmin)
                 args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
                 kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
                 o, s = ops.run_kernel(OPS[p.gate], *args, **kw, config=cfg)

@@ -113,6 +113,8 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         cfg["h_num_stages"],
     )
     out = [intra, state]
+    if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
+        out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
     if not fuse:
         o_BK = _tile(cfg["o_BK"], K)
         out_ptrs = {"q": p, "aqk": p, "hbuf": p, "vnew": p, "o": p, **table}
