@@ -8,7 +8,8 @@
 #   they were packed only at the end.
 #   OUT      where run folders, the merged config and a tarball go (default ./out)
 #   SCALE    multiplies every per-shape time budget (default 1)
-#   ONLY     a bash pattern: run only the searches whose name matches (e.g. 'chunk_*'; default: all)
+#   ONLY     a bash pattern: run only the searches whose name matches (e.g. 'chunk_*'; default: the first
+#            sitting's searches, not the grid2-4 pieces below, which each need a sitting of their own)
 # Shapes: the targets (bf16, B*T = 32768, H = 16): chunk kernels at T = 4096 with D = 128 (KDA also
 # D = 64); fused-recurrent decode (T = 1) at B = 32 and 256, D = 128. Other buckets fall back to the nearest
 # tuned sequence length or the default (dtune.store). For fused_recurrent_kda at B = 32 the whole space is also
@@ -16,7 +17,7 @@
 set -uo pipefail
 OUT=${OUT:-out}
 SCALE=${SCALE:-1}
-ONLY=${ONLY:-*}
+ONLY=${ONLY:-first}  # "first": everything but the grid2-4 pieces
 GPU=auto
 EXTRA=(--compile-ahead 6 --trial-timeout 60)
 if [ "${1:-}" = "--interpret" ]; then
@@ -29,8 +30,12 @@ t() { python3 -c "print(int($1 * $SCALE))"; }
 
 search() {  # name, kernel, budget seconds, extra args...
   local name=$1 kernel=$2 budget
-  # shellcheck disable=SC2053
-  [[ $name == $ONLY ]] || return 0
+  if [ "$ONLY" = first ]; then
+    [[ $name != grid[234]_* ]] || return 0
+  else
+    # shellcheck disable=SC2053
+    [[ $name == $ONLY ]] || return 0
+  fi
   budget=$(t "$3")
   shift 3
   echo "=== $name: dtune search --kernel $kernel $* --timeout $budget"
@@ -52,8 +57,26 @@ search fused_recurrent_gated_delta_rule fused_recurrent_gated_delta_rule 10 --se
 search fused_recurrent_delta_rule fused_recurrent_delta_rule 10 --seq-lens 1 --head-dims 128 --heads 16 \
   --batch 32,256
 
+# The rest of the default grid, for later sittings (each piece under ten minutes; pick one with ONLY):
+#   ONLY='grid2_*'  chunk kernels at T = 1024 and 16384 (D = 128), H = 16
+#   ONLY='grid3_*'  D = 256 (H = 8) for the three chunk kernels, D = 64 for DeltaNet / Gated DeltaNet
+#   ONLY='grid4_*'  fused-recurrent at B = 1 (decode) and short prompts (T = 64), D = 64 and 128
+for T in 1024 16384; do
+  search "grid2_chunk_kda_t$T" chunk_kda 60 --seq-lens "$T" --head-dims 128 --heads 16
+  search "grid2_chunk_gated_delta_rule_t$T" chunk_gated_delta_rule 45 --seq-lens "$T" --head-dims 128 --heads 16
+  search "grid2_chunk_delta_rule_t$T" chunk_delta_rule 45 --seq-lens "$T" --head-dims 128 --heads 16
+done
+for k in chunk_kda chunk_gated_delta_rule chunk_delta_rule; do
+  search "grid3_${k}_d256" "$k" 80 --seq-lens 4096 --head-dims 256 --heads 8
+done
+search grid3_chunk_gated_delta_rule_d64 chunk_gated_delta_rule 60 --seq-lens 4096 --head-dims 64 --heads 16
+search grid3_chunk_delta_rule_d64 chunk_delta_rule 60 --seq-lens 4096 --head-dims 64 --heads 16
+for k in fused_recurrent_kda fused_recurrent_gated_delta_rule fused_recurrent_delta_rule; do
+  search "grid4_${k}" "$k" 45 --seq-lens 1,64 --head-dims 64,128 --heads 16 --batch 1,32
+done
+
 # One tuned-config file for the package: every tuning run (the grid sweep is a measurement, not a source).
-mapfile -t tuned < <(ls -d "$RUNS"/chunk_* "$RUNS"/fused_recurrent_* 2> /dev/null)
+mapfile -t tuned < <(ls -d "$RUNS"/chunk_* "$RUNS"/fused_recurrent_* "$RUNS"/grid[234]_* 2> /dev/null)
 dtune export "${tuned[@]}" -o "$OUT/tuned.json" || echo "!!! export failed"
 tar czf "$OUT/runs.tgz" -C "$OUT" runs
 ls -la "$OUT"
