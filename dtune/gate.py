@@ -74,6 +74,22 @@ def gate_inputs(
     return make_inputs(problem, dtype=dtype, device=device, seed=seed, gate_min=GATE_MIN, initial_state=True)
 
 
+def edge_inputs(
+    spec: KernelSpec, problem: Problem, dtype: torch.dtype, device: torch.device | str, seed: int
+) -> dict[str, Any]:
+    """Inputs of the edge case (EDGE_SEQ_LENS packed, the problem's head dims and head grouping)."""
+    H = min(problem.H, 2)
+    edge = Problem(1, sum(EDGE_SEQ_LENS), H, H * (problem.HV // problem.H), problem.K, problem.V, len(EDGE_SEQ_LENS))
+    return make_inputs(
+        dataclasses.replace(edge, gate=Gate(spec.gate), varlen=True),
+        dtype=dtype,
+        device=device,
+        seed=seed + 1,
+        gate_min=GATE_MIN,
+        seq_lens=list(EDGE_SEQ_LENS),
+    )
+
+
 def _edge_errors(
     spec: KernelSpec,
     problem: Problem,
@@ -82,19 +98,10 @@ def _edge_errors(
     config: dict[str, Any] | None,
     seed: int,
 ) -> tuple[float, float]:
-    """Relative errors of ``config`` on the edge case (EDGE_SEQ_LENS packed, the problem's head dims)."""
+    """Relative errors of ``config`` on the edge case."""
     from dtune.ops import run_kernel
 
-    H = min(problem.H, 2)
-    edge = Problem(1, sum(EDGE_SEQ_LENS), H, H * (problem.HV // problem.H), problem.K, problem.V, len(EDGE_SEQ_LENS))
-    x = make_inputs(
-        dataclasses.replace(edge, gate=Gate(spec.gate), varlen=True),
-        dtype=dtype,
-        device=device,
-        seed=seed + 1,
-        gate_min=GATE_MIN,
-        seq_lens=list(EDGE_SEQ_LENS),
-    )
+    x = edge_inputs(spec, problem, dtype, device, seed)
     with poisoned_outputs():
         o, s = run_kernel(spec.name, **x, output_final_state=True, config=dict(config or {}))
     ref_o, ref_s = chunk_reference(**x, output_final_state=True)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from dtune.cost import nominal_bytes, nominal_flops
-from dtune.gate import gate
+from dtune.gate import edge_inputs, gate
 from dtune.inputs import Gate, Problem, dtype_from_name, make_inputs
 
 REASONS = ("constraint", "compile", "resources", "gate", "timeout", "crash", "runtime", "cancelled")
@@ -179,6 +179,10 @@ def evaluate(job: TrialJob) -> TrialOutcome:
         try:
             with compile_without_launch():
                 call()
+                # the gate's packed variable-length edge case builds other specialisations (VARLEN): build them
+                # here too, or the timing worker compiles them serially (~10 s a trial for the chunk kernels)
+                edge = edge_inputs(spec, problem, dtype, device, job.gate_seed)
+                run_kernel(job.kernel, **edge, output_final_state=True, config=config)
         except Exception as e:
             return TrialOutcome(reason=classify(e, first_launch=True), message=_message(e))
         return TrialOutcome(compile_s=time.perf_counter() - t0)

@@ -88,3 +88,21 @@ def test_compile_only_job_reports_compile_errors(fake: ModuleType) -> None:
         TrialJob(fake.NAME, SHAPE, "fp32", {"MODE": "compile", "BV": 8}, 1e-4, device="cpu", compile_only=True)
     )
     assert bad.reason == "compile"
+
+
+def test_compile_only_also_builds_the_gate_edge_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile pool must build every specialisation the timing worker will launch, the gate's packed
+    variable-length edge case included (on the H200 the timing worker otherwise compiled it, ~10 s a trial)."""
+    import dtune.ops
+
+    calls: list[bool] = []
+    real = dtune.ops.run_kernel
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append(kwargs.get("cu_seqlens") is not None)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dtune.ops, "run_kernel", spy)
+    out = evaluate(TrialJob("fused_recurrent_kda", SHAPE, "fp32", {"BV": 8}, 1e-4, device="cpu", compile_only=True))
+    assert out.ok, out.message
+    assert calls == [False, True]  # the timed problem, then the varlen edge case
