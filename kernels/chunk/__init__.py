@@ -39,10 +39,12 @@ NUMERICS (where a configuration is unsafe):
 * KDA diagonal blocks (``BC × BC``, rows and columns in the same sub-chunk): one dot around the block's middle
   row ``m``, factors ``exp(γ_i − γ_m)`` and ``exp(γ_m − γ_j)`` in float32 — finite and exact to rounding while the
   block's half span ``max_d max(γ_first − γ_m, γ_m − γ_last)`` (at most about ``BC/2 · max|g|``) stays below ~88.
-  ``SAFE_DIAG = True`` (default): a block (per key tile) whose half span exceeds 80 takes an element-wise loop
-  ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))`` over its ``BC`` columns instead: SAFE FOR EVERY GATE, and as fast as
-  the dot whenever decays are moderate (half span ≤ 80: e.g. ``BC = 16`` with per-step log gates ≥ −10,
-  ``BC = 32`` with gates ≥ −5).
+  ``SAFE_DIAG = True`` (default): where a block's half span exceeds 80, the element-wise loop
+  ``Σ_d k_i k_j exp(min(γ_i − γ_j, 0))`` over its ``BC`` columns is used instead — ``INTRA = "rows"``: that block
+  (per key tile) in place; ``INTRA = "blocks"``: the whole chunk, in a second launch that skips unflagged chunks.
+  SAFE FOR EVERY GATE, and as fast as the dot whenever decays are moderate (half span ≤ 80: e.g. ``BC = 16``
+  with per-step log gates ≥ −10, ``BC = 32`` with gates ≥ −5; the second launch then only costs its ~µs of
+  early exits).
   ``SAFE_DIAG = False``: always the dot. UNSAFE when some ``|γ_i − γ_m|`` reaches ~88 (float32 exp overflows at
   88.7): at most about ``BC/2 · max|g|``, i.e. ``BC = 64`` once per-step log gates go below about −2.8, ``BC = 32``
   below about −5.5 (16 consecutive such steps), ``BC = 16`` below about −11. When unsafe, a factor is ``inf`` and
