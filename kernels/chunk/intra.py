@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .common import chunk_bounds
+
 
 @triton.jit
 def _diag_exact(b_k, b_q, b_gam, BC: tl.constexpr):
@@ -89,14 +91,7 @@ def chunk_intra_kernel(
 ):
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
-    if VARLEN:
-        bos = tl.load(chunk_info + 2 * i_c).to(tl.int64)
-        eos = tl.load(chunk_info + 2 * i_c + 1).to(tl.int64)
-    else:
-        NT = tl.cdiv(T, BT)
-        i_b = i_c // NT
-        bos = i_b.to(tl.int64) * T + (i_c % NT) * BT
-        eos = i_b.to(tl.int64) * T + T
+    bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
     L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
 
     DT = w.dtype.element_ty  # storage / dot-operand dtype of the intermediates
