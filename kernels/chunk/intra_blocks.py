@@ -75,6 +75,33 @@ def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT
 
 
 @triton.jit
+def _finish_diag(b_D, b_Dq, b_c, b_beta, a_col, rows, m_r, scale, SA, BC: tl.constexpr, GATE: tl.constexpr):
+    """A diagonal block after the key loop: the scalar gate's decay (``GATE == 1``, cumulative gate ``b_c``), store
+    the causal ``scale · A_qk`` block at ``a_col``, return the strictly lower ``β · A_kk`` block."""
+    o_c = tl.arange(0, BC)
+    m_cau = o_c[None, :] <= o_c[:, None]
+    if GATE == 1:
+        b_ed = tl.exp(tl.where(m_cau, b_c[:, None] - b_c[None, :], float("-inf")))
+        b_D *= b_ed
+        b_Dq *= b_ed
+    _store_rows(a_col, rows, SA, o_c, m_r, o_c < BC, tl.where(m_cau, b_Dq, 0.0) * scale)
+    return tl.where(o_c[None, :] < o_c[:, None], b_D, 0.0) * b_beta[:, None]
+
+
+@triton.jit
+def _finish_off(b_A, b_Aq, b_ci, b_cj, b_beta, a_col, rows, m_r, scale, SA, BC: tl.constexpr, GATE: tl.constexpr):
+    """An off-diagonal block (row block i, column block j < i) after the key loop: the scalar gate's decay
+    ``exp(c_i − c_j) <= 1``, store ``scale · A_qk`` at ``a_col``, return ``β · A_kk``."""
+    o_c = tl.arange(0, BC)
+    if GATE == 1:
+        b_ed = tl.exp(b_ci[:, None] - b_cj[None, :])
+        b_A *= b_ed
+        b_Aq *= b_ed
+    _store_rows(a_col, rows, SA, o_c, m_r, o_c < BC, b_Aq * scale)
+    return b_A * b_beta[:, None]
+
+
+@triton.jit
 def _gam(g_b, rows, SG, o_k, m_r, m_k, b_base):
     """Cumulative per-channel gate of one row block on top of ``b_base`` (γ before the block), and γ at its end."""
     b_g = _rows(g_b, rows, SG, o_k, m_r, m_k)
@@ -234,8 +261,6 @@ def chunk_intra_blocks_kernel(
     DT = w.dtype.element_ty
 
     o_c = tl.arange(0, BC)
-    m_low = o_c[None, :] < o_c[:, None]
-    m_cau = o_c[None, :] <= o_c[:, None]
     k_b = k + (bos * H + i_h) * K
     q_b = q + (bos * H + i_h) * K
     v_b = v + (bos * HV + i_hv) * V
@@ -269,7 +294,13 @@ def chunk_intra_blocks_kernel(
         b_be3 = tl.load(be_b + r3 * HV, mask=m3, other=0).to(tl.float32)
         b_be4 = tl.load(be_b + r4 * HV, mask=m4, other=0).to(tl.float32)
 
-    if GATE == 1:  # scalar gate: the cumulative gate of every block (a vector each), stored for the later stages
+    # scalar gate: the cumulative gate of every block (a vector each), stored for the later stages; other gates
+    # pass zeros to the helpers below, which only read them under GATE == 1
+    b_c1 = tl.zeros([BC], dtype=tl.float32)
+    b_c2 = b_c1
+    b_c3 = b_c1
+    b_c4 = b_c1
+    if GATE == 1:
         b_gl = tl.load(g_b + r1 * HV, mask=m1, other=0).to(tl.float32)
         b_c1 = tl.cumsum(b_gl, 0)
         tl.store(gout + (bos * HV + i_hv) + r1 * HV, b_c1, mask=m1)
@@ -289,80 +320,37 @@ def chunk_intra_blocks_kernel(
     b_D1, b_Dq1, _a, _b, _c, _d, _e, _f, b_flag = _row_blocks(
         k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, DIAG, DOT_PREC
     )
-    if GATE == 1:
-        b_ed = tl.exp(tl.where(m_cau, b_c1[:, None] - b_c1[None, :], float("-inf")))
-        b_D1 *= b_ed
-        b_Dq1 *= b_ed
-    b_D1 = tl.where(m_low, b_D1, 0.0) * b_be1[:, None]
-    _store_rows(a_b, r1, HV * BT, o_c, m1, o_c < BC, tl.where(m_cau, b_Dq1, 0.0) * scale)
+    SA = HV * BT  # row stride of A_qk
+    b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE)
     if NB >= 2:
         b_zero = tl.zeros([BC, BC], dtype=tl.float32)
         for i_z in range(1, NB):
-            _store_rows(a_b + i_z * BC, r1, HV * BT, o_c, m1, o_c < BC, b_zero)
+            _store_rows(a_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zero)
         b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f, b_h = _row_blocks(
             k_b, q_b, g_b, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        if GATE == 1:
-            b_ed = tl.exp(tl.where(m_cau, b_c2[:, None] - b_c2[None, :], float("-inf")))
-            b_D2 *= b_ed
-            b_Dq2 *= b_ed
-            b_ed = tl.exp(b_c2[:, None] - b_c1[None, :])
-            b_A21 *= b_ed
-            b_Aq21 *= b_ed
-        b_D2 = tl.where(m_low, b_D2, 0.0) * b_be2[:, None]
-        b_A21 *= b_be2[:, None]
-        _store_rows(a_b, r2, HV * BT, o_c, m2, o_c < BC, b_Aq21 * scale)
-        _store_rows(a_b + BC, r2, HV * BT, o_c, m2, o_c < BC, tl.where(m_cau, b_Dq2, 0.0) * scale)
+        b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE)
+        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE)
     if NB >= 4:
         for i_z in range(2, 4):
-            _store_rows(a_b + i_z * BC, r2, HV * BT, o_c, m2, o_c < BC, b_zero)
-        _store_rows(a_b + 3 * BC, r3, HV * BT, o_c, m3, o_c < BC, b_zero)
+            _store_rows(a_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zero)
+        _store_rows(a_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zero)
         b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, b_h = _row_blocks(
             k_b, q_b, g_b, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        if GATE == 1:
-            b_ed = tl.exp(tl.where(m_cau, b_c3[:, None] - b_c3[None, :], float("-inf")))
-            b_D3 *= b_ed
-            b_Dq3 *= b_ed
-            b_ed = tl.exp(b_c3[:, None] - b_c1[None, :])
-            b_A31 *= b_ed
-            b_Aq31 *= b_ed
-            b_ed = tl.exp(b_c3[:, None] - b_c2[None, :])
-            b_A32 *= b_ed
-            b_Aq32 *= b_ed
-        b_D3 = tl.where(m_low, b_D3, 0.0) * b_be3[:, None]
-        b_A31 *= b_be3[:, None]
-        b_A32 *= b_be3[:, None]
-        _store_rows(a_b, r3, HV * BT, o_c, m3, o_c < BC, b_Aq31 * scale)
-        _store_rows(a_b + BC, r3, HV * BT, o_c, m3, o_c < BC, b_Aq32 * scale)
-        _store_rows(a_b + 2 * BC, r3, HV * BT, o_c, m3, o_c < BC, tl.where(m_cau, b_Dq3, 0.0) * scale)
+        b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE)
+        b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE)
+        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE)
         b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, b_h = _row_blocks(
             k_b, q_b, g_b, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        if GATE == 1:
-            b_ed = tl.exp(tl.where(m_cau, b_c4[:, None] - b_c4[None, :], float("-inf")))
-            b_D4 *= b_ed
-            b_Dq4 *= b_ed
-            b_ed = tl.exp(b_c4[:, None] - b_c1[None, :])
-            b_A41 *= b_ed
-            b_Aq41 *= b_ed
-            b_ed = tl.exp(b_c4[:, None] - b_c2[None, :])
-            b_A42 *= b_ed
-            b_Aq42 *= b_ed
-            b_ed = tl.exp(b_c4[:, None] - b_c3[None, :])
-            b_A43 *= b_ed
-            b_Aq43 *= b_ed
-        b_D4 = tl.where(m_low, b_D4, 0.0) * b_be4[:, None]
-        b_A41 *= b_be4[:, None]
-        b_A42 *= b_be4[:, None]
-        b_A43 *= b_be4[:, None]
-        _store_rows(a_b, r4, HV * BT, o_c, m4, o_c < BC, b_Aq41 * scale)
-        _store_rows(a_b + BC, r4, HV * BT, o_c, m4, o_c < BC, b_Aq42 * scale)
-        _store_rows(a_b + 2 * BC, r4, HV * BT, o_c, m4, o_c < BC, b_Aq43 * scale)
-        _store_rows(a_b + 3 * BC, r4, HV * BT, o_c, m4, o_c < BC, tl.where(m_cau, b_Dq4, 0.0) * scale)
+        b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE)
+        b_A42 = _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE)
+        b_A43 = _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE)
+        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE)
 
     if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
         tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
