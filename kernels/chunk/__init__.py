@@ -108,7 +108,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
     BK = next_power_of_2(K)
     # Shared-memory budgets checked by compiling for sm_90 (Triton 3.9): at K = 256 the state pass keeps one pipeline
     # stage (float32 W/k~ tiles would overflow smem). The blocks intra stage runs at the 255-register cap with small
-    # spills at BT = 64 (ptxas); on the H200 it is still 1.3-2.6x faster than INTRA = "rows" there.
+    # spills at BT = 64 (ptxas); on the H200 it is still 1.4-2.1x faster than INTRA = "rows" there.
     cfg: Config = {
         "BT": 32,  # H200 searches (2026-11-29): BT = 32 won for all three gates at D = 64 and 128
         "BC": 16,
@@ -230,7 +230,7 @@ def plan(
     i_BK, i_BV = _tile(config["intra_BK"], K), _tile(config["intra_BV"], V)
     intra_grid = (NC, HV)
     safe_diag = bool(config.get("SAFE_DIAG", True))
-    two_pass = GATE == 2 and safe_diag
+    two_pass = GATE == 2 and safe_diag and config["INTRA"] == "blocks"  # "rows" guards each block in place
     flags = torch.empty(max(NC, 1) * HV, dtype=torch.int32, device=dev) if two_pass else None
     intra_args = (q, k, v, g, beta, w, u, aqk, qg, kg, gout, chunk_info, flags, scale, T)
     intra_kw: dict[str, Any] = dict(
