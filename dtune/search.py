@@ -18,8 +18,9 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,9 +297,10 @@ class ShapeSearch:
             while True:
                 finished = self.finished()
                 while len(pending) <= ahead and not should_stop() and not self.exhausted(finished):
-                    trial = self.study.ask()
+                    with _sigint_deferred():  # the trial exists in storage only once it is tracked in pending
+                        trial = self.study.ask()
+                        pending.append(Pending(trial, {}))  # closed as interrupted if anything below raises
                     self.asked += 1
-                    pending.append(Pending(trial, {}))  # closed as interrupted if anything below raises
                     item = self._prepare(trial, finished)
                     pending.pop()
                     if item is None:  # told at once: a duplicate or a constraint violation
@@ -462,8 +464,38 @@ def tune_shape(
 _INTERRUPTED = threading.Event()
 
 
+# Set by Ctrl-C inside a `_sigint_deferred()` block: the KeyboardInterrupt is raised when the block ends.
+_DEFERRING = threading.Event()
+_DEFERRED = threading.Event()
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold back the KeyboardInterrupt of a Ctrl-C inside the block; it is raised when the block ends.
+
+    ``study.ask()`` creates the trial in storage before it returns; a KeyboardInterrupt raised in between would
+    leave that trial RUNNING forever, since the loop never learnt its number. (Masking the signal would not do:
+    the OS may hand a process-directed SIGINT to another thread, and Python still runs the handler at once.)
+    """
+    if threading.current_thread() is not threading.main_thread() or _DEFERRING.is_set():
+        yield  # Python runs signal handlers on the main thread only; an outer block already defers
+        return
+    _DEFERRED.clear()
+    _DEFERRING.set()
+    try:
+        yield
+    finally:
+        _DEFERRING.clear()
+    if _DEFERRED.is_set():
+        _DEFERRED.clear()
+        raise KeyboardInterrupt
+
+
 def _on_sigint(signum: int, frame: Any) -> None:
     _INTERRUPTED.set()
+    if _DEFERRING.is_set():
+        _DEFERRED.set()
+        return
     raise KeyboardInterrupt
 
 

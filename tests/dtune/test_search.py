@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -158,3 +161,33 @@ def test_time_budget_cancels_trials_asked_ahead(tmp_path: Path) -> None:
     assert cancelled, "the trials compiled ahead should have been cancelled when the budget ran out"
     assert all(t.state.name == "FAIL" for t in cancelled)
     assert not [e for e in json.loads((tmp_path / "tuned.json").read_text())["entries"] if e["time_ms"] is None]
+
+
+@pytest.mark.parametrize("compile_ahead", [0, 2], ids=["in-turn", "compile-ahead"])
+def test_ctrl_c_inside_ask_leaves_no_running_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compile_ahead: int
+) -> None:
+    """Ctrl-C that lands while `study.ask()` has created a trial but not yet returned it: the trial is closed."""
+    ask = optuna.study.Study.ask
+    calls = []
+
+    def ask_then_sigint(self: optuna.study.Study, *args: object, **kw: object) -> optuna.trial.Trial:
+        trial = ask(self, *args, **kw)  # type: ignore[arg-type]
+        calls.append(trial.number)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the handler runs here, inside ask as far as the loop can tell
+        return trial
+
+    monkeypatch.setattr(optuna.study.Study, "ask", ask_then_sigint)
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=20, compile_ahead=compile_ahead))
+    assert run.interrupted and len(calls) == 3
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    trials = optuna.load_study(study_name=run.shapes[0].study, storage=storage).get_trials()
+    asked = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]  # not the seeds still queued
+    assert [t.number for t in asked] == calls
+    assert not [t for t in asked if t.state == optuna.trial.TrialState.RUNNING]
+    interrupted = [t for t in trials if t.user_attrs.get("message") == "interrupted before the trial finished"]
+    assert calls[-1] in {t.number for t in interrupted}
