@@ -62,7 +62,8 @@ def correctness_cases(quick: bool) -> list[Case]:
     """(name, problem, seq_lens, config, dtypes). Every distinct case compiles its three kernels (~2 s each; float32
     with exact dots takes ~15 s a case on the H200), so float32 runs only where it adds coverage: the varlen case
     (grouped heads, K != V), and without --quick also T = 16384. --quick keeps two real sizes (bf16; T = 4096 at
-    D = 128, T = 16384 at D = 64), D = 256, the varlen case and the KDA case with log gates down to −60."""
+    D = 128, T = 16384 at D = 64), D = 256, the varlen case and the KDA case with log gates down to −60. Both modes
+    run the transposed state pass (STATE_LAYOUT = "vk") at T = 4096 and on the varlen case."""
     cases: list[Case] = []
     for gate in Gate:
         s = SHORT[gate]
@@ -75,6 +76,10 @@ def correctness_cases(quick: bool) -> list[Case]:
             cases.append((f"B8-T4096-H16-D64-{s}", Problem(8, 4096, 16, 16, 64, 64, 8, gate), None, None, BF16))
         cases.append((f"B4-T1023-H8-D256-{s}", Problem(4, 1023, 8, 8, 256, 256, 4, gate), None, None, BF16))
         cases.append((f"varlen-H4-HV8-K128-V64-{s}", varlen, [1, 700, 33, 0, 2048, 129, 63], None, BOTH))
+        # the transposed state pass at its wgmma size (not yet run on a GPU when added, 2026-11-29)
+        vk = {"STATE_LAYOUT": "vk", "h_BV": 64}
+        cases.append((f"B8-T4096-H16-D128-{s}-vk", Problem(8, 4096, 16, 16, 128, 128, 8, gate), None, vk, BF16))
+        cases.append((f"varlen-H4-HV8-K128-V64-{s}-vk", varlen, [1, 700, 33, 0, 2048, 129, 63], vk, BOTH))
         if gate is Gate.CHANNEL:  # per-step log gates down to −60: the guarded diagonal's exact second pass runs
             steep = Problem(2, 1000, 4, 8, 128, 128, 2, gate)
             cases.append((f"B2-T1000-H4-HV8-D128-{s}-gate-60", steep, None, None, BOTH))

@@ -15,6 +15,8 @@ Math: DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pipeline
    the sequence's chunks): ``V_new = U − W S``, ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new`` with S in float32
    registers. Unfused it stores each chunk-start state (inputs' dtype) and ``V_new``; with ``FUSE_OUTPUT`` it
    also computes the output itself (no per-chunk states in memory, more work on the sequential pass).
+   ``STATE_LAYOUT``: the state tile as ``[K, h_BV]`` (``"kv"``) or transposed, ``[h_BV, K]`` (``"vk"``: the
+   state and ``V_new`` become the dots' left operands, which Hopper's wgmma can take from registers).
 3. ``output`` (:mod:`.output`, only without ``FUSE_OUTPUT``; chunk × V tile × value head, fully parallel):
    ``O = q̃ S_c + A_qk V_new``.
 
@@ -24,7 +26,7 @@ final state is their initial state).
 
 Tunable parameters (``legal_params``): ``BT`` chunk size; ``BC`` sub-chunk rows (``BC <= BT``, else
 ValueError); ``INTRA`` the stage-1 variant (``"blocks"`` needs ``BT / BC <= 4``, else ValueError);
-``SAFE_DIAG`` (KDA only) the diagonal-block guard; ``intra_BK``/``intra_BV`` key/value tiles of stage
+``SAFE_DIAG`` (KDA only) the diagonal-block guard; ``STATE_LAYOUT`` the state pass's tile layout; ``intra_BK``/``intra_BV`` key/value tiles of stage
 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV`` tiles of the output stage (tiles larger than the
 head dimension are clipped to it); ``*_num_warps``/``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``,
 the precision of tensor-core dots on float32 inputs (``"ieee"`` exact, ``"tf32"`` faster, ~1e-3 relative
@@ -90,6 +92,7 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "o_num_stages": (1, 2, 3, 4),
     "F32_DOT": ("ieee", "tf32"),
     "INTRA": ("blocks", "rows"),
+    "STATE_LAYOUT": ("kv", "vk"),
 }
 
 
@@ -126,6 +129,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "o_num_stages": 2,
         "F32_DOT": "ieee",
         "INTRA": "blocks",
+        "STATE_LAYOUT": "kv",  # "vk" is not yet timed on a GPU (2026-11-29): the searches will decide
     }
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
@@ -285,6 +289,7 @@ def plan(
             VARLEN=varlen,
             FUSE_OUTPUT=fuse,
             DOT_PREC=dot_prec,
+            TRANS=config["STATE_LAYOUT"] == "vk",
             num_warps=config["h_num_warps"],
             num_stages=config["h_num_stages"],
         )

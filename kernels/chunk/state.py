@@ -1,9 +1,18 @@
 """Stage 2 of the chunk forward: the inter-chunk state pass, sequential over chunks (one program per sequence, value
-head and V tile), the state tile ``[BK, BV]`` (all key channels) in float32 registers.
+head and V tile), the state tile (all key channels) in float32 registers.
 
 Per chunk: ``V_new = U − W S`` (S cast to the intermediates' dtype for the tensor-core dot), then either store
 ``S`` (chunk-start state) and ``V_new`` for the chunk-parallel output stage, or (``FUSE_OUTPUT``) compute the
 output right here, ``O = q̃ S + A_qk V_new``; finally ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new``.
+
+Two layouts of the state tile (``STATE_LAYOUT``, the constexpr ``TRANS``):
+
+* ``"kv"``: ``S`` ``[BK, BV]``, the products as written above.
+* ``"vk"``: ``Sᵀ`` ``[BV, BK]``, the transposed products ``V_newᵀ = Uᵀ − Sᵀ Wᵀ``, ``Oᵀ = Sᵀ q̃ᵀ + V_newᵀ A_qkᵀ``,
+  ``Sᵀ ← Sᵀ diag(exp(γ_C)) + V_newᵀ k̃``. The state and ``V_newᵀ`` are then the left operand of every dot: on
+  Hopper, with ``BV`` = 64 rows per warpgroup, both dots of the sequential chain are wgmma with that operand in
+  registers, so the chain from one chunk's state to the next need not pass through shared memory (in ``"kv"``
+  the state and ``V_new`` are right operands, a shared-memory round trip each). Same loads, same arithmetic.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ def chunk_state_kernel(
     VARLEN: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    TRANS: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -64,30 +74,37 @@ def chunk_state_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    m_h = m_k[:, None] & m_v[None, :]
-
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + (o_k[:, None] * V + o_v[None, :]), mask=m_h, other=0).to(
-            tl.float32
-        )
 
     # Tile offsets inside one chunk (int32, loop-invariant); the chunk's base pointers are scalars (int64).
     off_wk = o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, BK] rows of [tokens, HV, K]
     off_qk = o_t[:, None] * (H * K) + o_k[None, :]  # [BT, BK] rows of [tokens, H, K]
-    off_v = o_t[:, None] * (HV * V) + o_v[None, :]  # [BT, BV] rows of [tokens, HV, V]
-    off_h = o_k[:, None] * V + o_v[None, :]  # [BK, BV] of one [K, V] state
+    if TRANS:
+        m_h = m_v[:, None] & m_k[None, :]
+        off_h = o_k[None, :] * V + o_v[:, None]  # [BV, BK] of one [K, V] state, transposed
+        off_v = o_t[None, :] * (HV * V) + o_v[:, None]  # [BV, BT] rows of [tokens, HV, V], transposed
+        b_h = tl.zeros([BV, BK], dtype=tl.float32)
+    else:
+        m_h = m_k[:, None] & m_v[None, :]
+        off_h = o_k[:, None] * V + o_v[None, :]  # [BK, BV] of one [K, V] state
+        off_v = o_t[:, None] * (HV * V) + o_v[None, :]  # [BT, BV] rows of [tokens, HV, V]
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
+
     for i_t in range(NTn):
         t0 = bos + i_t * BT
         m_t = o_t < eos - t0
         m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
+        m_tv = (m_v[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_v[None, :])
         row_hv = t0 * HV + i_hv  # scalar: first row of the chunk in [tokens, HV, ...]
         row_h = t0 * H + i_h
         b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
         b_u = tl.load(u + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
         b_hc = b_h.to(DT)
-        b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)
+        if TRANS:
+            b_vn = b_u - tl.dot(b_hc, tl.trans(b_w), input_precision=DOT_PREC)
+        else:
+            b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)
         b_vnc = b_vn.to(DT)
         if GATE == 1:
             b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
@@ -101,8 +118,12 @@ def chunk_state_kernel(
                     b_q *= tl.exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
             b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
-            b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
-            b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
+            if TRANS:
+                b_o = tl.dot(b_hc, tl.trans(b_q), input_precision=DOT_PREC)
+                b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
+            else:
+                b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
+                b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
             tl.store(o + row_hv * V + off_v, b_o.to(o.dtype.element_ty), mask=m_tv)
         else:
             tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
@@ -110,14 +131,20 @@ def chunk_state_kernel(
         if GATE == 2:
             b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
-            b_h *= b_dec[:, None]
+            if TRANS:
+                b_h *= b_dec[None, :]
+            else:
+                b_h *= b_dec[:, None]
         elif GATE == 1:
             b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
             b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
             b_h *= tl.exp(b_gC)
         else:
             b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
-        b_h += tl.dot(tl.trans(b_kg), b_vnc, input_precision=DOT_PREC)
+        if TRANS:
+            b_h += tl.dot(b_vnc, b_kg, input_precision=DOT_PREC)
+        else:
+            b_h += tl.dot(tl.trans(b_kg), b_vnc, input_precision=DOT_PREC)
 
     if STORE_HT:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + (o_k[:, None] * V + o_v[None, :]), b_h, mask=m_h)
+        tl.store(ht + i_nh.to(tl.int64) * K * V + off_h, b_h, mask=m_h)

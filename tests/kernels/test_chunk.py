@@ -95,6 +95,14 @@ for gate in Gate:
     add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=ROWS, extra="-rows")
     add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=ROWS, extra="-rows")
 add(Problem(1, 140, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 128, "BC": 16, "INTRA": "rows"}, extra="-rows8")
+# the transposed state pass (STATE_LAYOUT = "vk"), fused and unfused, with every gate
+for gate in Gate:
+    for fused in (False, True):
+        vk = {"BT": 32, "BC": 16, "STATE_LAYOUT": "vk", "FUSE_OUTPUT": fused, "h_BV": 16}
+        tag = f"-vk{'-fused' if fused else ''}"
+        add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=vk, extra=tag)  # odd T, grouped heads, K != V
+        add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=vk, extra=tag)
+add(Problem(1, 20, 1, 1, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "STATE_LAYOUT": "vk"}, extra="-vk")
 # head dims that are not powers of two (padded tiles, masked channels), fused and unfused
 add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
 add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)

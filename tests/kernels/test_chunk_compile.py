@@ -108,7 +108,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             GATE=G,
             USE_H0=True,
         )
-        | dict(STORE_HT=True, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=prec),
+        | dict(STORE_HT=True, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk"),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )
@@ -148,6 +148,11 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 64, {"INTRA": "rows", "BT": 128, "BC": 16}, True),
     ("scalar", "bf16", 128, {"INTRA": "rows", "BT": 32}, False),
     ("none", "fp16", 64, {"INTRA": "rows", "BC": 32}, True),
+    # the transposed state pass: wgmma-sized (h_BV = 64 at 4 warps), K = 256 at 8 warps, unfused, float32
+    ("scalar", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64}, False),
+    ("channel", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64}, True),
+    ("none", "bf16", 256, {"STATE_LAYOUT": "vk", "h_BV": 64, "h_num_warps": 8, "h_num_stages": 1}, False),
+    ("channel", "fp32", 64, {"STATE_LAYOUT": "vk", "FUSE_OUTPUT": False}, True),
 ]
 
 
@@ -163,7 +168,10 @@ def compile_case(index: int) -> dict[str, int]:
 
 
 def case_ids() -> list[str]:
-    return [f"{g}-{dt}-D{D}{'-varlen' if vl else ''}{''.join(f'-{k}' for k in o)}" for g, dt, D, o, vl in CASES]
+    return [
+        f"{g}-{dt}-D{D}{'-varlen' if vl else ''}{''.join(f'-{k}{v}' for k, v in o.items())}"
+        for g, dt, D, o, vl in CASES
+    ]
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=case_ids())
