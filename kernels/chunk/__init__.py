@@ -115,8 +115,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
     cfg: Config = {
         "BT": 32,  # H200 searches (2026-11-29): BT = 32 won for all three gates at D = 64 and 128
         "BC": 16,
-        "intra_BK": 64,
-        "intra_BV": 64,
+        "intra_BK": min(64, max(32, BK)),  # 64, or the padded head dim below it (the search spaces' tile rule)
+        "intra_BV": min(64, max(32, next_power_of_2(V))),
         "intra_num_warps": 2,  # INTRA = "blocks": 16-row tiles, more warps only replicate them (H200: 1.6-3x slower)
         "intra_num_stages": 1,
         "h_BV": 32 if BK <= 128 else 16,
