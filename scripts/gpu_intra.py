@@ -5,8 +5,8 @@ Usage (one CUDA GPU):  python scripts/gpu_intra.py [--budget-s 400]
 1. Correctness (bf16 and float32, strong decays down to −5) of both stage-1 variants (INTRA = "blocks" / "rows")
    for the three gate modes at D = 128, T = 2000 and a varlen batch, against the float64 chunked reference.
 2. Timings (not a test): bf16, B·T = 32768, H = 16, T = 4096, D in {64, 128}: every stage of the pipeline
-   (median ms, L2 flushed, dtune.measure.time_fn) and the whole forward, for a list of stage-1 variants on top of
-   the default config. Rows go to $OUT/intra_stages.csv; a short table is printed last.
+   (median ms, L2 flushed, dtune.measure.time_fn) and the whole forward, for a list of variants (stage 1 and the
+   state pass) on top of the default config. Rows go to $OUT/intra_stages.csv; a short table is printed last.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ GATE_NAME = {Gate.NONE: "none", Gate.SCALAR: "scalar", Gate.CHANNEL: "channel"}
 TOL = {torch.float32: 2e-3, torch.bfloat16: 2e-2}
 
 VARIANTS: list[dict[str, Any]] = [
+    {},  # the default: BT = 32, INTRA = "blocks" at 2 warps, fused output, STATE_LAYOUT = "kv"
+    {"STATE_LAYOUT": "vk", "h_BV": 64},  # the transposed state pass at its wgmma size
+    {"BT": 64, "STATE_LAYOUT": "vk", "h_BV": 64},
+    {"h_BV": 16},  # twice the state-pass programs
+    {"FUSE_OUTPUT": False},
+    {"BT": 64},
     {"INTRA": "rows"},
-    {"INTRA": "blocks"},
-    {"INTRA": "blocks", "intra_BK": 32},
-    {"INTRA": "blocks", "intra_num_warps": 2},
-    {"INTRA": "blocks", "intra_num_warps": 2, "intra_BK": 32},
-    {"INTRA": "blocks", "intra_num_warps": 8},
-    {"INTRA": "blocks", "BT": 32, "intra_num_warps": 2},
-    {"INTRA": "blocks", "BT": 128, "BC": 32, "intra_num_warps": 8},
+    {"intra_BK": 32, "intra_num_warps": 4},
 ]
 
 
