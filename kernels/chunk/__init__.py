@@ -28,9 +28,10 @@ Tunable parameters (``legal_params``): ``BT`` chunk size; ``BC`` sub-chunk rows 
 ValueError); ``INTRA`` the stage-1 variant (``"blocks"`` needs ``BT / BC <= 4``, else ValueError);
 ``SAFE_DIAG`` (KDA only) the diagonal-block guard; ``STATE_LAYOUT`` the state pass's tile layout;
 ``intra_BK``/``intra_BV`` key/value tiles of stage 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV``
-tiles of the output stage (tiles larger than the head dimension are clipped to it); ``*_num_warps``/``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``,
-the precision of tensor-core dots on float32 inputs (``"ieee"`` exact, ``"tf32"`` faster, ~1e-3 relative
-error; ignored for 16-bit inputs, whose dots run on their own dtype).
+tiles of the output stage (tiles larger than the head dimension are clipped to it); ``*_num_warps`` and
+``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``, the precision of tensor-core dots on float32 inputs
+(``"ieee"`` exact, ``"tf32"`` faster, ~1e-3 relative error; ignored for 16-bit inputs, whose dots run on their
+own dtype).
 
 NUMERICS (where a configuration is unsafe):
 
