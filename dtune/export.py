@@ -90,10 +90,43 @@ def merge_exports(docs: list[dict[str, Any]]) -> dict[str, Any]:
     best: dict[str, dict[str, Any]] = {}
     for doc in docs:
         for e in doc["entries"]:
-            key = json.dumps([e["kernel"], e["dtype"], e["bucket"]], sort_keys=True)
+            key = _key(e)
             if key not in best or e["time_ms"] < best[key]["time_ms"]:
                 best[key] = e
     return {**docs[-1], "created": now_iso(), "entries": list(best.values())}
+
+
+def supersede(shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = "") -> tuple[dict[str, Any], list[str]]:
+    """``shipped`` with the entries of ``newer`` exports (in order) replacing its entries of the same (kernel,
+    dtype, bucket), and one line per entry added or replaced.
+
+    Unlike :func:`merge_exports` (fastest wins, for runs of one sitting), a newer sitting supersedes an older one:
+    its search timed the old best config too (the template's default or a seed), and times of different sittings
+    are not comparable. Entries without a time are skipped; every document must be of ``shipped``'s GPU.
+    """
+    entries = {_key(e): e for e in shipped["entries"]}
+    changes = []
+    for doc in newer:
+        if doc["gpu"] != shipped["gpu"]:
+            raise ValueError(
+                f"cannot merge a {doc['gpu']} export into {shipped['gpu']} configs: configs keep their GPU"
+            )
+        for e in doc["entries"]:
+            if e.get("time_ms") is None:
+                continue
+            old = entries.get(_key(e))
+            was = "new" if old is None else f"was {old['time_ms']:.4g} ms in its own sitting"
+            changes.append(f"{e['kernel']} {e['dtype']} {e['bucket']}: {e['time_ms']:.4g} ms ({was})")
+            entries[_key(e)] = e
+    out = {**shipped, "created": now_iso(), "versions": newer[-1].get("versions", shipped.get("versions", {}))}
+    if note:
+        out["note"] = f"{shipped.get('note', '')}; {note}".strip("; ")
+    out["entries"] = sorted(entries.values(), key=_key)
+    return out, changes
+
+
+def _key(entry: dict[str, Any]) -> str:
+    return json.dumps([entry["kernel"], entry["dtype"], entry["bucket"]], sort_keys=True)
 
 
 def write_export(run_dirs: Path | list[Path], path: Path | None = None) -> Path:
