@@ -109,7 +109,6 @@ def test_full_search_resume_and_export(tmp_path: Path) -> None:
 
 
 def test_exhausted_space_stops(tmp_path: Path) -> None:
-    text = load_space("fused_recurrent_delta_rule").source  # noqa: F841 - shipped one, shrunk below
     space = _parse_text(
         """
 kernel = "fused_recurrent_delta_rule"
