@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from dtune.inputs import Gate, check_inputs
+from dtune.inputs import check_inputs
 from dtune.kernels import get_kernel
+from dtune.shape import Gate
 from dtune.store import tuned_config
 
 Tensor = torch.Tensor

@@ -24,10 +24,11 @@ CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import torch
-from dtune.inputs import Gate, Problem, make_inputs
+from dtune.shape import Gate, Shape
+from dtune.measure.inputs import make_inputs
 from dtune.kernels import get_kernel
 kernel, impl, T, D, B = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-p = Problem(B, T, 16, 16, D, D, B, Gate(get_kernel(kernel).gate))
+p = Shape(B, T, 16, 16, D, D, B, Gate(get_kernel(kernel).gate))
 x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=0)
 q, k, v, g, b, h0 = x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"]
 torch.cuda.synchronize()

@@ -23,8 +23,10 @@ import torch
 from dtune.kernels.reference import chunk_reference
 
 from dtune import ops
-from dtune.inputs import Gate, Problem, dtype_name, make_inputs
-from dtune.measure import ceilings, time_back_to_back, time_graph
+from dtune.inputs import dtype_name
+from dtune.measure.inputs import make_inputs
+from dtune.measure.timing import ceilings, time_back_to_back, time_graph
+from dtune.shape import Gate, Shape
 
 OPS = {
     Gate.NONE: "fused_recurrent_delta_rule",
@@ -40,16 +42,16 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
-def correctness_cases(quick: bool) -> list[tuple[str, Problem, list[int] | None]]:
-    cases: list[tuple[str, Problem, list[int] | None]] = []
+def correctness_cases(quick: bool) -> list[tuple[str, Shape, list[int] | None]]:
+    cases: list[tuple[str, Shape, list[int] | None]] = []
     for gate in Gate:
         g = gate.value
         cases += [
-            (f"decode-B256-H16-D128-{g}", Problem(256, 1, 16, 16, 128, 128, 256, gate), None),
-            (f"decode-B32-H8-D256-{g}", Problem(32, 1, 8, 8, 256, 256, 32, gate), None),
-            (f"prompt-B4-T4096-H16-D64-{g}", Problem(4, 4096, 16, 16, 64, 64, 4, gate), None),
-            (f"gva-B2-T1023-H4-HV8-K128-V64-{g}", Problem(2, 1023, 4, 8, 128, 64, 2, gate), None),
-            (f"varlen-H4-D128-{g}", Problem(1, 0, 4, 4, 128, 128, 6, gate, True), [1, 700, 33, 1, 2048, 129]),
+            (f"decode-B256-H16-D128-{g}", Shape(256, 1, 16, 16, 128, 128, 256, gate), None),
+            (f"decode-B32-H8-D256-{g}", Shape(32, 1, 8, 8, 256, 256, 32, gate), None),
+            (f"prompt-B4-T4096-H16-D64-{g}", Shape(4, 4096, 16, 16, 64, 64, 4, gate), None),
+            (f"gva-B2-T1023-H4-HV8-K128-V64-{g}", Shape(2, 1023, 4, 8, 128, 64, 2, gate), None),
+            (f"varlen-H4-D128-{g}", Shape(1, 0, 4, 4, 128, 128, 6, gate, True), [1, 700, 33, 1, 2048, 129]),
         ]
     return cases[:5] if quick else cases
 
@@ -109,7 +111,7 @@ def bench_decode(quick: bool, copy_gbs: float) -> pd.DataFrame:
     for gate in (Gate.NONE, Gate.CHANNEL, Gate.SCALAR):
         for D in dims:
             for B in (1, 32, 256):
-                p = Problem(B, 1, 16, 16, D, D, B, gate)
+                p = Shape(B, 1, 16, 16, D, D, B, gate)
                 x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=2)
                 q, k, v, g, b, h0 = x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"]
                 state_bytes = 8 * B * 16 * D * D

@@ -39,8 +39,10 @@ from dtune.kernels import chunk as chunk_mod
 from dtune.kernels.reference import chunk_reference
 
 from dtune import ops
-from dtune.inputs import Gate, Problem, dtype_name, make_inputs
-from dtune.measure import time_fn
+from dtune.inputs import dtype_name
+from dtune.measure.inputs import make_inputs
+from dtune.measure.timing import time_fn
+from dtune.shape import Gate, Shape
 
 OPS = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
 TOL = {torch.float32: 2e-3, torch.bfloat16: 2e-2}
@@ -53,7 +55,7 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
-Case = tuple[str, Problem, "list[int] | None", "dict[str, Any] | None", tuple[torch.dtype, ...]]
+Case = tuple[str, Shape, "list[int] | None", "dict[str, Any] | None", tuple[torch.dtype, ...]]
 BOTH = (torch.float32, torch.bfloat16)
 BF16 = (torch.bfloat16,)
 
@@ -67,21 +69,21 @@ def correctness_cases(quick: bool) -> list[Case]:
     cases: list[Case] = []
     for gate in Gate:
         s = SHORT[gate]
-        varlen = Problem(1, 0, 4, 8, 128, 64, 7, gate, True)
+        varlen = Shape(1, 0, 4, 8, 128, 64, 7, gate, True)
         if quick:
-            cases.append((f"B8-T4096-H16-D128-{s}", Problem(8, 4096, 16, 16, 128, 128, 8, gate), None, None, BF16))
-            cases.append((f"B1-T16384-H16-D64-{s}", Problem(1, 16384, 16, 16, 64, 64, 1, gate), None, None, BF16))
+            cases.append((f"B8-T4096-H16-D128-{s}", Shape(8, 4096, 16, 16, 128, 128, 8, gate), None, None, BF16))
+            cases.append((f"B1-T16384-H16-D64-{s}", Shape(1, 16384, 16, 16, 64, 64, 1, gate), None, None, BF16))
         else:
-            cases.append((f"B2-T16384-H16-D128-{s}", Problem(2, 16384, 16, 16, 128, 128, 2, gate), None, None, BOTH))
-            cases.append((f"B8-T4096-H16-D64-{s}", Problem(8, 4096, 16, 16, 64, 64, 8, gate), None, None, BF16))
-        cases.append((f"B4-T1023-H8-D256-{s}", Problem(4, 1023, 8, 8, 256, 256, 4, gate), None, None, BF16))
+            cases.append((f"B2-T16384-H16-D128-{s}", Shape(2, 16384, 16, 16, 128, 128, 2, gate), None, None, BOTH))
+            cases.append((f"B8-T4096-H16-D64-{s}", Shape(8, 4096, 16, 16, 64, 64, 8, gate), None, None, BF16))
+        cases.append((f"B4-T1023-H8-D256-{s}", Shape(4, 1023, 8, 8, 256, 256, 4, gate), None, None, BF16))
         cases.append((f"varlen-H4-HV8-K128-V64-{s}", varlen, [1, 700, 33, 0, 2048, 129, 63], None, BOTH))
         # the transposed state pass at its wgmma size (not yet run on a GPU when added, 2026-11-29)
         vk = {"STATE_LAYOUT": "vk", "h_BV": 64}
-        cases.append((f"B8-T4096-H16-D128-{s}-vk", Problem(8, 4096, 16, 16, 128, 128, 8, gate), None, vk, BF16))
+        cases.append((f"B8-T4096-H16-D128-{s}-vk", Shape(8, 4096, 16, 16, 128, 128, 8, gate), None, vk, BF16))
         cases.append((f"varlen-H4-HV8-K128-V64-{s}-vk", varlen, [1, 700, 33, 0, 2048, 129, 63], vk, BOTH))
         if gate is Gate.CHANNEL:  # per-step log gates down to −60: the guarded diagonal's exact second pass runs
-            steep = Problem(2, 1000, 4, 8, 128, 128, 2, gate)
+            steep = Shape(2, 1000, 4, 8, 128, 128, 2, gate)
             cases.append((f"B2-T1000-H4-HV8-D128-{s}-gate-60", steep, None, None, BOTH))
         if not quick:
             variants: list[dict[str, Any]] = [{"FUSE_OUTPUT": True}, {"BT": 128, "BC": 32, "intra_num_warps": 8}]
@@ -89,7 +91,7 @@ def correctness_cases(quick: bool) -> list[Case]:
                 variants += [{"SAFE_DIAG": False, "BC": 16}, {"SAFE_DIAG": False, "BC": 32}, {"BT": 32, "BC": 16}]
             for cfg in variants:
                 tag = "-".join(f"{k}{v}" for k, v in cfg.items())
-                p = Problem(4, 2000, 8, 8, 128, 128, 4, gate)
+                p = Shape(4, 2000, 8, 8, 128, 128, 4, gate)
                 cases.append((f"B4-T2000-H8-D128-{s}-{tag}", p, None, cfg, BF16))
     return cases
 
@@ -131,7 +133,7 @@ def sweep(n: int, seed: int = 0) -> list[dict[str, Any]]:
     mid-size shape: error vs the reference, and a second run compared bitwise (a race shows as a difference)."""
     import random
 
-    from dtune.space import Shape, load_space
+    from dtune.tune.space import Shape, load_space
 
     gpu = {"smem_per_block": 232448, "sm_count": 132, "cc_major": 9, "cc_minor": 0, "regs_per_sm": 65536}
     rows = []
@@ -139,7 +141,7 @@ def sweep(n: int, seed: int = 0) -> list[dict[str, Any]]:
     for gate in Gate:
         op = OPS[gate]
         space = load_space(op)
-        p = Problem(2, 1000, 4, 8, 128, 128, 2, gate)
+        p = Shape(2, 1000, 4, 8, 128, 128, 2, gate)
         shape = Shape(B=2, T=1000, H=4, HV=8, K=128, V=128)
         x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=5, gate_min=-5.0)
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -208,7 +210,7 @@ def bench_shape(
     base = {"op": op, "D": D, "T": T, "B": B, "H": H}
     rows: list[dict[str, Any]] = []
     stage_rows: list[dict[str, Any]] = []
-    p = Problem(B, T, H, H, D, D, B, gate)
+    p = Shape(B, T, H, H, D, D, B, gate)
     x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=2, gate_min=-5.0)
     q, k, v, g, b, h0 = x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"]
     if g is not None:

@@ -37,14 +37,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
 CHILD = """
 import json, sys, torch
 from dtune import ops
-from dtune.inputs import Gate, Problem, make_inputs
+from dtune.shape import Gate, Shape
+from dtune.measure.inputs import make_inputs
 from dtune.kernels.reference import chunk_reference
 config = json.loads(sys.argv[1])
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script under the interpreter
 DT = torch.bfloat16 if DEV == "cuda" else torch.float32
 B, T = (8, 4096) if DEV == "cuda" else (1, 100)
-cases = [(f"B{B}-T{T}", Problem(B, T, 16, 16, 128, 128, B, Gate.NONE), None),
-         ("edge", Problem(1, 0, 2, 2, 128, 128, 3, Gate.NONE, True), [1, 17, 150])]
+cases = [(f"B{B}-T{T}", Shape(B, T, 16, 16, 128, 128, B, Gate.NONE), None),
+         ("edge", Shape(1, 0, 2, 2, 128, 128, 3, Gate.NONE, True), [1, 17, 150])]
 for name, p, lens in cases:
     x = make_inputs(p, dtype=DT, device=DEV, seed=1, initial_state=True, seq_lens=lens)
     try:

@@ -25,8 +25,9 @@ from dtune.kernels import chunk as chunk_mod
 from dtune.kernels.reference import chunk_reference
 
 from dtune import ops
-from dtune.inputs import Gate, Problem, make_inputs
-from dtune.measure import time_fn
+from dtune.measure.inputs import make_inputs
+from dtune.measure.timing import time_fn
+from dtune.shape import Gate, Shape
 
 OPS = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
 GATE_NAME = {Gate.NONE: "none", Gate.SCALAR: "scalar", Gate.CHANNEL: "channel"}
@@ -56,8 +57,8 @@ def correctness() -> list[str]:
         for intra in ("blocks", "rows"):
             for dtype in (torch.bfloat16, torch.float32):
                 for name, p, lens in (
-                    ("B2-T2000-H4-HV8-D128", Problem(2, 2000, 4, 8, 128, 128, 2, gate), None),
-                    ("varlen-K128-V64", Problem(1, 0, 4, 8, 128, 64, 5, gate, True), [1, 700, 0, 2048, 129]),
+                    ("B2-T2000-H4-HV8-D128", Shape(2, 2000, 4, 8, 128, 128, 2, gate), None),
+                    ("varlen-K128-V64", Shape(1, 0, 4, 8, 128, 64, 5, gate, True), [1, 700, 0, 2048, 129]),
                 ):
                     try:
                         x = make_inputs(p, dtype=dtype, device="cuda", seed=1, seq_lens=lens, gate_min=-5.0)
@@ -83,7 +84,7 @@ def stage_times(deadline: float, out: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     shapes = [(Gate.CHANNEL, 128), (Gate.SCALAR, 128), (Gate.NONE, 128), (Gate.CHANNEL, 64)]
     for gate, D in shapes:
-        p = Problem(8, 4096, 16, 16, D, D, 8, gate)
+        p = Shape(8, 4096, 16, 16, D, D, 8, gate)
         x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=2, gate_min=-5.0)
         spec = KERNELS[OPS[gate]]
         for var in VARIANTS:

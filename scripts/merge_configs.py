@@ -10,8 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dtune.export import supersede
 from dtune.store import parse_configs
+from dtune.tune.export import supersede
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from dtune.roofline import Roofs
+from dtune.measure.work import Roofs
 
 SHAPE_COLS = ["B", "T", "H", "HV", "K", "V"]
 PROFILE_TOTAL = "total (whole op)"
