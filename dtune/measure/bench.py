@@ -17,7 +17,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,7 +203,7 @@ def run_bench(
     grid: ShapeGrid,
     dtype: torch.dtype = torch.bfloat16,
     baselines: Sequence[str] = BASELINES,
-    config_file: str | Path | None = None,
+    config_file: str | Path | Mapping[str, Any] | None = None,
     device: torch.device | str | None = None,
     rounds: int | None = None,
     graph: bool = False,

@@ -8,6 +8,7 @@ file loaded. A plain JSON config object (or ``{"config": {...}}``) is one config
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,12 @@ class ConfigSource:
     fixed: dict[str, Any] | None = None  # a plain config file: one config for every shape
 
     @classmethod
-    def load(cls, path: str | Path | None) -> ConfigSource:
+    def load(cls, path: str | Path | Mapping[str, Any] | None) -> ConfigSource:
+        """From a file (tuned-config file or config object), or a config given as a dict; None: the store."""
         if path is None:
             return cls()
+        if isinstance(path, Mapping):
+            return cls(fixed=dict(path))
         path = Path(path)
         data = json.loads(path.read_text())
         if isinstance(data, dict) and "entries" in data:
@@ -46,7 +50,7 @@ class ConfigSource:
     def resolve(self, kernel: str, p: Shape, dtype: torch.dtype, device: torch.device) -> tuple[dict | None, str]:
         """``(config, where_from)``; config None means the template's default."""
         if self.fixed is not None:
-            return dict(self.fixed), f"file:{self.path}"
+            return dict(self.fixed), f"file:{self.path}" if self.path is not None else "given config"
         if self.table is not None and self.path is not None:
             e = self.table.nearest(kernel, dtype_name(dtype), p)
             if e is None:

@@ -17,7 +17,7 @@ import math
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -152,7 +152,7 @@ def run_profile(
     kernel: str,
     p: Shape,
     dtype: torch.dtype = torch.bfloat16,
-    config_file: str | Path | None = None,
+    config_file: str | Path | Mapping[str, Any] | None = None,
     device: torch.device | str | None = None,
     roofs: wm.Roofs | None = None,
     measure_ceilings: bool = True,

@@ -102,33 +102,11 @@ def time_fn(
     return _summary([s.elapsed_time(e) for s, e in zip(starts[:n], ends[:n])], meaningful=True)
 
 
-def time_back_to_back(fn: Callable[[], Any], device: torch.device | str = "cuda", calls: int = 100) -> Timing:
-    """Per-call time of ``calls`` eager calls issued back to back (median over 5 batches).
-
-    For small kernels this is bound by the host: the Python wrapper and the launch. Compare with
-    :func:`time_graph` to see the host-side overhead.
-    """
-    device = torch.device(device)
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize(device)
-    times = []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / calls)
-    return _summary(times, meaningful=True)
-
-
 def time_graph(fn: Callable[[], Any], device: torch.device | str = "cuda", replays: int = 200) -> Timing:
     """Median time of ``fn`` captured in a CUDA graph and replayed (as serving engines run decode steps).
 
     Each sample is the mean over a batch of 20 back-to-back replays, so it measures the GPU time without
-    the Python launch overhead that :func:`time_fn` includes.
+    the Python launch overhead that :func:`time_fn` includes (the host's share is the difference).
     """
     device = torch.device(device)
     stream = torch.cuda.Stream(device)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from dtune._env import child_env
 from dtune.inputs import dtype_from_name
 from dtune.kernels import KERNELS, get_kernel
 from dtune.measure.error import rel_rms_error
@@ -86,7 +87,8 @@ def check(case: Case, device: torch.device | str) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         dt = dtype_from_name(case.dtype)
-        x = make_inputs(case.shape, dt, device, seed=1, gate_min=case.gate_min, seq_lens=case.seq_lens)
+        shape = dataclasses.replace(case.shape, gate=Gate(get_kernel(case.kernel).gate))
+        x = make_inputs(shape, dt, device, seed=1, gate_min=case.gate_min, seq_lens=case.seq_lens)
         o, s = run_kernel(case.kernel, **x, output_final_state=True, config=case.config)
         o_ref, s_ref = chunk_reference(**x, output_final_state=True)
         assert s is not None and s_ref is not None
@@ -131,7 +133,7 @@ def run_isolated(cases: Sequence[Case], timeout_s: float, parallel: bool = True)
 
     def start(case: Case) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "dtune.measure.verify", case.as_json()]
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
 
     t0 = time.monotonic()
     procs: list[tuple[Case, subprocess.Popen[str] | None]] = [(c, start(c) if parallel else None) for c in cases]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import signal
 import threading
 import time
@@ -31,6 +30,7 @@ from optuna.exceptions import DuplicatedStudyError
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from dtune._env import child_env
 from dtune.gpu import GpuProfile, device_name
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.timing import TIMINGS, timing_mode
@@ -188,9 +188,7 @@ def make_sampler(
 def worker_env(interpret: bool) -> dict[str, str]:
     """The workers' environment: this process's, with the interpreter switch, and the folder this dtune was imported
     from first on PYTHONPATH (so a search run from a source checkout starts workers of the same code)."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env = child_env()
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     else:
