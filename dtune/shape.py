@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 BUCKET_KEYS = ("T", "B", "H", "HV", "K", "V")
+SHAPE_COLUMNS = ["B", "T", "H", "HV", "K", "V"]  # the shape columns of every table (trials, bench, profile)
 
 
 class Gate(str, Enum):

@@ -35,19 +35,14 @@ from dtune.measure.harness import OpRun, op_run
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.tables import write_table
 from dtune.measure.timing import Timing, time_call
-from dtune.shape import Gate, ShapeGrid
+from dtune.shape import SHAPE_COLUMNS, Gate, ShapeGrid
 
 COLUMNS = [
     "kernel",
     "impl",
     "mode",
     "dtype",
-    "B",
-    "T",
-    "H",
-    "HV",
-    "K",
-    "V",
+    *SHAPE_COLUMNS,
     "median_ms",
     "min_ms",
     "iqr_ms",

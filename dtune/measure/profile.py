@@ -34,17 +34,12 @@ from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.resources import Resources, capture_launches, resources_of
 from dtune.measure.tables import write_table
 from dtune.measure.timing import Timing, ceilings, time_call
-from dtune.shape import Gate, Shape
+from dtune.shape import SHAPE_COLUMNS, Gate, Shape
 
 COLUMNS = [
     "kernel",
     "dtype",
-    "B",
-    "T",
-    "H",
-    "HV",
-    "K",
-    "V",
+    *SHAPE_COLUMNS,
     "stage",
     "median_ms",
     "min_ms",

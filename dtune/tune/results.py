@@ -14,7 +14,13 @@ from typing import Any
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from dtune.shape import SHAPE_COLUMNS
+
 STATES = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.PRUNED: "pruned"}
+
+MEASURED = ["time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs", "tflops"]
+# What a trial's outcome leaves on it (user attributes; dtune.tune.search.record): the CSV and the export read them.
+OUTCOME_ATTRS = ("reason", "message", "meaningful", "compile_s", *MEASURED)
 
 COLUMNS = [
     "study",
@@ -22,30 +28,18 @@ COLUMNS = [
     "gpu",
     "dtype",
     "shape_key",
-    "B",
-    "T",
-    "H",
-    "HV",
-    "K",
-    "V",
+    *SHAPE_COLUMNS,
     "number",
     "state",
     "reason",
     "message",
     "time_ms",
     "default_time_ms",
-    "error_o",
-    "error_s",
-    "registers",
-    "spills",
-    "shared_mem",
-    "gbs",
-    "tflops",
+    *MEASURED[1:],
     "is_default",
     "datetime_start",
     "duration_s",
 ]
-_MEASURED = ("time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs", "tflops")
 
 
 def passed(trial: FrozenTrial) -> bool:
@@ -109,7 +103,7 @@ def trial_rows(study: str, meta: dict[str, Any], trials: Sequence[FrozenTrial]) 
             datetime_start=t.datetime_start.isoformat() if t.datetime_start else None,
             duration_s=duration,
         )
-        for key in _MEASURED:
+        for key in MEASURED:
             row[key] = a.get(key)
         for name, value in (a.get("config") or t.params).items():
             row[f"p.{name}"] = value

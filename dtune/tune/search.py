@@ -17,10 +17,9 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +36,11 @@ from dtune.measure.timing import TIMINGS, timing_mode
 from dtune.plugins import load_plugins
 from dtune.shape import Shape, ShapeGrid
 from dtune.tune import results
+from dtune.tune.interrupt import INTERRUPTED, on_sigint, sigint_deferred
 from dtune.tune.runinfo import TRIALS_CSV, git_commit, now_iso, versions, write_run_json
 from dtune.tune.space import SearchSpace
 from dtune.tune.storage import default_storage_url, open_storage, study_name
+from dtune.tune.summary import Reporter, RunSummary, ShapeSummary
 from dtune.tune.trials import TrialJob, TrialOutcome
 from dtune.tune.worker import CompilePool, Worker
 
@@ -98,75 +99,6 @@ class SearchConfig:
     @property
     def storage_url(self) -> str:
         return self.storage or default_storage_url(self.out)
-
-
-@dataclass
-class ShapeSummary:
-    study: str
-    shape_key: str
-    trials_run: int = 0  # by this process
-    counts: dict[str, int] = field(default_factory=dict)  # all trials of the study
-    failures: dict[str, int] = field(default_factory=dict)
-    best_ms: float | None = None
-    default_ms: float | None = None
-    best_config: dict[str, Any] | None = None
-    elapsed_s: float = 0.0
-    last: dict[str, Any] | None = None  # the last trial's row
-
-    @property
-    def speedup(self) -> float | None:
-        if self.best_ms and self.default_ms:
-            return self.default_ms / self.best_ms
-        return None
-
-    @property
-    def trials_per_min(self) -> float:
-        return 60.0 * self.trials_run / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("last")
-        d["speedup"] = self.speedup
-        d["trials_per_min"] = self.trials_per_min
-        return d
-
-
-@dataclass
-class RunSummary:
-    run_dir: str
-    storage: str
-    kernel: str
-    gpu: str
-    dtype: str
-    interpret: bool
-    shapes: list[ShapeSummary] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    interrupted: bool = False
-    worker_restarts: int = 0
-
-    @property
-    def trials_per_min(self) -> float:
-        n = sum(s.trials_run for s in self.shapes)
-        return 60.0 * n / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["shapes"] = [s.as_dict() for s in self.shapes]
-        d["trials_per_min"] = self.trials_per_min
-        return d
-
-
-class Reporter:
-    """Progress callbacks of a search; the base class is silent (the CLI draws with rich)."""
-
-    def shape_started(self, index: int, total: int, shape: Shape, summary: ShapeSummary, budget: int | None) -> None:
-        pass
-
-    def trial_finished(self, summary: ShapeSummary) -> None:
-        pass
-
-    def shape_finished(self, summary: ShapeSummary) -> None:
-        pass
 
 
 def make_sampler(
@@ -302,7 +234,7 @@ class ShapeSearch:
             while True:
                 finished = self.finished()
                 while len(pending) <= ahead and not should_stop() and not self.exhausted(finished):
-                    with _sigint_deferred():  # the trial exists in storage only once it is tracked in pending
+                    with sigint_deferred():  # the trial exists in storage only once it is tracked in pending
                         trial = self.study.ask()
                         pending.append(Pending(trial, {}))  # closed as interrupted if anything below raises
                     self.asked += 1
@@ -394,20 +326,7 @@ class ShapeSearch:
 
 def record(trial: Trial, outcome: TrialOutcome) -> None:
     """Keep the outcome on the trial (the CSV and the export read these attributes)."""
-    for key in (
-        "reason",
-        "message",
-        "time_ms",
-        "meaningful",
-        "error_o",
-        "error_s",
-        "registers",
-        "spills",
-        "shared_mem",
-        "gbs",
-        "tflops",
-        "compile_s",
-    ):
+    for key in results.OUTCOME_ATTRS:
         trial.set_user_attr(key, getattr(outcome, key))
     trial.set_user_attr("gate_passed", outcome.ok)
 
@@ -434,7 +353,7 @@ def tune_shape(
     t0 = time.monotonic()
 
     def out_of_time() -> bool:
-        return _INTERRUPTED.is_set() or (cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout)
+        return INTERRUPTED.is_set() or (cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout)
 
     def should_stop() -> bool:
         return out_of_time() or (cfg.trials is not None and search.asked >= cfg.trials)
@@ -459,46 +378,6 @@ def tune_shape(
         write_rows()
 
 
-# Set by Ctrl-C. The KeyboardInterrupt raised with it can be swallowed when the signal lands in a finaliser
-# ("Exception ignored in ..."), so the trial loop also checks this flag and the run still stops and says so.
-_INTERRUPTED = threading.Event()
-
-
-# Set by Ctrl-C inside a `_sigint_deferred()` block: the KeyboardInterrupt is raised when the block ends.
-_DEFERRING = threading.Event()
-_DEFERRED = threading.Event()
-
-
-@contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold back the KeyboardInterrupt of a Ctrl-C inside the block; it is raised when the block ends.
-
-    ``study.ask()`` creates the trial in storage before it returns; a KeyboardInterrupt raised in between would
-    leave that trial RUNNING forever, since the loop never learnt its number. (Masking the signal would not do:
-    the OS may hand a process-directed SIGINT to another thread, and Python still runs the handler at once.)
-    """
-    if threading.current_thread() is not threading.main_thread() or _DEFERRING.is_set():
-        yield  # Python runs signal handlers on the main thread only; an outer block already defers
-        return
-    _DEFERRED.clear()
-    _DEFERRING.set()
-    try:
-        yield
-    finally:
-        _DEFERRING.clear()
-    if _DEFERRED.is_set():
-        _DEFERRED.clear()
-        raise KeyboardInterrupt
-
-
-def _on_sigint(signum: int, frame: Any) -> None:
-    _INTERRUPTED.set()
-    if _DEFERRING.is_set():
-        _DEFERRED.set()
-        return
-    raise KeyboardInterrupt
-
-
 def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummary:
     """Tune every shape of ``cfg``; returns the summary (also after Ctrl-C, with ``interrupted``)."""
     from dtune.tune.export import write_export
@@ -515,12 +394,12 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
     run = RunSummary(str(cfg.out), cfg.storage_url, cfg.kernel, cfg.gpu.key, cfg.dtype, cfg.interpret)
     rows: dict[str, list[dict[str, Any]]] = {}
     t_run = time.monotonic()
-    _INTERRUPTED.clear()
+    INTERRUPTED.clear()
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _on_sigint) if main_thread else None
+    previous = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
     try:
         for index, shape in enumerate(cfg.shapes):
-            if _INTERRUPTED.is_set():
+            if INTERRUPTED.is_set():
                 break
             search = ShapeSearch(cfg, shape, storage, worker)
             summary = ShapeSummary(search.name, shape.key)
@@ -529,11 +408,11 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
             tune_shape(cfg, search, summary, pool, rows, reporter)
             reporter.shape_finished(summary)
     except KeyboardInterrupt:
-        _INTERRUPTED.set()
+        INTERRUPTED.set()
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-        run.interrupted = _INTERRUPTED.is_set()
+        run.interrupted = INTERRUPTED.is_set()
         if pool is not None:
             pool.close()
         worker.close()
