@@ -7,6 +7,9 @@ GPU scripts.
 - :mod:`.work`: the one FLOP/byte model per kernel family, and the roofline;
 - :mod:`.resources`: the one resource capture (registers, spills, shared memory of the launched kernels);
 - :mod:`.error`: the one error metric (relative RMS against the float64 reference);
+- :mod:`.harness`: :func:`~.harness.op_run`, one measured call (inputs, workload, work) built from the above;
 - :mod:`.configs`: which config a measurement runs (a tuned-config file, else the store, else the default);
-- :mod:`.bench`, :mod:`.baselines`, :mod:`.profile`, :mod:`.verify`, :mod:`.sm90`: what the commands run.
+- :mod:`.grids`: the default shapes of ``dtune bench`` and ``dtune profile``;
+- :mod:`.bench`, :mod:`.baselines`, :mod:`.profile`, :mod:`.verify`, :mod:`.first_call`, :mod:`.sm90`,
+  :mod:`.tables`: what the commands and the GPU scripts run and write.
 """

@@ -25,6 +25,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -69,6 +70,7 @@ class Case:
         return cls(**{**d, "shape": Shape.from_dict(d["shape"], gate), "seq_lens": seq})
 
 
+@cache
 def tolerance(kernel: str, dtype: str) -> float:
     """The correctness gate's tolerance for ``kernel`` and ``dtype`` (its shipped search space)."""
     from dtune.tune.space import load_space
