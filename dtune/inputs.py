@@ -1,51 +1,23 @@
-"""Input contract of every dtune op: validation before any launch, the problem's shape, and random test inputs.
+"""Input contract of every dtune op (run time): validation before any launch, and the dtypes dtune takes.
 
-:func:`check_inputs` turns the tensors a user passes into a :class:`Problem` (or raises a ``ValueError`` /
-``TypeError`` naming the offending argument). :func:`make_inputs` draws inputs that obey the contract —
-L2-normalised keys, strong decays, beta in (0, 1) — for tests, the correctness gate and benchmarks.
+:func:`check_inputs` turns the tensors a user passes into a :class:`~dtune.shape.Shape` (or raises a
+``ValueError`` / ``TypeError`` naming the offending argument). Random inputs that obey the contract are
+:func:`dtune.measure.inputs.make_inputs`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Any
 
 import torch
+
+from dtune.shape import Gate, Shape
 
 Tensor = torch.Tensor
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-class Gate(str, Enum):
-    """How the state decays each step: not at all (DeltaNet), by a scalar (Gated DeltaNet), per key channel (KDA)."""
-
-    NONE = "none"
-    SCALAR = "scalar"
-    CHANNEL = "channel"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Shape of one call: what tuned configs are keyed and bucketed by."""
-
-    B: int  # batch rows (1 with cu_seqlens)
-    T: int  # tokens per row
-    H: int  # query/key heads
-    HV: int  # value heads (HV % H == 0)
-    K: int  # key head dim
-    V: int  # value head dim
-    N: int  # sequences (B, or len(cu_seqlens) - 1)
-    gate: Gate = Gate.NONE
-    varlen: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["gate"] = self.gate.value
-        return d
 
 
 def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
@@ -94,8 +66,8 @@ def check_inputs(
     scale: float | None,
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
-) -> Problem:
-    """Validate one call's arguments against the contract; return its :class:`Problem`."""
+) -> Shape:
+    """Validate one call's arguments against the contract; return its :class:`~dtune.shape.Shape`."""
     _need_tensor("q", q, 4)
     _need_tensor("k", k, 4)
     _need_tensor("v", v, 4)
@@ -180,53 +152,17 @@ def check_inputs(
         )
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"tensors on {q.device.type!r} are not supported; use a CUDA GPU")
-    return Problem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None)
+    return Shape(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None)
 
 
-def make_inputs(
-    problem: Problem,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    seed: int = 0,
-    gate_min: float = -5.0,
-    seq_lens: list[int] | None = None,
-    initial_state: bool = True,
-) -> dict[str, Any]:
-    """Random inputs obeying the contract: unit-norm q/k, log gates uniform-ish in [gate_min, 0), beta in (0, 1).
+# Names this module had before the layers, for code that still imports them from here (tests/kernels/test_chunk.py):
+# the shape type is dtune.shape.Shape, the input builder dtune.measure.inputs.make_inputs.
+Problem = Shape
 
-    With ``seq_lens`` the sequences are packed (B = 1) and ``cu_seqlens`` is returned. Gates are drawn in
-    float32 (as models keep them); q, k, v, beta in ``dtype``; the initial state in float32.
-    """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    p = problem
-    B, T = p.B, p.T
-    cu = None
-    if seq_lens is not None:
-        B, T = 1, sum(seq_lens)
-        cu = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
 
-    def rnd(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=gen)
+def __getattr__(name: str) -> Any:
+    if name == "make_inputs":
+        from dtune.measure.inputs import make_inputs
 
-    q = torch.nn.functional.normalize(rnd(B, T, p.H, p.K), dim=-1)
-    k = torch.nn.functional.normalize(rnd(B, T, p.H, p.K), dim=-1)
-    v = rnd(B, T, p.HV, p.V)
-    beta = torch.rand(B, T, p.HV, generator=gen) * 0.98 + 0.01
-    g: Tensor | None = None
-    if p.gate is not Gate.NONE:
-        shape = (B, T, p.HV) if p.gate is Gate.SCALAR else (B, T, p.HV, p.K)
-        # A mix of strong and weak decays: 30% of entries near gate_min, the rest spread over (gate_min, 0).
-        u = torch.rand(*shape, generator=gen)
-        g = torch.where(torch.rand(*shape, generator=gen) < 0.3, gate_min * (0.8 + 0.2 * u), gate_min * u**3)
-    n_seq = len(seq_lens) if seq_lens is not None else B
-    h0 = rnd(n_seq, p.HV, p.K, p.V) * 0.5 if initial_state else None
-    out: dict[str, Any] = {
-        "q": q.to(dtype),
-        "k": k.to(dtype),
-        "v": v.to(dtype),
-        "g": g,
-        "beta": beta.to(dtype),
-        "initial_state": h0,
-        "cu_seqlens": cu,
-    }
-    return {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in out.items()}
+        return make_inputs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,12 +8,13 @@ returns ``(o, final_state)``: ``o`` has v's dtype and shape ``[B, T, HV, V]``; `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from dtune.inputs import Gate, check_inputs
+from dtune.inputs import check_inputs
 from dtune.kernels import get_kernel
+from dtune.shape import Gate
 from dtune.store import tuned_config
 
 Tensor = torch.Tensor
@@ -53,135 +54,90 @@ def run_kernel(
     return spec.module.forward(q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens, full)
 
 
-def fused_recurrent_delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    config: dict[str, Any] | None = None,
-) -> Result:
-    """DeltaNet, token by token (decoding, short prompts)."""
-    return run_kernel(
-        "fused_recurrent_delta_rule",
-        q,
-        k,
-        v,
-        None,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        config,
-    )
+class UngatedOp(Protocol):
+    """An op without a gate: ``op(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+    cu_seqlens=None, config=None) -> (o, final_state)``."""
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        beta: Tensor,
+        scale: float | None = None,
+        initial_state: Tensor | None = None,
+        output_final_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> Result: ...
 
 
-def fused_recurrent_gated_delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    config: dict[str, Any] | None = None,
-) -> Result:
-    """Gated DeltaNet (scalar log gate ``g`` [B, T, HV]), token by token."""
-    return run_kernel(
-        "fused_recurrent_gated_delta_rule",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        config,
-    )
+class GatedOp(Protocol):
+    """An op with a log-space gate ``g``: ``op(q, k, v, g, beta, ...)``, the rest as :class:`UngatedOp`."""
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        scale: float | None = None,
+        initial_state: Tensor | None = None,
+        output_final_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> Result: ...
 
 
-def fused_recurrent_kda(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    config: dict[str, Any] | None = None,
-) -> Result:
-    """Kimi Delta Attention (per-channel log gate ``g`` [B, T, HV, K]), token by token."""
-    return run_kernel(
-        "fused_recurrent_kda", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config
-    )
+def _ungated(kernel: str, doc: str) -> UngatedOp:
+    def op(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        beta: Tensor,
+        scale: float | None = None,
+        initial_state: Tensor | None = None,
+        output_final_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> Result:
+        return run_kernel(kernel, q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens, config)
+
+    op.__name__ = op.__qualname__ = kernel
+    op.__doc__ = doc
+    return op
 
 
-def chunk_delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    config: dict[str, Any] | None = None,
-) -> Result:
-    """DeltaNet, chunkwise (prefill, training)."""
-    return run_kernel(
-        "chunk_delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens, config
-    )
+def _gated(kernel: str, doc: str) -> GatedOp:
+    def op(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        scale: float | None = None,
+        initial_state: Tensor | None = None,
+        output_final_state: bool = False,
+        cu_seqlens: Tensor | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> Result:
+        return run_kernel(kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config)
+
+    op.__name__ = op.__qualname__ = kernel
+    op.__doc__ = doc
+    return op
 
 
-def chunk_gated_delta_rule(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    config: dict[str, Any] | None = None,
-) -> Result:
-    """Gated DeltaNet, chunkwise."""
-    return run_kernel(
-        "chunk_gated_delta_rule",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        config,
-    )
-
-
-def chunk_kda(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    scale: float | None = None,
-    initial_state: Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: Tensor | None = None,
-    config: dict[str, Any] | None = None,
-) -> Result:
-    """Kimi Delta Attention, chunkwise."""
-    return run_kernel("chunk_kda", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config)
+fused_recurrent_delta_rule = _ungated(
+    "fused_recurrent_delta_rule", "DeltaNet, token by token (decoding, short prompts)."
+)
+fused_recurrent_gated_delta_rule = _gated(
+    "fused_recurrent_gated_delta_rule", "Gated DeltaNet (scalar log gate ``g`` [B, T, HV]), token by token."
+)
+fused_recurrent_kda = _gated(
+    "fused_recurrent_kda", "Kimi Delta Attention (per-channel log gate ``g`` [B, T, HV, K]), token by token."
+)
+chunk_delta_rule = _ungated("chunk_delta_rule", "DeltaNet, chunkwise (prefill, training).")
+chunk_gated_delta_rule = _gated("chunk_gated_delta_rule", "Gated DeltaNet, chunkwise.")
+chunk_kda = _gated("chunk_kda", "Kimi Delta Attention, chunkwise.")

@@ -14,7 +14,6 @@ On the CPU (Triton's interpreter) there is no tuned config: None.
 from __future__ import annotations
 
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -24,12 +23,12 @@ from typing import Any
 
 import torch
 
-from dtune.inputs import DTYPE_NAMES, Problem, dtype_name
+from dtune.inputs import DTYPE_NAMES, dtype_name
 from dtune.kernels import get_kernel
+from dtune.shape import BUCKET_KEYS, Gate, Shape
 
 SCHEMA = 1
 ENV = "DTUNE_CONFIG"
-_BUCKET_KEYS = ("T", "B", "H", "HV", "K", "V")
 
 
 class ConfigFileError(ValueError):
@@ -59,27 +58,24 @@ class TunedConfigs:
             b = e.bucket
             self._index.setdefault((e.kernel, e.dtype, b["K"], b["V"], b["HV"] // b["H"]), []).append(e)
 
-    def lookup(self, kernel: str, dtype: str, problem: Problem) -> dict[str, Any] | None:
+    def nearest(self, kernel: str, dtype: str, shape: Shape) -> Entry | None:
+        """The entry of the nearest bucket (:meth:`dtune.shape.Shape.bucket_distance`) among those of the same
+        kernel, dtype, K, V and HV/H; None when there is none."""
+        candidates = self._index.get((kernel, dtype, shape.K, shape.V, shape.HV // shape.H))
+        return min(candidates, key=lambda e: shape.bucket_distance(e.bucket)) if candidates else None
+
+    def lookup(self, kernel: str, dtype: str, shape: Shape) -> dict[str, Any] | None:
         """The config of the nearest bucket (see the module's docstring), or None."""
-        p = problem
-        candidates = self._index.get((kernel, dtype, p.K, p.V, p.HV // p.H))
-        if not candidates:
-            return None
-        T = p.T // max(p.N, 1) if p.varlen else p.T  # packed sequences: bucket by the mean length
-        B = p.N
+        entry = self.nearest(kernel, dtype, shape)
+        return dict(entry.config) if entry is not None else None
 
-        def distance(e: Entry) -> tuple[float, ...]:
-            b = e.bucket
-            return (
-                abs(math.log(max(T, 1)) - math.log(b["T"])),
-                abs(math.log(max(B, 1)) - math.log(b["B"])),
-                abs(math.log(p.H) - math.log(b["H"])),
-                b["T"],
-                b["B"],
-                b["H"],
-            )
-
-        return dict(min(candidates, key=distance).config)
+    def shapes(self, kernel: str, dtype: str, gate: Gate = Gate.NONE) -> list[Shape]:
+        """The buckets tuned for ``kernel`` and ``dtype``, as shapes (each once), by head dim, T, B, H."""
+        buckets = {
+            tuple(e.bucket[k] for k in BUCKET_KEYS) for e in self.entries if (e.kernel, e.dtype) == (kernel, dtype)
+        }
+        shapes = [Shape.from_dict(dict(zip(BUCKET_KEYS, b)), gate) for b in buckets]
+        return sorted(shapes, key=lambda s: (s.K, s.T, s.B, s.H))
 
 
 def _fail(source: str, message: str) -> ConfigFileError:
@@ -112,9 +108,9 @@ def parse_configs(doc: Any, source: str, gpu: str | None = None) -> TunedConfigs
             raise _fail(source, f"entry {i}: unknown dtype {e.get('dtype')!r}")
         bucket = e.get("bucket")
         if not isinstance(bucket, dict) or not all(
-            isinstance(bucket.get(k), int) and bucket[k] > 0 for k in _BUCKET_KEYS
+            isinstance(bucket.get(k), int) and bucket[k] > 0 for k in BUCKET_KEYS
         ):
-            raise _fail(source, f"entry {i}: bucket must give positive integers {list(_BUCKET_KEYS)}")
+            raise _fail(source, f"entry {i}: bucket must give positive integers {list(BUCKET_KEYS)}")
         if bucket["HV"] % bucket["H"]:
             raise _fail(source, f"entry {i}: bucket HV={bucket['HV']} is not a multiple of H={bucket['H']}")
         config = e.get("config")
@@ -124,7 +120,7 @@ def parse_configs(doc: Any, source: str, gpu: str | None = None) -> TunedConfigs
             spec.check_config(bucket["K"], bucket["V"], config)
         except (ValueError, TypeError) as err:
             raise _fail(source, f"entry {i}: illegal config: {err}") from None
-        entries.append(Entry(spec.name, e["dtype"], {k: bucket[k] for k in _BUCKET_KEYS}, dict(config)))
+        entries.append(Entry(spec.name, e["dtype"], {k: bucket[k] for k in BUCKET_KEYS}, dict(config)))
     return TunedConfigs(file_gpu, str(doc.get("gpu_name", file_gpu)), source, entries)
 
 
@@ -200,7 +196,7 @@ def _configs_for(gpu: str) -> TunedConfigs | None:
     return found
 
 
-def tuned_config(kernel: str, problem: Problem, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
+def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
     """The tuned config for this kernel, GPU, dtype and nearest shape bucket, or None for the default.
 
     Called on every op call: a dict hit after the first call per (kernel, problem, dtype, device).

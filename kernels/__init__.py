@@ -1,21 +1,53 @@
 """Kernel templates of the delta-rule family and their registry (installed as ``dtune.kernels``).
 
 Six tunable kernels: two families (``fused_recurrent``, ``chunk``) times three gate modes (none = DeltaNet,
-scalar = Gated DeltaNet, channel = KDA). A family module provides ``legal_params(gate)``,
-``default_config(K, V, gate)`` and ``forward(...)``; :data:`KERNELS` names each (family, gate) pair.
+scalar = Gated DeltaNet, channel = KDA). A family is a module that satisfies :class:`KernelFamily`
+(``legal_params(gate)``, ``default_config(K, V, gate)`` and ``forward(...)``); :data:`FAMILIES` lists them and
+:data:`KERNELS` names each (family, gate) pair.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from functools import cache, lru_cache
-from types import ModuleType
-from typing import Any
+from functools import lru_cache
+from typing import Any, Protocol
 
+import torch
+
+from . import chunk, fused_recurrent
 from .config import Config, check_config
 
-FAMILIES = ("fused_recurrent", "chunk")
+
+class KernelFamily(Protocol):
+    """What ``dtune.ops`` needs of a template family (a module, or any object with these three functions)."""
+
+    def legal_params(self, gate: str) -> dict[str, tuple[Any, ...]]:
+        """Every tunable parameter and all values the template can be built with."""
+        ...
+
+    def default_config(self, K: int, V: int, gate: str) -> Config:
+        """A config correct for every supported shape with these head dims."""
+        ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor | None,
+        beta: torch.Tensor,
+        gate: str,
+        scale: float,
+        initial_state: torch.Tensor | None,
+        output_final_state: bool,
+        cu_seqlens: torch.Tensor | None,
+        config: Config,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Launch the template on validated inputs with a checked, complete config: ``(o, final_state)``."""
+        ...
+
+
+FAMILIES: dict[str, KernelFamily] = {"fused_recurrent": fused_recurrent, "chunk": chunk}
 GATES = {"delta_rule": "none", "gated_delta_rule": "scalar", "kda": "channel"}
 
 
@@ -28,8 +60,9 @@ class KernelSpec:
     gate: str  # "none" | "scalar" | "channel"
 
     @property
-    def module(self) -> ModuleType:
-        return _family_module(self.family)
+    def module(self) -> KernelFamily:
+        """The family's templates."""
+        return FAMILIES[self.family]
 
     def legal_params(self) -> dict[str, tuple[Any, ...]]:
         return dict(self.module.legal_params(self.gate))
@@ -47,11 +80,6 @@ class KernelSpec:
             return dict(_checked(self, K, V, key))
         except (TypeError, AttributeError):  # not a dict, or unhashable values: the uncached path names the problem
             return check_config(self.name, self.legal_params(), self.default_config(K, V), config)
-
-
-@cache
-def _family_module(family: str) -> ModuleType:
-    return importlib.import_module(f"{__name__}.{family}")
 
 
 @lru_cache(maxsize=4096)

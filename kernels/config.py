@@ -16,6 +16,10 @@ import torch
 
 Config = dict[str, Any]
 
+# The templates' gate modes as their GATE constexpr: no decay (DeltaNet), a scalar per value head (Gated DeltaNet),
+# one per key channel (KDA).
+GATE_CODES = {"none": 0, "scalar": 1, "channel": 2}
+
 # Debug switch: launchers fill their outputs with NaN before launch, so elements a kernel fails to write show
 # up as NaN in the result instead of passing on leftover memory. Tests and the correctness gate turn it on.
 POISON_OUTPUTS = False

@@ -4,19 +4,25 @@ interpreter, so the fault depends on the compiled code (warp count, tile shapes)
 
 Usage (one CUDA GPU):  python scripts/gpu_crash_bisect.py [--timeout-s 150]
 
-Each variant runs in its own process (an illegal access poisons the CUDA context), all at once so their compiles
-overlap: the trial's shape (bf16, B = 8, T = 4096, H = 16, D = 128), then the gate's packed edge case, each checked
-against the float64 reference. One line per variant; `crash` names the first failing launch.
+Each variant and case runs in its own process (dtune.measure.verify.run_isolated: an illegal access poisons the CUDA
+context), all at once so their compiles overlap: the trial's shape (bf16, B = 8, T = 4096, H = 16, D = 128) and the
+gate's packed edge case, each checked against the float64 reference. One line per case; `crash` names the exit.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's dtune, installed or not
+
+import torch
+
+from dtune.measure import verify
+from dtune.shape import Shape
 
 BASE: dict[str, Any] = {
     "INTRA": "blocks", "FUSE_OUTPUT": False, "F32_DOT": "ieee", "intra_BK": 64, "intra_num_stages": 1,
@@ -34,30 +40,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trial20 output w4": {**T20, "o_num_warps": 4},
 }
 
-CHILD = """
-import json, sys, torch
-from dtune import ops
-from dtune.inputs import Gate, Problem, make_inputs
-from dtune.kernels.reference import chunk_reference
-config = json.loads(sys.argv[1])
-DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script under the interpreter
-DT = torch.bfloat16 if DEV == "cuda" else torch.float32
-B, T = (8, 4096) if DEV == "cuda" else (1, 100)
-cases = [(f"B{B}-T{T}", Problem(B, T, 16, 16, 128, 128, B, Gate.NONE), None),
-         ("edge", Problem(1, 0, 2, 2, 128, 128, 3, Gate.NONE, True), [1, 17, 150])]
-for name, p, lens in cases:
-    x = make_inputs(p, dtype=DT, device=DEV, seed=1, initial_state=True, seq_lens=lens)
-    try:
-        o, s = ops.run_kernel("chunk_delta_rule", **x, output_final_state=True, config=config)
-        if DEV == "cuda":
-            torch.cuda.synchronize()
-    except Exception as e:
-        print(json.dumps({"case": name, "crash": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}))
-        sys.exit(0)
-    ro, rs = chunk_reference(**x, output_final_state=True)
-    err = max(float((o.double() - ro).norm() / ro.norm()), float((s.double() - rs).norm() / rs.norm()))
-    print(json.dumps({"case": name, "err": err}))
-"""
+
+def cases(config: dict[str, Any], name: str) -> list[verify.Case]:
+    """The trial's shape and the gate's packed edge case (a dry run under the interpreter: small, float32)."""
+    on_gpu = torch.cuda.is_available()
+    B, T = (8, 4096) if on_gpu else (1, 100)
+    dtype = "bf16" if on_gpu else "fp32"
+    return [
+        verify.Case(f"{name} B{B}-T{T}", "chunk_delta_rule", Shape(B, T, 16, 16, 128, 128), dtype, None, config),
+        verify.Case(f"{name} edge", "chunk_delta_rule", Shape(1, 0, 2, 2, 128, 128), dtype, (1, 17, 150), config),
+    ]
 
 
 def main() -> None:
@@ -65,29 +57,11 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=150.0)
     args = ap.parse_args()
     t0 = time.monotonic()
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-c", CHILD, json.dumps(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for name, cfg in VARIANTS.items()
-    }
-    rows = []
-    for name, p in procs.items():
-        try:
-            out, err = p.communicate(timeout=max(1.0, args.timeout_s - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rows.append((name, "timeout"))
-            continue
-        results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        if not results:
-            rows.append((name, f"no result (rc {p.returncode}): {err.strip().splitlines()[-1:]}"))
-            continue
-        cells = [f"{r['case']} " + (f"CRASH {r['crash']}" if "crash" in r else f"err {r['err']:.1e}") for r in results]
-        rows.append((name, "; ".join(cells)))
-    print(f"{'variant':22s} result ({time.monotonic() - t0:.0f} s)")
-    for name, res in rows:
-        print(f"{name:22s} {res}")
+    rows = verify.run_isolated([c for name, cfg in VARIANTS.items() for c in cases(cfg, name)], args.timeout_s)
+    print(f"{'variant / case':34s} result ({time.monotonic() - t0:.0f} s)")
+    for r in rows:
+        result = r.get("error") or f"err {max(r['err_o'], r['err_s']):.1e} " + ("PASS" if r["pass"] else "FAIL")
+        print(f"{r['case']:34s} {result}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,9 @@
 # Tune all six kernels on the GPU of this machine in one sitting of under ten minutes, then export and merge.
 #
 # Usage:  bash scripts/h200_tune.sh [--interpret]
-#   Run it from outside the checkout once dtune is installed (pip install --no-deps --no-build-isolation .), so
-#   the source folder dtune/ does not shadow the installed package. Results: $OUT/runs.tgz (re-packed after every
-#   search) and $OUT/tuned.json; the first H200 sitting (reports/h200/tune.log) lost its run folders because
-#   they were packed only at the end.
+#   Run it from the checkout's root (`python3 -m dtune` runs the checkout's dtune, installed or not) or from
+#   anywhere with dtune installed. Results: $OUT/runs.tgz (re-packed after every search) and $OUT/tuned.json; the
+#   first H200 sitting (reports/h200/tune.log) lost its run folders because they were packed only at the end.
 #   OUT      where run folders, the merged config and a tarball go (default ./out)
 #   SCALE    multiplies every per-shape time budget (default 1)
 #   ONLY     a bash pattern: run only the searches whose name matches (e.g. 'chunk_*'; default: the first

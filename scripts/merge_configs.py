@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from dtune.export import supersede
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's dtune, installed or not
+
 from dtune.store import parse_configs
+from dtune.tune.export import supersede
 
 
 def main() -> None:

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import dtune.kernels.config as _kernel_config
 import pytest
-import torch
 
+from dtune.measure.error import rel_rms_error as rel_err
 
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative RMS error ‖x − ref‖ / ‖ref‖ in float64; inf if x has NaN/Inf."""
-    x64, r64 = x.detach().double().cpu(), ref.detach().double().cpu()
-    if not torch.isfinite(x64).all():
-        return float("inf")
-    return float((x64 - r64).norm() / r64.norm().clamp_min(1e-30))
+__all__ = ["rel_err"]
 
 
 @pytest.fixture(autouse=True)

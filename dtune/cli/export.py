@@ -28,7 +28,7 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="Print the exported document on stdout.")] = False,
 ) -> None:
     """Export the best config of every study of RUN_DIRS (only COMPLETE trials that passed the gate)."""
-    from dtune.export import write_export
+    from dtune.tune.export import write_export
 
     try:
         path = write_export(run_dirs, output)

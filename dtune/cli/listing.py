@@ -15,8 +15,8 @@ from dtune.cli.common import out
 def inventory() -> dict[str, Any]:
     from dtune.gpu import profiles
     from dtune.kernels import KERNELS
-    from dtune.space import SpaceError, load_space, shipped_spaces
     from dtune.store import ConfigFileError, read_configs
+    from dtune.tune.space import SpaceError, load_space, shipped_spaces
 
     spaces = set(shipped_spaces())
     kernels = []

@@ -1,4 +1,4 @@
-"""The ``dtune`` command: ``search``, ``export``, ``list`` (and the report commands).
+"""The ``dtune`` command: ``search``, ``export``, ``list``, ``bench``, ``profile``, ``verify`` and ``report``.
 
 Command modules keep heavy imports (torch, triton, the kernels) inside their functions, so that
 ``dtune search --interpret`` can set TRITON_INTERPRET before Triton is imported.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from dtune.cli import export, listing, report, search
+from dtune.cli import export, listing, measure, report, search
 
 app = typer.Typer(
     name="dtune",
@@ -18,9 +18,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Each command module has `register(app)`. To add commands, import the module above and list it here
-# (e.g. the reports: `from dtune.cli import report` and `report` in this list).
-COMMAND_MODULES = [search, export, listing, report]
+# Each command module has `register(app)`. To add commands, import the module above and list it here.
+COMMAND_MODULES = [search, export, listing, measure, report]
 
 for _module in COMMAND_MODULES:
     _module.register(app)

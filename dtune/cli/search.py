@@ -12,11 +12,11 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dtune.cli.common import err, fail, int_list, out, use_interpreter
+from dtune.cli.common import FinalStateOpt, InitialStateOpt, err, fail, int_list, out, use_interpreter
 
 if TYPE_CHECKING:
-    from dtune.search import RunSummary, ShapeSummary
-    from dtune.space import Shape
+    from dtune.shape import Shape
+    from dtune.tune.search import RunSummary, ShapeSummary
 
 
 def _fmt_ms(x: float | None) -> str:
@@ -28,7 +28,7 @@ def _failures(summary: ShapeSummary) -> str:
 
 
 def make_reporter(progress: Progress) -> Any:
-    from dtune.search import Reporter
+    from dtune.tune.search import Reporter
 
     class RichReporter(Reporter):
         """One progress bar per shape: best so far, trials/min, failures by reason."""
@@ -145,14 +145,17 @@ def search(
             "kernels built in parallel (0: each trial compiles in turn)."
         ),
     ] = 0,
+    initial_state: InitialStateOpt = True,
+    final_state: FinalStateOpt = True,
 ) -> None:
     """Search the fastest correct launch config of KERNEL for each shape (Optuna study per shape)."""
     interpret = interpret or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if interpret:
         use_interpreter()
     from dtune.gpu import resolve_gpu
-    from dtune.search import INTERPRET_SHAPES, SAMPLERS, SearchConfig, run_search
-    from dtune.space import ShapeGrid, SpaceError, load_space, load_space_file
+    from dtune.measure.inputs import Workload
+    from dtune.tune.search import INTERPRET_SHAPES, SAMPLERS, SearchConfig, run_search
+    from dtune.tune.space import SpaceError, load_space, load_space_file
 
     if sampler not in SAMPLERS:
         raise typer.BadParameter(
@@ -177,13 +180,7 @@ def search(
     except (SpaceError, ValueError) as e:
         fail(str(e))
     base = INTERPRET_SHAPES if interpret else space_obj.shapes
-    grid = ShapeGrid(
-        seq_lens=lists["seq_lens"] or base.seq_lens,
-        head_dims=lists["head_dims"] or base.head_dims,
-        heads=lists["heads"] or base.heads,
-        batch=lists["batch"] or base.batch,
-        batch_tokens=None if lists["batch"] else base.batch_tokens,
-    )
+    grid = base.replace(lists["seq_lens"], lists["head_dims"], lists["heads"], lists["batch"])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = out_dir or Path("runs") / f"{kernel}-{profile.key}-{stamp}"
     try:
@@ -205,6 +202,7 @@ def search(
             trial_timeout=trial_timeout,
             timing=timing,
             compile_ahead=compile_ahead,
+            workload=Workload(initial_state, final_state),
         )
         if as_json:
             run = run_search(cfg)

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from dtune.roofline import Roofs
+from dtune.measure.work import Roofs
 
 from . import data as d
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from dtune.roofline import Roofs
+from dtune.measure.work import Roofs
+from dtune.tune.results import MEASURED
 
 SHAPE_COLS = ["B", "T", "H", "HV", "K", "V"]
 PROFILE_TOTAL = "total (whole op)"
@@ -355,13 +356,7 @@ TRIAL_COLUMNS = [
     "reason",
     "time_ms",
     "default_time_ms",
-    "error_o",
-    "error_s",
-    "registers",
-    "spills",
-    "shared_mem",
-    "gbs",
-    "tflops",
+    *MEASURED[1:],
     "is_default",
     "duration_s",
     "message",

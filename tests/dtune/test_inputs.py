@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from dtune import ops
-from dtune.inputs import Gate, Problem, dtype_from_name, make_inputs
+from dtune.inputs import dtype_from_name
+from dtune.measure.inputs import make_inputs
+from dtune.shape import Gate, Shape
 
 
 def _inputs(gate: Gate = Gate.CHANNEL, **over: Any) -> dict[str, Any]:
-    x = make_inputs(Problem(2, 5, 2, 4, 16, 8, 2, gate), seed=0)
+    x = make_inputs(Shape(2, 5, 2, 4, 16, 8, 2, gate), seed=0)
     x.update(over)
     return x
 
@@ -68,7 +70,7 @@ def _escape(s: str) -> str:
 
 
 def _packed(offsets: list[int], n_h0: int | None = None) -> dict[str, Any]:
-    x = make_inputs(Problem(1, 6, 1, 1, 16, 8, 1, Gate.SCALAR), seed=1)
+    x = make_inputs(Shape(1, 6, 1, 1, 16, 8, 1, Gate.SCALAR), seed=1)
     x["cu_seqlens"] = torch.tensor(offsets, dtype=torch.int32)
     x["initial_state"] = None if n_h0 is None else _t(n_h0, 1, 16, 8)
     return x

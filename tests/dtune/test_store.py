@@ -11,7 +11,7 @@ import torch
 
 import dtune.gpu
 import dtune.store as store
-from dtune.inputs import Gate, Problem
+from dtune.shape import Gate, Shape
 from dtune.store import ConfigFileError, load_configs, read_configs, tuned_config
 
 KDA = "fused_recurrent_kda"
@@ -47,8 +47,8 @@ def write(tmp_path: Path, content: Any, name: str = "tuned.json") -> Path:
     return path
 
 
-def problem(T: int, B: int, H: int = 16, HV: int = 16, K: int = 128, V: int = 128) -> Problem:
-    return Problem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B, gate=Gate.CHANNEL)
+def problem(T: int, B: int, H: int = 16, HV: int = 16, K: int = 128, V: int = 128) -> Shape:
+    return Shape(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B, gate=Gate.CHANNEL)
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_ops_use_the_tuned_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
     seen: list[Any] = []
     monkeypatch.setattr(ops, "tuned_config", lambda *a: seen.append(a) or None)
-    from dtune.inputs import make_inputs
+    from dtune.measure.inputs import make_inputs
 
     x = make_inputs(problem(2, 1, H=1, HV=1, K=16, V=16))
     ops.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"])

@@ -6,23 +6,24 @@ import pytest
 import torch
 from dtune.kernels.reference import chunk_reference, naive_recurrent
 
-from dtune.inputs import Gate, Problem, make_inputs
+from dtune.measure.inputs import make_inputs
+from dtune.shape import Gate, Shape
 from tests.conftest import rel_err
 
 CASES = [
     # (id, problem, seq_lens, chunk_size)
-    ("B2-T37-H2-HV4-K24-V40-none-C16", Problem(2, 37, 2, 4, 24, 40, 2, Gate.NONE), None, 16),
-    ("B2-T37-H2-HV4-K24-V40-scalar-C16", Problem(2, 37, 2, 4, 24, 40, 2, Gate.SCALAR), None, 16),
-    ("B2-T37-H2-HV4-K24-V40-channel-C16", Problem(2, 37, 2, 4, 24, 40, 2, Gate.CHANNEL), None, 16),
-    ("B1-T1-H1-HV1-K8-V8-channel-C32", Problem(1, 1, 1, 1, 8, 8, 1, Gate.CHANNEL), None, 32),
-    ("B3-T64-H1-HV1-K16-V8-channel-C64", Problem(3, 64, 1, 1, 16, 8, 3, Gate.CHANNEL), None, 64),
-    ("varlen-1-16-5-0-9-channel-C8", Problem(1, 0, 2, 2, 16, 12, 5, Gate.CHANNEL, True), [1, 16, 5, 0, 9], 8),
-    ("varlen-3-30-scalar-C32", Problem(1, 0, 1, 2, 8, 8, 2, Gate.SCALAR, True), [3, 30], 32),
+    ("B2-T37-H2-HV4-K24-V40-none-C16", Shape(2, 37, 2, 4, 24, 40, 2, Gate.NONE), None, 16),
+    ("B2-T37-H2-HV4-K24-V40-scalar-C16", Shape(2, 37, 2, 4, 24, 40, 2, Gate.SCALAR), None, 16),
+    ("B2-T37-H2-HV4-K24-V40-channel-C16", Shape(2, 37, 2, 4, 24, 40, 2, Gate.CHANNEL), None, 16),
+    ("B1-T1-H1-HV1-K8-V8-channel-C32", Shape(1, 1, 1, 1, 8, 8, 1, Gate.CHANNEL), None, 32),
+    ("B3-T64-H1-HV1-K16-V8-channel-C64", Shape(3, 64, 1, 1, 16, 8, 3, Gate.CHANNEL), None, 64),
+    ("varlen-1-16-5-0-9-channel-C8", Shape(1, 0, 2, 2, 16, 12, 5, Gate.CHANNEL, True), [1, 16, 5, 0, 9], 8),
+    ("varlen-3-30-scalar-C32", Shape(1, 0, 1, 2, 8, 8, 2, Gate.SCALAR, True), [3, 30], 32),
 ]
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "chunk"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_chunk_reference_matches_loop(problem: Problem, seq_lens: list[int] | None, chunk: int) -> None:
+def test_chunk_reference_matches_loop(problem: Shape, seq_lens: list[int] | None, chunk: int) -> None:
     x = make_inputs(problem, seed=3, seq_lens=seq_lens)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
@@ -54,7 +55,7 @@ def test_loop_follows_the_contract_step_by_step() -> None:
 
 def test_beta_one_recalls_the_value_just_written() -> None:
     """With β = 1 and a unit key, reading with the same key returns exactly the value written (delta rule)."""
-    p = Problem(1, 5, 1, 1, 8, 4, 1, Gate.NONE)
+    p = Shape(1, 5, 1, 1, 8, 4, 1, Gate.NONE)
     x = make_inputs(p, seed=1)
     beta = torch.ones_like(x["beta"])
     o, _ = naive_recurrent(x["k"], x["k"], x["v"], None, beta, scale=1.0, initial_state=x["initial_state"])
@@ -63,7 +64,7 @@ def test_beta_one_recalls_the_value_just_written() -> None:
 
 def test_grouped_heads_read_their_group() -> None:
     """HV = 2H equals running each value head with its query/key head repeated."""
-    p = Problem(1, 9, 2, 4, 8, 8, 1, Gate.SCALAR)
+    p = Shape(1, 9, 2, 4, 8, 8, 1, Gate.SCALAR)
     x = make_inputs(p, seed=2)
     o, _ = naive_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"])
     rep = {n: x[n].repeat_interleave(2, dim=2) for n in ("q", "k")}

@@ -14,7 +14,7 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
-from dtune.storage import open_storage
+from dtune.tune.storage import open_storage
 
 KERNEL = "fused_recurrent_delta_rule"
 STUDY = f"{KERNEL}:cpu:fp32:T4-B2-H2-HV2-K32-V32"

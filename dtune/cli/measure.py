@@ -1,0 +1,294 @@
+"""``dtune bench`` and ``dtune profile``: measure the tuned kernels (parsing and printing; the work is in
+:mod:`dtune.measure`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from dtune.cli.common import (
+    ConfigOpt,
+    DtypeOpt,
+    FinalStateOpt,
+    InitialStateOpt,
+    InterpretOpt,
+    JsonOpt,
+    KernelOpt,
+    OutOpt,
+    err,
+    fail,
+    fmt,
+    int_list,
+    out,
+    use_interpreter,
+)
+
+
+def bench(
+    kernel: KernelOpt,
+    config: ConfigOpt = None,
+    baselines: Annotated[
+        str,
+        typer.Option(
+            "--baselines", help="Comma-separated baselines to time beside the tuned config: default,fla,torch."
+        ),
+    ] = "default,fla,torch",
+    seq_lens: Annotated[
+        str | None, typer.Option("--seq-lens", help="Comma-separated sequence lengths T (decode kernels: 1).")
+    ] = None,
+    head_dims: Annotated[str | None, typer.Option("--head-dims", help="Comma-separated head dims (K = V).")] = None,
+    heads: Annotated[str | None, typer.Option("--heads", help="Comma-separated numbers of heads (H = HV).")] = None,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="Comma-separated batch sizes B (wins over --batch-tokens).")
+    ] = None,
+    batch_tokens: Annotated[
+        int | None, typer.Option("--batch-tokens", help="Tokens per call: B = N // T for each T (chunk default 32768).")
+    ] = None,
+    dtype: DtypeOpt = "bf16",
+    out_dir: OutOpt = None,
+    as_json: JsonOpt = False,
+    graph: Annotated[
+        bool, typer.Option("--graph", help="Also time fused-recurrent decode (T = 1) under CUDA-graph replay.")
+    ] = False,
+    rounds: Annotated[
+        int | None, typer.Option("--rounds", help="Interleaved rounds per shape (default 3 on a GPU, 1 on the CPU).")
+    ] = None,
+    initial_state: InitialStateOpt = True,
+    final_state: FinalStateOpt = True,
+    interpret: InterpretOpt = False,
+) -> None:
+    """Time the tuned config against the untuned default, flash-linear-attention and the PyTorch reference."""
+    use_interpreter(interpret)
+    from dtune.inputs import dtype_from_name
+    from dtune.kernels import get_kernel
+    from dtune.measure import bench as b
+    from dtune.measure.configs import ConfigSource
+    from dtune.measure.grids import make_grid
+    from dtune.measure.inputs import Workload
+    from dtune.shape import Gate
+
+    lens, dims, nheads = (
+        int_list(v, o) for v, o in ((seq_lens, "--seq-lens"), (head_dims, "--head-dims"), (heads, "--heads"))
+    )
+    batches = int_list(batch, "--batch")
+    try:
+        dt = dtype_from_name(dtype)
+        want = [s.strip() for s in baselines.split(",") if s.strip()]
+        spec = get_kernel(kernel)  # an unknown name fails here, listing the known ones
+        on_gpu = b.default_device().type == "cuda"
+        grid = make_grid(kernel, on_gpu, lens, dims, nheads, batches, batch_tokens)
+        if config is not None and not any((seq_lens, head_dims, heads, batch, batch_tokens)):
+            # No shape asked for: the shapes the config was tuned on.
+            grid = ConfigSource.load(config).tuned_grid(kernel, dt, on_gpu, Gate(spec.gate)) or grid
+        status = err.status("benchmarking", spinner="dots") if not as_json else None
+        if status:
+            status.start()
+        try:
+            result = b.run_bench(
+                kernel,
+                grid,
+                dt,
+                want,
+                config,
+                rounds=rounds,
+                graph=graph,
+                progress=(lambda s: status.update(f"benchmarking {s}")) if status else None,
+                workload=Workload(initial_state, final_state),
+            )
+        finally:
+            if status:
+                status.stop()
+    except (ValueError, FileNotFoundError, json.JSONDecodeError) as exc:
+        fail(str(exc))
+    csv_path, json_path = b.write(result, out_dir or b.default_out_dir(config))
+    if as_json:
+        rows = json.loads(result.frame.to_json(orient="records"))
+        typer.echo(json.dumps({"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}))
+        return
+    table = Table(title=f"dtune bench: {kernel} ({dtype})")
+    for col in ("shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err", "note"):
+        table.add_column(col, justify="right" if col not in ("shape", "impl", "mode", "note") else "left")
+    for r in result.frame.itertuples(index=False):
+        table.add_row(
+            f"B{r.B} T{r.T} H{r.H} D{r.K}",
+            str(r.impl),
+            str(r.mode),
+            fmt(r.median_ms, ".4f") + ("" if r.meaningful else "*"),
+            fmt(r.speedup_vs_default, ".2f"),
+            fmt(r.speedup_vs_fla, ".2f"),
+            fmt(r.gbs, ".0f"),
+            fmt(r.tflops, ".1f"),
+            fmt(r.error_o, ".1e"),
+            str(r.note)[:60],
+        )
+    out.print(table)
+    for note in result.notes:
+        out.print(f"[yellow]note:[/yellow] {note}")
+    if not result.frame["meaningful"].all():
+        out.print("* not meaningful: timed on the CPU under Triton's interpreter")
+    for r in result.wrong_outputs().itertuples(index=False):
+        out.print(
+            f"[red]warning:[/red] {r.impl} is off the float64 reference (rel. error {r.error_o:.1e}) at B{r.B} T{r.T}"
+        )
+    out.print(f"wrote {csv_path} and {json_path}")
+
+
+def profile(
+    kernel: KernelOpt,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", help="Sequence length T (default 4096 on a GPU, 1 for decode kernels).")
+    ] = None,
+    head_dim: Annotated[int | None, typer.Option("--head-dim", help="Head dim K = V (default 128 on a GPU).")] = None,
+    heads: Annotated[int | None, typer.Option("--heads", help="Heads H = HV (default 16 on a GPU).")] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", help="Batch B (default 32768 // T tokens on a GPU; 32 for decode).")
+    ] = None,
+    dtype: DtypeOpt = "bf16",
+    config: ConfigOpt = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="GPU profile key whose roofs to use when ceilings cannot be measured.")
+    ] = None,
+    ncu: Annotated[
+        bool, typer.Option("--ncu", help="Also run Nsight Compute on the op (needs `ncu` on PATH).")
+    ] = False,
+    out_dir: OutOpt = None,
+    as_json: JsonOpt = False,
+    initial_state: InitialStateOpt = True,
+    final_state: FinalStateOpt = True,
+    interpret: InterpretOpt = False,
+) -> None:
+    """Per-stage time, registers, spills, shared memory, GB/s and TFLOP/s against measured ceilings and the floor."""
+    use_interpreter(interpret)
+    from dtune.gpu import get_profile
+    from dtune.inputs import dtype_from_name
+    from dtune.kernels import get_kernel
+    from dtune.measure import profile as pr
+    from dtune.measure.bench import default_device, default_out_dir
+    from dtune.measure.configs import ConfigSource
+    from dtune.measure.grids import profile_shape
+    from dtune.measure.inputs import Workload
+    from dtune.measure.work import Roofs
+    from dtune.shape import Gate
+
+    try:
+        dt = dtype_from_name(dtype)
+        gate = Gate(get_kernel(kernel).gate)
+        on_gpu = default_device().type == "cuda"
+        p = profile_shape(kernel, gate, on_gpu, seq_len, head_dim, heads, batch)
+        if config is not None and not any((seq_len, head_dim, heads, batch)):
+            # No shape asked for: the largest shape the config was tuned on.
+            tuned = ConfigSource.load(config).tuned_grid(kernel, dt, on_gpu, gate)
+            if tuned is not None:
+                p = max(tuned.shapes(gate), key=lambda q: q.B * q.T * q.HV * q.K * q.V)
+        roofs = Roofs.from_profile(get_profile(gpu)) if gpu else None
+        result = pr.run_profile(kernel, p, dt, config, roofs=roofs, workload=Workload(initial_state, final_state))
+    except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
+        fail(str(exc))
+    dest = out_dir or default_out_dir(config)
+    csv_path, json_path = pr.write(result, dest)
+    ncu_msg = ""
+    if ncu:
+        ncu_msg = pr.run_ncu(pr.ncu_command(kernel, p, dt, json.loads(result.frame["config"].iloc[0]), dest))
+    if as_json:
+        rows = json.loads(result.frame.to_json(orient="records"))
+        payload = {"rows": rows, "notes": result.notes, "ncu": ncu_msg, "csv": str(csv_path), "json": str(json_path)}
+        typer.echo(json.dumps(payload))
+        return
+    r0 = result.roofs
+    roof_txt = f" — roofs {r0.gbs:.0f} GB/s, {r0.tflops:.0f} TFLOP/s ({r0.source})" if r0 else ""
+    shape = f"B{p.B} T{p.T} H{p.H} " + (f"D{p.K}" if p.K == p.V else f"K{p.K} V{p.V}")
+    table = Table(title=f"dtune profile: {kernel} {shape} {dtype}{roof_txt}")
+    cols = ("stage", "ms", "share", "regs", "spills", "smem", "GB/s", "%BW", "TFLOP/s", "%MM", "floor ms", "vs floor")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("stage", "vs floor") else "right")
+    for r in result.frame.itertuples(index=False):
+        table.add_row(
+            str(r.stage),
+            fmt(r.median_ms, ".4f") + ("" if r.meaningful else "*"),
+            fmt(r.share * 100, ".0f") + "%" if not math.isnan(r.share) else "",
+            fmt(r.registers, ".0f"),
+            fmt(r.spills, ".0f"),
+            fmt(r.shared_mem, ".0f"),
+            fmt(r.gbs, ".0f"),
+            fmt(r.pct_bandwidth, ".0f"),
+            fmt(r.tflops, ".1f"),
+            fmt(r.pct_matmul, ".0f"),
+            fmt(r.floor_ms, ".4f"),
+            str(r.verdict),
+        )
+    out.print(table)
+    for note in result.notes:
+        out.print(f"[yellow]note:[/yellow] {note}")
+    if ncu_msg:
+        out.print(ncu_msg)
+    out.print(f"wrote {csv_path} and {json_path}")
+
+
+def verify(
+    kernels: Annotated[
+        str | None,
+        typer.Option("--kernel", "-k", help="Comma-separated kernels to check (default: all six)."),
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer cases (the sizes most worth a GPU's time).")] = False,
+    sweep: Annotated[
+        int,
+        typer.Option("--sweep", help="Also N random configs per kernel from its space (run twice, bitwise)."),
+    ] = 0,
+    isolate: Annotated[
+        bool, typer.Option("--isolate", help="Each case in its own process (a crash costs one case, not the run).")
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds for all isolated cases together.")] = 600.0,
+    out_dir: OutOpt = None,
+    as_json: JsonOpt = False,
+    interpret: InterpretOpt = False,
+) -> None:
+    """Check the ops against the float64 reference: real sizes on a GPU, tiny ones under the interpreter."""
+    use_interpreter(interpret)
+    import pandas as pd
+
+    from dtune.kernels import KERNELS, get_kernel
+    from dtune.measure import verify as v
+    from dtune.measure.bench import default_device
+    from dtune.measure.tables import write_table
+    from dtune.shape import Gate, Shape
+
+    try:
+        names = [k.strip() for k in kernels.split(",") if k.strip()] if kernels else [*v.RECURRENT, *v.CHUNK]
+        for name in names:
+            get_kernel(name)
+        device = default_device()
+        cases = v.default_cases(names, device.type == "cuda", quick)
+        for name in names if sweep else []:
+            dims = (2, 1000, 4, 8, 128, 128) if device.type == "cuda" else (1, 33, 1, 2, 16, 16)
+            shape = Shape(*dims, gate=Gate(KERNELS[name].gate))
+            cases += v.sweep_cases(name, sweep, shape, "bf16" if device.type == "cuda" else "fp32")
+    except ValueError as exc:
+        fail(str(exc))
+    show = None if as_json else (lambda row: err.print(v.describe(row), highlight=False))
+    if isolate:
+        rows = v.run_isolated(cases, timeout)
+        for row in rows:
+            if show is not None:
+                show(row)
+    else:
+        rows = v.run_cases(cases, device, show)
+    frame = pd.DataFrame(rows)
+    csv_path, json_path = write_table(frame, out_dir or "reports", "verify")
+    failed = int((~frame["pass"].astype(bool)).sum()) if len(frame) else 0
+    if as_json:
+        typer.echo(json.dumps({"rows": json.loads(frame.to_json(orient="records")), "failed": failed}))
+    else:
+        out.print(f"{len(rows) - failed} passed, {failed} failed; wrote {csv_path} and {json_path}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``bench``, ``profile`` and ``verify`` to ``app``."""
+    app.command("bench")(bench)
+    app.command("profile")(profile)
+    app.command("verify")(verify)

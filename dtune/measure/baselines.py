@@ -1,0 +1,129 @@
+"""The contestants ``dtune bench`` times beside the tuned config: the template's default, flash-linear-attention
+(for chunk_kda both of its modes) and the PyTorch chunked reference. Each turns the harness's inputs
+(:func:`dtune.measure.inputs.workload_inputs`) into a zero-argument call.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dtune.kernels import get_kernel
+from dtune.measure.harness import op_call
+
+BASELINES = ("default", "fla", "torch")
+FLA_OPS: dict[str, tuple[str, str]] = {
+    "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
+    "fused_recurrent_delta_rule": ("fla.ops.delta_rule", "fused_recurrent_delta_rule"),
+    "chunk_gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    "fused_recurrent_gated_delta_rule": ("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule"),
+    "chunk_kda": ("fla.ops.kda", "chunk_kda"),
+    "fused_recurrent_kda": ("fla.ops.kda", "fused_recurrent_kda"),
+}
+KDA_LOWER_BOUND = -5.0  # fla's fast mode for chunk_kda: safe_gate=True with gates in [lower_bound, 0)
+TORCH_CHUNK = 16  # the reference factors exp(γ_i)·exp(−γ_j): 16 steps of log decay ≥ −5 stay inside float32
+
+Inputs = dict[str, Any]
+Call = Callable[[], Any]
+
+
+@dataclass
+class Impl:
+    """One contestant: a name and a way to turn inputs into a zero-argument call."""
+
+    name: str
+    make: Callable[[Inputs], Call]
+    config: dict[str, Any] | None = None
+    config_source: str = ""
+    note: str = ""
+
+
+def ours(kernel: str, config: dict[str, Any]) -> Callable[[Inputs], Call]:
+    """dtune's op with ``config`` (``{}``: the template's default)."""
+    return lambda x: op_call(kernel, x, config)
+
+
+def fla_function(kernel: str) -> tuple[Callable[..., Any] | None, str]:
+    """fla's op for ``kernel``, or ``(None, why not)``."""
+    module, name = FLA_OPS[kernel]
+    try:
+        return getattr(importlib.import_module(module), name), ""
+    except Exception as exc:
+        return None, f"flash-linear-attention not importable ({type(exc).__name__}: {exc})"
+
+
+def _fla(fn: Callable[..., Any], gated: bool, **extra: Any) -> Callable[[Inputs], Call]:
+    def make(x: Inputs) -> Call:
+        g = x["g"]
+        if "lower_bound" in extra and g is not None:
+            g = g.clamp(min=extra["lower_bound"])
+        # By keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta, ...).
+        lead = (x["q"], x["k"], x["v"])
+        gates = {"g": g, "beta": x["beta"]} if gated else {"beta": x["beta"]}
+        kw = {
+            **gates,
+            "scale": x["scale"],
+            "initial_state": x["initial_state"],
+            "output_final_state": x["output_final_state"],
+            "cu_seqlens": x.get("cu_seqlens"),
+            **extra,
+        }
+        return lambda: fn(*lead, **kw)
+
+    return make
+
+
+def _torch_reference() -> Callable[[Inputs], Call]:
+    """The PyTorch chunked reference in float32 (chunk 16: at its default 32, strong decays overflow float32)."""
+    from dtune.kernels.reference import chunk_reference
+
+    def make(x: Inputs) -> Call:
+        dtype = x["v"].dtype if x["v"].dtype == torch.float32 else torch.float32
+        return lambda: chunk_reference(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g"],
+            x["beta"],
+            x["scale"],
+            x["initial_state"],
+            x["output_final_state"],
+            x.get("cu_seqlens"),
+            chunk_size=TORCH_CHUNK,
+            dtype=dtype,
+        )
+
+    return make
+
+
+def build_impls(
+    kernel: str, baselines: Sequence[str], config: dict[str, Any] | None, source: str, on_gpu: bool
+) -> tuple[list[Impl], list[str]]:
+    """The contestants for one shape, and notes on baselines that cannot run here."""
+    spec = get_kernel(kernel)
+    unknown = sorted(set(baselines) - set(BASELINES))
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
+    notes: list[str] = []
+    impls = [Impl("tuned", ours(kernel, config or {}), config, source)]
+    if "default" in baselines:
+        impls.append(Impl("default", ours(kernel, {}), {}, "template default"))
+    if "fla" in baselines:
+        fn, why = fla_function(kernel)
+        if fn is None:
+            notes.append(why)
+        elif not on_gpu:
+            notes.append("flash-linear-attention needs a CUDA GPU: skipped")
+        else:
+            gated = spec.gate != "none"
+            impls.append(Impl("fla", _fla(fn, gated), None, "fla default"))
+            if kernel == "chunk_kda":
+                fast = _fla(fn, gated, safe_gate=True, lower_bound=KDA_LOWER_BOUND)
+                impls.append(Impl("fla_fast", fast, None, "fla safe_gate=True lower_bound=-5"))
+    if "torch" in baselines:
+        impls.append(Impl("torch", _torch_reference(), None, f"reference.chunk_reference fp32, chunk {TORCH_CHUNK}"))
+    return impls, notes

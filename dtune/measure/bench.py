@@ -1,0 +1,249 @@
+"""Benchmark: the tuned config against the untuned default, flash-linear-attention and the PyTorch reference.
+
+For every shape of the grid the contestants (:mod:`dtune.measure.baselines`) run on the harness's inputs
+(:func:`dtune.measure.harness.op_run`: the default workload, or the one asked for) and are timed side by side,
+interleaved (round after round, each implementation in turn, so drifting clocks hit all of them alike), with
+:func:`dtune.measure.timing.time_call`; fused-recurrent decode (T = 1) is also timed under CUDA-graph replay
+with ``graph`` so the host overhead shows. Each row reports the median ms, the speedup against the default and
+against fla's fastest mode, the output's relative RMS error against the float64 chunked reference (so a fast but
+wrong contestant shows), the achieved GB/s and TFLOP/s of the nominal work (:mod:`dtune.measure.work`), and what
+the first call cost (compile, and autotune for fla: what a user pays at start-up for each new shape family).
+Under Triton's interpreter (CPU) everything runs on tiny shapes and the times are marked not meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from dtune.inputs import dtype_name, interpreting
+from dtune.kernels import get_kernel
+from dtune.measure.baselines import BASELINES, Impl, build_impls
+from dtune.measure.configs import ConfigSource
+from dtune.measure.error import rel_rms_error
+from dtune.measure.grids import bench_shapes
+from dtune.measure.harness import OpRun, op_run
+from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
+from dtune.measure.tables import write_table
+from dtune.measure.timing import Timing, time_call
+from dtune.shape import SHAPE_COLUMNS, Gate, ShapeGrid
+
+COLUMNS = [
+    "kernel",
+    "impl",
+    "mode",
+    "dtype",
+    *SHAPE_COLUMNS,
+    "median_ms",
+    "min_ms",
+    "iqr_ms",
+    "repeats",
+    "first_call_s",
+    "error_o",
+    "meaningful",
+    "speedup_vs_default",
+    "speedup_vs_fla",
+    "gbs",
+    "tflops",
+    "flops",
+    "bytes",
+    "config",
+    "config_source",
+    "device",
+    "note",
+]
+INTERPRETER_BF16_DOT = (
+    "Triton's interpreter computes tl.dot on bfloat16 inputs wrongly (checked with Triton 3.9): the chunk kernels' "
+    "errors here say nothing about the GPU; use --dtype fp16 or fp32 on the CPU"
+)
+WRONG = 0.1  # a relative RMS error this large is a wrong output, not rounding
+
+Call = Callable[[], Any]
+
+
+@dataclass
+class BenchResult:
+    frame: pd.DataFrame
+    notes: list[str]
+
+    def wrong_outputs(self) -> pd.DataFrame:
+        """One row per implementation whose output is off the float64 reference by more than :data:`WRONG`."""
+        return self.frame[self.frame["error_o"] > WRONG].drop_duplicates("impl")
+
+
+def _combine(timings: list[Timing]) -> Timing:
+    """Rounds of one implementation: the median of the rounds' medians."""
+    return Timing(
+        statistics.median(t.median_ms for t in timings),
+        min(t.min_ms for t in timings),
+        statistics.median(t.iqr_ms for t in timings),
+        sum(t.repeats for t in timings),
+        all(t.meaningful for t in timings),
+    )
+
+
+def _truth(run: OpRun) -> torch.Tensor | None:
+    """The float64 chunked reference output for these inputs: every implementation's output is checked against it."""
+    from dtune.kernels.reference import chunk_reference
+
+    x = run.inputs
+    try:
+        o, _ = chunk_reference(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], x["scale"], x["initial_state"], False, x["cu_seqlens"],
+            dtype=torch.float64,
+        )  # fmt: skip
+    except Exception:  # e.g. float64 memory on a huge shape: report no error rather than no benchmark
+        return None
+    return o
+
+
+def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list[dict[str, Any]]:
+    kernel, p, device = run.kernel, run.shape, run.device
+    decode = kernel.startswith("fused_recurrent")
+    calls: dict[str, Call] = {}
+    errors: dict[str, str] = {}
+    first_s: dict[str, float] = {}
+    error_o: dict[str, float] = {}
+    truth = _truth(run)
+    for impl in impls:
+        try:
+            call = impl.make(run.inputs)
+            t0 = time.perf_counter()
+            out = call()  # compile / autotune outside the timed region (what a user pays at start-up); errors early
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_s[impl.name] = time.perf_counter() - t0
+            calls[impl.name] = call
+            error_o[impl.name] = rel_rms_error(out[0], truth) if truth is not None else math.nan
+        except Exception as exc:
+            errors[impl.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    timings: dict[str, list[Timing]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            timings[name].append(time_call(call, device))
+    results: list[tuple[Impl, str, Timing | None]] = [
+        (impl, "eager", _combine(timings[impl.name]) if impl.name in timings else None) for impl in impls
+    ]
+    if graph and decode and p.T == 1 and device.type == "cuda":
+        for impl in impls:
+            if impl.name in calls and impl.name != "torch":
+                try:
+                    results.append((impl, "graph", time_call(calls[impl.name], device, "graph")))
+                except Exception as exc:
+                    errors[f"{impl.name}/graph"] = f"CUDA graph capture failed: {type(exc).__name__}: {exc}"[:300]
+    w = run.work
+    rows = []
+    for impl, mode, t in results:
+        ms = t.median_ms if t is not None else math.nan
+        rows.append(
+            {
+                "kernel": kernel,
+                "impl": impl.name,
+                "mode": mode,
+                "dtype": dtype_name(run.dtype),
+                "B": p.B,
+                "T": p.T,
+                "H": p.H,
+                "HV": p.HV,
+                "K": p.K,
+                "V": p.V,
+                "median_ms": ms,
+                "min_ms": t.min_ms if t else math.nan,
+                "iqr_ms": t.iqr_ms if t else math.nan,
+                "repeats": t.repeats if t else 0,
+                "first_call_s": first_s.get(impl.name, math.nan) if mode == "eager" else math.nan,
+                "error_o": error_o.get(impl.name, math.nan),
+                "meaningful": bool(t.meaningful) if t else False,
+                "gbs": w.gbs(ms),
+                "tflops": w.tflops(ms),
+                "flops": w.flops,
+                "bytes": w.bytes,
+                "config": json.dumps(impl.config, sort_keys=True) if impl.config is not None else "",
+                "config_source": impl.config_source,
+                "device": str(device),
+                "note": errors.get(impl.name if mode == "eager" else f"{impl.name}/graph", impl.note),
+            }
+        )
+    return rows
+
+
+def add_speedups(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per shape and mode: ``speedup_vs_default`` = default ms / ms, ``speedup_vs_fla`` = fla's fastest ms / ms."""
+    frame = frame.copy()
+    keys = ["kernel", "dtype", "mode", "B", "T", "H", "HV", "K", "V"]
+    base = frame.groupby(keys, dropna=False)
+    default_ms = base["median_ms"].transform(lambda s: s[frame.loc[s.index, "impl"] == "default"].min())
+    fla_ms = base["median_ms"].transform(lambda s: s[frame.loc[s.index, "impl"].str.startswith("fla")].min())
+    frame["speedup_vs_default"] = default_ms / frame["median_ms"]
+    frame["speedup_vs_fla"] = fla_ms / frame["median_ms"]
+    return frame
+
+
+def default_device() -> torch.device:
+    """The CUDA GPU, or the CPU under Triton's interpreter (or without a GPU)."""
+    return torch.device("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
+
+
+def run_bench(
+    kernel: str,
+    grid: ShapeGrid,
+    dtype: torch.dtype = torch.bfloat16,
+    baselines: Sequence[str] = BASELINES,
+    config_file: str | Path | Mapping[str, Any] | None = None,
+    device: torch.device | str | None = None,
+    rounds: int | None = None,
+    graph: bool = False,
+    progress: Callable[[str], None] | None = None,
+    workload: Workload = DEFAULT_WORKLOAD,
+) -> BenchResult:
+    """Time every implementation on every shape of ``grid``; one row per (shape, implementation, mode)."""
+    spec = get_kernel(kernel)
+    device = torch.device(device) if device is not None else default_device()
+    on_gpu = device.type == "cuda"
+    rounds = rounds or (3 if on_gpu else 1)
+    source = ConfigSource.load(config_file)
+    notes: list[str] = []
+    if not on_gpu:
+        notes.append("no GPU: times come from Triton's interpreter on the CPU and are NOT meaningful")
+        if dtype == torch.bfloat16 and spec.family == "chunk":
+            notes.append(INTERPRETER_BF16_DOT)
+    if graph and not kernel.startswith("fused_recurrent"):
+        notes.append("--graph applies to fused-recurrent decode (T = 1) only")
+    elif graph and not on_gpu:
+        notes.append("--graph needs CUDA: graph replay skipped")
+    rows: list[dict[str, Any]] = []
+    for p in bench_shapes(grid, Gate(spec.gate)):
+        if progress:
+            progress(f"{kernel} B={p.B} T={p.T} H={p.H} D={p.K}")
+        run = op_run(kernel, p, dtype, device, workload)
+        config, where = source.resolve(kernel, run.shape, dtype, device)
+        impls, impl_notes = build_impls(kernel, baselines, config, where, on_gpu)
+        notes.extend(n for n in impl_notes if n not in notes)
+        rows.extend(_shape_rows(run, impls, rounds, graph))
+    frame = add_speedups(
+        pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("speedup_vs_default", "speedup_vs_fla")])
+    )
+    return BenchResult(frame[COLUMNS], notes)
+
+
+def default_out_dir(config_file: str | Path | None) -> Path:
+    """The run folder when ``--config`` points into one (it holds run.json), else ``reports/``."""
+    if config_file is not None:
+        parent = Path(config_file).resolve().parent
+        if (parent / "run.json").exists():
+            return parent
+    return Path("reports")
+
+
+def write(result: BenchResult, out_dir: str | Path) -> tuple[Path, Path]:
+    """``bench.csv`` and ``bench.json`` (records) into ``out_dir``."""
+    return write_table(result.frame, out_dir, "bench")

@@ -1,0 +1,74 @@
+"""Which config a measurement runs: a tuned-config file (``--config``), else the store, else the default.
+
+A tuned-config file (``tuned.json`` from ``dtune export``) is read and validated by :mod:`dtune.store`, and an
+entry is chosen by the store's bucket rule, so a benchmark times exactly what the ops would launch with that
+file loaded. A plain JSON config object (or ``{"config": {...}}``) is one config for every shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dtune.inputs import dtype_name
+from dtune.shape import Gate, Shape, ShapeGrid
+from dtune.store import TunedConfigs, read_configs, tuned_config
+
+TINY = 1 << 14  # B·T·H·K of a shape the interpreter runs in seconds
+
+
+@dataclass
+class ConfigSource:
+    """Where the config comes from: a tuned-config file (``table``), one fixed config, else :mod:`dtune.store`."""
+
+    path: Path | None = None
+    table: TunedConfigs | None = None  # a tuned-config file, validated as at run time
+    fixed: dict[str, Any] | None = None  # a plain config file: one config for every shape
+
+    @classmethod
+    def load(cls, path: str | Path | Mapping[str, Any] | None) -> ConfigSource:
+        """From a file (tuned-config file or config object), or a config given as a dict; None: the store."""
+        if path is None:
+            return cls()
+        if isinstance(path, Mapping):
+            return cls(fixed=dict(path))
+        path = Path(path)
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "entries" in data:
+            return cls(path=path, table=read_configs(path))
+        if isinstance(data, dict) and isinstance(data.get("config"), dict):
+            return cls(path=path, fixed=dict(data["config"]))
+        if isinstance(data, dict):
+            return cls(path=path, fixed=data)
+        raise ValueError(f"{path}: expected a tuned.json (with 'entries') or a config object")
+
+    def resolve(self, kernel: str, p: Shape, dtype: torch.dtype, device: torch.device) -> tuple[dict | None, str]:
+        """``(config, where_from)``; config None means the template's default."""
+        if self.fixed is not None:
+            return dict(self.fixed), f"file:{self.path}" if self.path is not None else "given config"
+        if self.table is not None and self.path is not None:
+            e = self.table.nearest(kernel, dtype_name(dtype), p)
+            if e is None:
+                return None, f"default (no entry for {kernel} {dtype_name(dtype)} K={p.K} V={p.V} in {self.path.name})"
+            b = e.bucket
+            return dict(e.config), f"{self.path.name}: T={b['T']} B={b['B']} H={b['H']}"
+        try:
+            config = tuned_config(kernel, p, dtype, device)
+        except Exception as exc:  # a broken shipped file must not break a benchmark
+            return None, f"default (store unavailable: {exc})"
+        return (dict(config), "store") if config else (None, "default (no tuned config in the store)")
+
+    def tuned_grid(self, kernel: str, dtype: torch.dtype, on_gpu: bool, gate: Gate = Gate.NONE) -> ShapeGrid | None:
+        """The shapes the file was tuned on, when it has any for ``kernel`` and ``dtype`` and they can run here
+        (on the CPU: tiny ones only); else None."""
+        if self.table is None:
+            return None
+        shapes = self.table.shapes(kernel, dtype_name(dtype), gate)
+        if not shapes or (not on_gpu and any(s.B * s.T * s.H * s.K > TINY for s in shapes)):
+            return None
+        return ShapeGrid(explicit=tuple(shapes))

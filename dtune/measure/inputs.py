@@ -1,0 +1,107 @@
+"""The one input builder: random inputs that obey the ops' contract, and the workload every measurement times.
+
+:func:`make_inputs` draws L2-normalised ``q, k``, log gates with strong decays (down to ``gate_min``), ``beta`` in
+(0, 1) and a random initial state; with ``seq_lens`` the sequences are packed (``B = 1``, ``cu_seqlens``).
+
+:class:`Workload` says what a timed call does besides the shape: read an initial state, write the final state,
+run a packed variable-length batch. :data:`DEFAULT_WORKLOAD` — both states on, fixed-length batches — is what the
+search's trials time, what ``dtune bench`` and ``dtune profile`` time and what the shipped configs were tuned
+for: prefill from a cached state and decode both read and write the state, and the correctness gate checks
+exactly that call. ``--no-initial-state`` / ``--no-final-state`` change it (the FLOP/byte model follows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from dtune.shape import Gate, Shape
+
+Tensor = torch.Tensor
+GATE_MIN = -5.0  # strongest per-step log decay drawn (DESIGN.md §1: unsafe chunkings must fail)
+TIMING_SEED = 1234  # the inputs every timed call runs on
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one measured call does besides its shape."""
+
+    initial_state: bool = True  # read an initial state [N, HV, K, V] (float32)
+    final_state: bool = True  # write the final state
+    seq_lens: tuple[int, ...] | None = None  # pack these sequences (B = 1, cu_seqlens) instead of B rows of T
+
+    def shape(self, shape: Shape) -> Shape:
+        """The shape the call really has: ``shape``'s heads and dims over the packed sequences, if any."""
+        if self.seq_lens is None:
+            return shape
+        return replace(shape, B=1, T=sum(self.seq_lens), N=len(self.seq_lens), varlen=True)
+
+
+DEFAULT_WORKLOAD = Workload()
+
+
+def make_inputs(
+    shape: Shape,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    gate_min: float = GATE_MIN,
+    seq_lens: list[int] | tuple[int, ...] | None = None,
+    initial_state: bool = True,
+) -> dict[str, Any]:
+    """Random inputs obeying the contract: unit-norm q/k, log gates uniform-ish in [gate_min, 0), beta in (0, 1).
+
+    Returns ``q, k, v, g, beta, initial_state, cu_seqlens`` (the ops' keyword names). With ``seq_lens`` the
+    sequences are packed (B = 1) and ``cu_seqlens`` is set. Gates are drawn in float32 (as models keep them);
+    q, k, v, beta in ``dtype``; the initial state in float32.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    p = shape
+    B, T = p.B, p.T
+    cu = None
+    if seq_lens is not None:
+        B, T = 1, sum(seq_lens)
+        cu = torch.tensor([0, *torch.tensor(list(seq_lens)).cumsum(0).tolist()], dtype=torch.int32)
+
+    def rnd(*dims: int) -> Tensor:
+        return torch.randn(*dims, generator=gen)
+
+    q = torch.nn.functional.normalize(rnd(B, T, p.H, p.K), dim=-1)
+    k = torch.nn.functional.normalize(rnd(B, T, p.H, p.K), dim=-1)
+    v = rnd(B, T, p.HV, p.V)
+    beta = torch.rand(B, T, p.HV, generator=gen) * 0.98 + 0.01
+    g: Tensor | None = None
+    if p.gate is not Gate.NONE:
+        dims = (B, T, p.HV) if p.gate is Gate.SCALAR else (B, T, p.HV, p.K)
+        # A mix of strong and weak decays: 30% of entries near gate_min, the rest spread over (gate_min, 0).
+        u = torch.rand(*dims, generator=gen)
+        g = torch.where(torch.rand(*dims, generator=gen) < 0.3, gate_min * (0.8 + 0.2 * u), gate_min * u**3)
+    n_seq = len(seq_lens) if seq_lens is not None else B
+    h0 = rnd(n_seq, p.HV, p.K, p.V) * 0.5 if initial_state else None
+    out: dict[str, Any] = {
+        "q": q.to(dtype),
+        "k": k.to(dtype),
+        "v": v.to(dtype),
+        "g": g,
+        "beta": beta.to(dtype),
+        "initial_state": h0,
+        "cu_seqlens": cu,
+    }
+    return {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in out.items()}
+
+
+def workload_inputs(
+    shape: Shape,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    workload: Workload = DEFAULT_WORKLOAD,
+    seed: int = TIMING_SEED,
+) -> dict[str, Any]:
+    """The keyword arguments of one timed op call: :func:`make_inputs` for ``workload``, plus ``scale`` and
+    ``output_final_state``. ``dtune.ops.run_kernel(kernel, **x, config=...)`` runs it."""
+    x = make_inputs(shape, dtype, device, seed=seed, seq_lens=workload.seq_lens, initial_state=workload.initial_state)
+    x["scale"] = shape.K**-0.5
+    x["output_final_state"] = workload.final_state
+    return x

@@ -1,0 +1,187 @@
+"""Static resources of the chunk stages compiled for sm_90a (Hopper) on any machine, no GPU needed.
+
+Triton ships its PTX assembler, so ``triton.compile`` for a ``GPUTarget`` runs without a GPU: shared memory per
+stage (:func:`stage_kernels` + :func:`compile_sm90`, what ``plan()`` would launch), and in the PTX of a stage's
+main loop the tensor-core instructions, shared-memory traffic and barriers, with registers and spills from ptxas
+(:func:`stage_stats`; the source of the "kv" vs "vk" state-pass table in reports/h200/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from dtune.kernels import KERNELS
+from dtune.kernels.chunk import _tile
+from dtune.kernels.chunk.intra import chunk_intra_kernel
+from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
+from dtune.kernels.chunk.output import chunk_output_kernel
+from dtune.kernels.chunk.state import chunk_state_kernel
+from dtune.kernels.config import GATE_CODES
+
+SM90 = GPUTarget("cuda", 90, 32)
+OPS = {"none": "chunk_delta_rule", "scalar": "chunk_gated_delta_rule", "channel": "chunk_kda"}
+PATTERNS = {
+    "wgmma": r"wgmma\.mma_async",
+    "mma.sync": r"\bmma\.sync",
+    "st.shared": r"st\.shared|stmatrix",
+    "ld.shared": r"ld\.shared|ldmatrix",
+    "bar.sync": r"bar\.sync",
+}
+
+
+class NoToolchain(RuntimeError):
+    """This Triton build cannot make CUDA code (no ptxas)."""
+
+
+H100_SMEM = 232448  # bytes of shared memory per block on sm_90
+
+
+def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int) -> Any:
+    """``triton.compile`` of one JIT function for sm_90 (pointers 16-byte aligned, as a real launch specialises
+    them; ``scale`` fp32, ``T`` i32, every other argument a constexpr); NoToolchain where no ptxas is shipped."""
+    sig: dict[str, str] = {}
+    consts: dict[tuple[int, ...], Any] = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in ptrs:
+            sig[name] = ptrs[name]
+        elif name == "scale":
+            sig[name] = "fp32"
+        elif name == "T":
+            sig[name] = "i32"
+        else:  # constexprs, and pointers the launch passes as None
+            sig[name] = "constexpr"
+            consts[(i,)] = constexprs.get(name)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    try:
+        return triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
+    except RuntimeError as e:  # no CUDA toolchain in this Triton build
+        if "ptxas" in str(e).lower():
+            raise NoToolchain(f"cannot build CUDA code here: {e}") from None
+        raise
+
+
+def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool) -> list[tuple]:
+    """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches."""
+    G = GATE_CODES[gate]
+    p = f"*{dtype}"
+    f32 = "*fp32"
+    prec = cfg["F32_DOT"] if dtype == "fp32" else "tf32"
+    BT, BC, fuse = cfg["BT"], cfg["BC"], cfg["FUSE_OUTPUT"]
+    gated = {"g": f32, "gout": f32} if G else {}
+    chan = {"qg": p, "kg": p} if G == 2 else {}
+    table = {"chunk_info": "*i32"} if varlen else {}
+    i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
+    safe = cfg.get("SAFE_DIAG", True)
+    diag = {"DIAG": int(G == 2 and safe)} if cfg["INTRA"] == "blocks" else {"SAFE_DIAG": safe}
+    intra = (
+        "intra",
+        chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
+        {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
+        | ({"flags": "*i32"} if G == 2 and cfg.get("SAFE_DIAG", True) and cfg["INTRA"] == "blocks" else {}),
+        dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
+        | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
+        | diag,
+        cfg["intra_num_warps"],
+        cfg["intra_num_stages"],
+    )
+    state_ptrs = {"q": p, "k": p, "w": p, "u": p, "aqk": p, "h0": f32, "ht": f32, "o": p, **chan}
+    state_ptrs |= {"gout": f32} if G else {}
+    state_ptrs |= {} if fuse else {"hbuf": p, "vnew": p}
+    state_ptrs |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
+    state = (
+        "state",
+        chunk_state_kernel,
+        state_ptrs,
+        dict(
+            H=2,
+            HV=4,
+            K=K,
+            V=V,
+            BT=BT,
+            BK=_tile(triton.next_power_of_2(K), K),
+            BV=_tile(cfg["h_BV"], V),
+            GATE=G,
+            USE_H0=True,
+        )
+        | dict(STORE_HT=True, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk"),
+        cfg["h_num_warps"],
+        cfg["h_num_stages"],
+    )
+    out = [intra, state]
+    if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
+        out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
+    if not fuse:
+        o_BK = _tile(cfg["o_BK"], K)
+        out_ptrs = {"q": p, "aqk": p, "hbuf": p, "vnew": p, "o": p, **table}
+        out_ptrs |= {"gout": f32} if G else {}
+        out_ptrs |= {"qg": p} if G == 2 else {}
+        out.append(
+            (
+                "output",
+                chunk_output_kernel,
+                out_ptrs,
+                dict(H=2, HV=4, K=K, V=V, BT=BT, BK=o_BK, BV=_tile(cfg["o_BV"], V), NK=triton.cdiv(K, o_BK), GATE=G)
+                | dict(VARLEN=varlen, DOT_PREC=prec),
+                cfg["o_num_warps"],
+                cfg["o_num_stages"],
+            )
+        )
+    return out
+
+
+def loop_body(ptx: str) -> str:
+    """The longest backward-branch region of the PTX (the chunk loop of the state pass; the key loop elsewhere)."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\$L__BB\d+_\d+):", line.strip()))}
+    best = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > best[1] - best[0]:
+            best = (labels[m.group(1)], i)
+    return "\n".join(lines[best[0] : best[1] + 1])
+
+
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers, spill-store bytes) of the kernel, from ptxas -v for sm_90a."""
+    try:  # the ptxas Triton itself uses for sm_90 (Triton >= 3.4 ships a second one for new targets)
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        ptxas = get_ptxas(90).path
+    except ImportError:  # older Triton: the one ptxas it ships
+        ptxas = sorted(glob.glob(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas*")))[0]
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        out = subprocess.run(
+            [ptxas, "-v", "--gpu-name", "sm_90a", str(src), "-o", str(Path(d) / "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
+
+
+def stage_stats(gate: str, stage: str, dim: int, dtype: str, overrides: dict[str, Any]) -> dict[str, int]:
+    """Instruction counts in the main loop of one stage's PTX (:data:`PATTERNS`), registers and spill bytes."""
+    cfg = KERNELS[OPS[gate]].check_config(dim, dim, overrides)
+    stages = {s[0]: s for s in stage_kernels(gate, dtype, dim, dim, cfg, False)}
+    if stage not in stages:
+        raise ValueError(f"no stage {stage!r} in this config (stages: {', '.join(stages)})")
+    _, fn, ptrs, consts, warps, n_stages = stages[stage]
+    ptx = compile_sm90(fn, ptrs, consts, warps, n_stages).asm["ptx"]
+    body = loop_body(ptx)
+    counts = {name: len(re.findall(p, body)) for name, p in PATTERNS.items()}
+    regs, spills = ptxas_usage(ptx)
+    return {**counts, "regs": regs, "spills": spills}

@@ -1,0 +1,146 @@
+"""``dtune export``: the best gate-passing config of every study of a run, as tuned-config JSON.
+
+Schema 1::
+
+    {"schema": 1, "gpu": "h200", "gpu_name": "...", "created": "...",
+     "versions": {"dtune", "torch", "triton", "optuna", "python"},
+     "entries": [{"kernel", "dtype", "bucket": {"T", "B", "H", "HV", "K", "V"}, "config": {...},
+                  "time_ms", "default_time_ms", "speedup", "gate_error",
+                  "trials": {"complete", "failed", "pruned"}}]}
+
+Only COMPLETE trials that passed the gate are candidates (:func:`dtune.results.passed`); a study without
+one contributes no entry, so a config that failed can never be exported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from dtune.kernels import get_kernel
+
+from dtune.tune import results
+from dtune.tune.runinfo import TUNED_JSON, now_iso, read_run_json
+from dtune.tune.storage import default_storage_url, open_storage, study_name
+
+SCHEMA = 1
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def build_export(run_dir: Path) -> dict[str, Any]:
+    """The tuned-config document of the run in ``run_dir`` (ValueError if it is not a run folder)."""
+    info = read_run_json(run_dir)
+    gpu = info["gpu"]
+    url = info.get("storage") or default_storage_url(run_dir)
+    storage = open_storage(url)
+    names = {s.study_name for s in storage.get_all_studies()}
+    optuna.logging.set_verbosity(logging.ERROR)
+    entries = []
+    for shape in info["shapes"]:
+        name = study_name(info["kernel"], gpu["key"], info["dtype"], shape["shape_key"])
+        if name not in names:
+            continue
+        study = optuna.load_study(study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler())
+        trials = study.get_trials(deepcopy=False)
+        best = results.best_trial(trials)
+        if best is None:
+            continue
+        config = dict(best.user_attrs.get("config") or best.params)
+        get_kernel(info["kernel"]).check_config(shape["K"], shape["V"], config)  # never export an illegal config
+        base = results.default_trial(trials)
+        default_ms = base.value if base is not None and results.passed(base) else None
+        errors = [_finite(best.user_attrs.get(k)) for k in ("error_o", "error_s")]
+        entries.append(
+            {
+                "kernel": info["kernel"],
+                "dtype": info["dtype"],
+                "bucket": {k: shape[k] for k in ("T", "B", "H", "HV", "K", "V")},
+                "config": config,
+                "time_ms": best.value,
+                "default_time_ms": default_ms,
+                "speedup": (default_ms / best.value) if default_ms and best.value else None,
+                "gate_error": max((e for e in errors if e is not None), default=None),
+                "trials": results.counts(trials),
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "gpu": gpu["key"],
+        "gpu_name": gpu.get("name", gpu["key"]),
+        "created": now_iso(),
+        "versions": info.get("versions", {}),
+        "entries": entries,
+    }
+
+
+def merge_exports(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document of several runs' exports (same GPU): per (kernel, dtype, bucket) the fastest entry."""
+    gpus = {d["gpu"] for d in docs}
+    if len(gpus) != 1:
+        raise ValueError(
+            f"cannot merge runs of different GPUs ({', '.join(sorted(gpus))}): configs must keep their GPU"
+        )
+    best: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        for e in doc["entries"]:
+            key = _key(e)
+            if key not in best or e["time_ms"] < best[key]["time_ms"]:
+                best[key] = e
+    return {**docs[-1], "created": now_iso(), "entries": list(best.values())}
+
+
+def supersede(shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = "") -> tuple[dict[str, Any], list[str]]:
+    """``shipped`` with the entries of ``newer`` exports (in order) replacing its entries of the same (kernel,
+    dtype, bucket), and one line per entry added or replaced.
+
+    Unlike :func:`merge_exports` (fastest wins, for runs of one sitting), a newer sitting supersedes an older one:
+    its search timed the old best config too (the template's default or a seed), and times of different sittings
+    are not comparable. Entries without a time are skipped; every document must be of ``shipped``'s GPU.
+    """
+    entries = {_key(e): e for e in shipped["entries"]}
+    changes = []
+    for doc in newer:
+        if doc["gpu"] != shipped["gpu"]:
+            raise ValueError(
+                f"cannot merge a {doc['gpu']} export into {shipped['gpu']} configs: configs keep their GPU"
+            )
+        for e in doc["entries"]:
+            if e.get("time_ms") is None:
+                continue
+            old = entries.get(_key(e))
+            was = "new" if old is None else f"was {old['time_ms']:.4g} ms in its own sitting"
+            changes.append(f"{e['kernel']} {e['dtype']} {e['bucket']}: {e['time_ms']:.4g} ms ({was})")
+            entries[_key(e)] = e
+    out = {**shipped, "created": now_iso(), "versions": newer[-1].get("versions", shipped.get("versions", {}))}
+    if note:
+        out["note"] = f"{shipped.get('note', '')}; {note}".strip("; ")
+    out["entries"] = sorted(entries.values(), key=_key)
+    return out, changes
+
+
+def _key(entry: dict[str, Any]) -> str:
+    return json.dumps([entry["kernel"], entry["dtype"], entry["bucket"]], sort_keys=True)
+
+
+def write_export(run_dirs: Path | list[Path], path: Path | None = None) -> Path:
+    """Write the export of one run folder, or the merge of several, to ``path``; returns the path.
+
+    ``path`` defaults to RUN/tuned.json for one run folder and is required for several.
+    """
+    dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    if not dirs:
+        raise ValueError("no run folder given")
+    if path is None and len(dirs) > 1:
+        raise ValueError("merging several run folders needs an output file (-o)")
+    doc = merge_exports([build_export(d) for d in dirs]) if len(dirs) > 1 else build_export(dirs[0])
+    path = path or dirs[0] / TUNED_JSON
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,278 @@
+"""Search spaces (``search_spaces/<kernel>.toml``): parameters and their choices, constraints, seeds, gate
+tolerances and the default shape grid of one tunable kernel. Data, not code: loaded and validated here.
+
+Constraints are Python expressions over the parameters, the shape (B, T, H, HV, K, V, N) and the GPU's
+limits (smem_per_block, sm_count, cc_major, cc_minor, regs_per_sm), with ``next_power_of_2``, ``min`` and
+``max``. They are checked by walking their syntax tree (only arithmetic, comparisons, boolean logic,
+conditional expressions and those three calls) and evaluated without builtins.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dtune.kernels import get_kernel
+from dtune.kernels.config import next_power_of_2
+
+from dtune import _toml
+from dtune.inputs import DTYPE_NAMES
+from dtune.shape import Shape, ShapeGrid
+
+SHAPE_NAMES = ("B", "T", "H", "HV", "K", "V", "N")
+GPU_NAMES = ("smem_per_block", "sm_count", "cc_major", "cc_minor", "regs_per_sm")
+FUNCTIONS: dict[str, Any] = {"next_power_of_2": next_power_of_2, "min": min, "max": max}
+
+_ALLOWED_NODES: tuple[type[ast.AST], ...] = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.UAdd,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.IfExp,
+    ast.Call,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+)
+
+
+class SpaceError(ValueError):
+    """A search-space file that cannot be used: the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    name: str
+    expression: str
+    code: Any = field(repr=False, compare=False)
+
+    def holds(self, names: Mapping[str, Any]) -> bool:
+        return bool(eval(self.code, {"__builtins__": {}, **FUNCTIONS}, dict(names)))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    kernel: str
+    description: str
+    params: dict[str, tuple[Any, ...]]
+    constraints: tuple[Constraint, ...]
+    seeds: tuple[dict[str, Any], ...]
+    tolerance: dict[str, float]
+    shapes: ShapeGrid
+    source: str
+
+    def violations(self, config: Mapping[str, Any], shape: Shape, gpu: Mapping[str, int]) -> list[str]:
+        """Names of the constraints that ``config`` (a full config) breaks at ``shape`` on ``gpu``."""
+        names = {**gpu, **shape.names(), **config}
+        return [c.name for c in self.constraints if not c.holds(names)]
+
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.params.values())
+
+
+def _fail(source: str, message: str) -> SpaceError:
+    return SpaceError(f"search space {source}: {message}")
+
+
+def compile_constraint(name: str, expression: str, known: set[str], source: str = "<space>") -> Constraint:
+    """Parse and check one constraint: only safe syntax, only known names; SpaceError otherwise."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise _fail(source, f"constraint {name!r} must be a non-empty expression string")
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as e:
+        raise _fail(source, f"constraint {name!r} is not a valid expression: {expression!r} ({e.msg})") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise _fail(source, f"constraint {name!r} uses {type(node).__name__}, which is not allowed: {expression!r}")
+        if isinstance(node, ast.Call) and (
+            not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS or node.keywords
+        ):
+            raise _fail(
+                source,
+                f"constraint {name!r}: only {', '.join(FUNCTIONS)} may be called (positional arguments): "
+                f"{expression!r}",
+            )
+        if isinstance(node, ast.Name) and node.id not in known and node.id not in FUNCTIONS:
+            raise _fail(
+                source, f"constraint {name!r} names unknown {node.id!r}; known names: {', '.join(sorted(known))}"
+            )
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool, str)):
+            raise _fail(
+                source, f"constraint {name!r}: only numbers and strings may appear as constants: {expression!r}"
+            )
+    return Constraint(name, expression, compile(tree, f"<constraint {name}>", "eval"))
+
+
+def _int_list(source: str, section: str, key: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value)
+    ):
+        raise _fail(source, f"[{section}] {key} must be a non-empty list of positive integers, got {value!r}")
+    return tuple(value)
+
+
+def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace:
+    """Validate a parsed space file against its kernel's template; SpaceError naming the problem otherwise."""
+    known_top = {"kernel", "description", "params", "constraints", "seeds", "tolerance", "shapes"}
+    extra = sorted(set(data) - known_top)
+    if extra:
+        raise _fail(source, f"unknown section(s) {extra}; expected {sorted(known_top)}")
+    kernel_name = data.get("kernel")
+    if not isinstance(kernel_name, str):
+        raise _fail(source, 'missing `kernel = "<name>"`')
+    try:
+        spec = get_kernel(kernel_name)
+    except ValueError as e:
+        raise _fail(source, str(e)) from None
+    legal = spec.legal_params()
+
+    raw_params = data.get("params")
+    if not isinstance(raw_params, dict) or not raw_params:
+        raise _fail(source, "empty search space: [params] must name at least one parameter")
+    params: dict[str, tuple[Any, ...]] = {}
+    for name, choices in raw_params.items():
+        if name not in legal:
+            raise _fail(
+                source, f"unknown parameter {name!r} for {kernel_name}; the template's parameters: {sorted(legal)}"
+            )
+        if not isinstance(choices, list) or not choices:
+            raise _fail(source, f"parameter {name!r} must be a non-empty list of choices, got {choices!r}")
+        for value in choices:
+            if value not in legal[name] or isinstance(value, bool) != isinstance(legal[name][0], bool):
+                raise _fail(
+                    source, f"{name} = {value!r} is not legal for the {kernel_name} template: legal {list(legal[name])}"
+                )
+        if len(set(choices)) != len(choices):
+            raise _fail(source, f"parameter {name!r} lists a choice twice: {choices!r}")
+        params[name] = tuple(choices)
+
+    known = set(legal) | set(SHAPE_NAMES) | set(GPU_NAMES)
+    raw_constraints = data.get("constraints", {})
+    if not isinstance(raw_constraints, dict):
+        raise _fail(source, '[constraints] must be a table of name = "expression"')
+    constraints = tuple(compile_constraint(n, e, known, source) for n, e in raw_constraints.items())
+
+    seeds: list[dict[str, Any]] = []
+    raw_seeds = data.get("seeds", {})
+    for i, cfg in enumerate(raw_seeds.get("configs", []) if isinstance(raw_seeds, dict) else [None]):
+        if not isinstance(cfg, dict):
+            raise _fail(source, f"[seeds] configs[{i}] must be an inline table of parameters")
+        for name, value in cfg.items():
+            if name not in params:
+                raise _fail(source, f"[seeds] configs[{i}] sets {name!r}, which is not a parameter of the space")
+            if value not in params[name]:
+                raise _fail(
+                    source, f"[seeds] configs[{i}]: {name} = {value!r} is not among the choices {list(params[name])}"
+                )
+        seeds.append(dict(cfg))
+
+    raw_tol = data.get("tolerance")
+    if not isinstance(raw_tol, dict):
+        raise _fail(source, "missing [tolerance] (relative RMS error per dtype: fp32, fp16, bf16)")
+    missing = [d for d in DTYPE_NAMES if d not in raw_tol]
+    if missing:
+        raise _fail(source, f"[tolerance] lacks {missing}")
+    tolerance: dict[str, float] = {}
+    for d, tol in raw_tol.items():
+        if d not in DTYPE_NAMES:
+            raise _fail(source, f"[tolerance] names unknown dtype {d!r}; use {', '.join(DTYPE_NAMES)}")
+        if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 < tol < 1:
+            raise _fail(source, f"[tolerance] {d} must be a number in (0, 1), got {tol!r}")
+        tolerance[d] = float(tol)
+
+    raw_shapes = data.get("shapes")
+    if not isinstance(raw_shapes, dict):
+        raise _fail(source, "missing [shapes] (seq_lens, head_dims, heads, and batch or batch_tokens)")
+    unknown_shape = sorted(set(raw_shapes) - {"seq_lens", "head_dims", "heads", "batch", "batch_tokens"})
+    if unknown_shape:
+        raise _fail(source, f"[shapes] has unknown key(s) {unknown_shape}")
+    for key in ("seq_lens", "head_dims", "heads"):
+        if key not in raw_shapes:
+            raise _fail(source, f"[shapes] lacks {key}")
+    if ("batch" in raw_shapes) == ("batch_tokens" in raw_shapes):
+        raise _fail(source, "[shapes] needs exactly one of batch (list) or batch_tokens (B = batch_tokens // T)")
+    batch_tokens = raw_shapes.get("batch_tokens")
+    if batch_tokens is not None and (not isinstance(batch_tokens, int) or batch_tokens < 1):
+        raise _fail(source, f"[shapes] batch_tokens must be a positive integer, got {batch_tokens!r}")
+    grid = ShapeGrid(
+        seq_lens=_int_list(source, "shapes", "seq_lens", raw_shapes["seq_lens"]),
+        head_dims=_int_list(source, "shapes", "head_dims", raw_shapes["head_dims"]),
+        heads=_int_list(source, "shapes", "heads", raw_shapes["heads"]),
+        batch=_int_list(source, "shapes", "batch", raw_shapes["batch"]) if "batch" in raw_shapes else (),
+        batch_tokens=batch_tokens,
+    )
+    description = data.get("description", "")
+    return SearchSpace(
+        kernel=kernel_name,
+        description=str(description),
+        params=params,
+        constraints=constraints,
+        seeds=tuple(seeds),
+        tolerance=tolerance,
+        shapes=grid,
+        source=source,
+    )
+
+
+def load_space_file(path: str | Path) -> SearchSpace:
+    """A user's own space file (``--space FILE``)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpaceError(f"search space {path}: cannot read it ({e.strerror})") from None
+    return _parse_text(text, str(path))
+
+
+def _parse_text(text: str, source: str) -> SearchSpace:
+    try:
+        data = _toml.loads(text)
+    except _toml.TOMLDecodeError as e:
+        raise _fail(source, f"not valid TOML ({e})") from None
+    return parse_space(data, source)
+
+
+def shipped_spaces() -> list[str]:
+    """Kernel names that have a search space shipped in ``dtune.search_spaces``."""
+    root = resources.files("dtune.search_spaces")
+    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def load_space(kernel: str) -> SearchSpace:
+    """The shipped space of ``kernel``; SpaceError if the kernel has none."""
+    get_kernel(kernel)  # unknown kernel: ValueError naming the known ones
+    ref = resources.files("dtune.search_spaces").joinpath(f"{kernel}.toml")
+    if not ref.is_file():
+        raise SpaceError(f"kernel {kernel!r} has no shipped search space; shipped: {', '.join(shipped_spaces())}")
+    space = _parse_text(ref.read_text(encoding="utf-8"), f"dtune.search_spaces/{kernel}.toml")
+    if space.kernel != kernel:
+        raise SpaceError(f"search space {space.source} is for {space.kernel!r}, not {kernel!r}")
+    return space

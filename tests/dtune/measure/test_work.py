@@ -1,0 +1,74 @@
+"""The FLOP/byte model against the anchors' numbers (anchors/fla-0.6.0_h200.md) and the floor arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dtune.measure import work as roofline
+from dtune.shape import Gate, Shape
+
+
+def prob(B: int, T: int, H: int, D: int, gate: Gate) -> Shape:
+    return Shape(B=B, T=T, H=H, HV=H, K=D, V=D, N=B, gate=gate)
+
+
+def test_chunk_kda_matches_anchor() -> None:
+    # fla chunk_kda D=128 T=4096 (B=8, H=16) ran 1.811 ms: "~52 TFLOP/s nominal and ~445 GB/s compulsory".
+    w = roofline.work("chunk_kda", prob(8, 4096, 16, 128, Gate.CHANNEL), torch.bfloat16)
+    assert w.flops == 32768 * 16 * (2 * 64 * (3 * 128 + 2 * 128) + 6 * 128 * 128)
+    assert w.bytes == 32768 * 16 * (2 * 4 * 128 + 2 + 4 * 128)
+    assert w.tflops(1.811) == pytest.approx(52.2, abs=0.1)
+    assert w.gbs(1.811) == pytest.approx(445, abs=1)
+
+
+@pytest.mark.parametrize(
+    "gate, g_bytes", [(Gate.NONE, 0), (Gate.SCALAR, 4), (Gate.CHANNEL, 4 * 64)], ids=["dn", "gdn", "kda"]
+)
+def test_gate_bytes(gate: Gate, g_bytes: int) -> None:
+    w = roofline.work("chunk_x", prob(2, 128, 4, 64, gate), torch.bfloat16)
+    assert w.bytes == 256 * 4 * (2 * 4 * 64 + 2 + g_bytes)
+
+
+def test_grouped_value_heads_count_value_side_per_hv() -> None:
+    p = Shape(B=1, T=10, H=2, HV=4, K=32, V=16, N=1, gate=Gate.NONE)
+    assert roofline.io_bytes(p, torch.float32) == 10 * (2 * 2 * 32 * 4 + 2 * 4 * 16 * 4 + 4 * 4)
+    assert roofline.chunk_flops(p) == 10 * 4 * (2 * 64 * (3 * 32 + 2 * 16) + 6 * 32 * 16)
+
+
+def test_decode_state_traffic_matches_anchor() -> None:
+    # fused_recurrent_delta_rule D=128 B=32 H=16: 0.089 ms, 752 GB/s of state (8·K·V bytes per head per step).
+    p = prob(32, 1, 16, 128, Gate.NONE)
+    w = roofline.work("fused_recurrent_delta_rule", p, torch.bfloat16, initial_state=True, final_state=True)
+    state = 8 * 32 * 16 * 128 * 128
+    assert w.bytes == state + 32 * 16 * (4 * 128 * 2 + 2)
+    assert state / (0.089e-3) / 1e9 == pytest.approx(754, abs=2)
+    assert w.flops == 32 * 16 * 6 * 128 * 128
+    gated = roofline.recurrent_flops(prob(32, 1, 16, 128, Gate.SCALAR))
+    assert gated == 32 * 16 * 7 * 128 * 128
+
+
+def test_roofs_floor_bound_and_describe() -> None:
+    roofs = roofline.Roofs(gbs=4000.0, tflops=700.0, source="test")
+    assert roofs.ridge == pytest.approx(175.0)
+    mem = roofline.Work(flops=1e9, bytes=4e9)  # 1 ms of bytes, ~0.0014 ms of FLOPs
+    assert roofs.floor_ms(mem) == pytest.approx(1.0)
+    assert roofs.bound(mem) == "memory"
+    assert roofline.describe(3.1, mem, roofs) == "3.1× floor, memory-bound"
+    comp = roofline.Work(flops=7e11, bytes=1e6)
+    assert roofs.bound(comp) == "compute"
+    assert roofs.floor_ms(comp) == pytest.approx(1.0)
+    assert roofline.describe(2.0, comp, roofs) == "2.0× floor, compute-bound"
+    assert roofline.describe(1.0, comp, None) == ""
+    assert roofs.attainable_tflops(10.0) == pytest.approx(40.0)
+    assert roofs.attainable_tflops(1000.0) == 700.0
+
+
+def test_roofs_from_ceilings_and_profile() -> None:
+    r = roofline.Roofs.from_ceilings({"copy_gbs": 4249.0, "bf16_tflops": 700.0})
+    assert (r.gbs, r.tflops, r.source) == (4249.0, 700.0, "measured")
+    r = roofline.Roofs.from_profile({"key": "h200", "hbm_gbs": 4800, "bf16_tflops": 989})
+    assert (r.gbs, r.tflops, r.source) == (4800.0, 989.0, "profile:h200")
+    assert math.isinf(roofline.Work(1.0, 0.0).intensity)

@@ -1,0 +1,312 @@
+"""The numbers behind every chart of the report, on small hand-made frames with the real columns."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from dtune.measure.work import Roofs
+from dtune.report import data as d
+from tests.e2e.run_folder import make_run_folder
+
+STUDY_A = "chunk_kda:h200:bf16:T1024_D64"
+STUDY_B = "chunk_kda:h200:bf16:T4096_D64"
+
+
+def trial(
+    study: str, T: int, D: int, n: int, state: str, ms: float, reason: str = "ok", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "study": study,
+        "kernel": "chunk_kda",
+        "gpu": "h200",
+        "dtype": "bf16",
+        "shape_key": study.rsplit(":", 1)[1],
+        "B": 32768 // T,
+        "T": T,
+        "H": 16,
+        "HV": 16,
+        "K": D,
+        "V": D,
+        "number": n,
+        "state": state,
+        "reason": reason,
+        "message": "",
+        "time_ms": ms,
+        "default_time_ms": extra.pop("default_time_ms", 1.2),
+        "error_o": 1e-3 if state == "complete" else math.nan,
+        "is_default": n == 0,
+        "p.BT": extra.pop("BT", 64),
+        "p.num_warps": extra.pop("num_warps", 4),
+        **extra,
+    }
+
+
+@pytest.fixture()
+def trials() -> pd.DataFrame:
+    nan = math.nan
+    return pd.DataFrame(
+        [
+            trial(STUDY_A, 1024, 64, 0, "complete", 1.20),
+            trial(STUDY_A, 1024, 64, 1, "complete", 0.90, BT=32, num_warps=8),
+            trial(STUDY_A, 1024, 64, 2, "failed", nan, "gate"),
+            trial(STUDY_A, 1024, 64, 3, "complete", 0.95),
+            trial(STUDY_A, 1024, 64, 4, "complete", 0.80, BT=32, num_warps=2),
+            trial(STUDY_A, 1024, 64, 5, "pruned", nan, "constraint"),
+            trial(STUDY_B, 4096, 64, 0, "complete", 2.00, default_time_ms=2.0),
+            trial(STUDY_B, 4096, 64, 1, "failed", nan, "compile"),
+            trial(STUDY_B, 4096, 64, 2, "complete", 1.60, num_warps=8, default_time_ms=2.0),
+            trial(STUDY_B, 4096, 64, 3, "failed", nan, "gate", default_time_ms=2.0),
+        ]
+    )
+
+
+def test_best_per_shape(trials: pd.DataFrame) -> None:
+    best = d.best_per_shape(trials).set_index("study")
+    a, b = best.loc[STUDY_A], best.loc[STUDY_B]
+    assert (a["best_ms"], a["default_ms"], a["best_trial"]) == (0.80, 1.20, 4)
+    assert a["speedup"] == pytest.approx(1.5)
+    assert (a["complete"], a["failed"], a["pruned"]) == (4, 1, 1)
+    assert json.loads(a["config"]) == {"BT": 32, "num_warps": 2}
+    assert b["speedup"] == pytest.approx(1.25)
+    assert (b["complete"], b["failed"], b["pruned"]) == (2, 2, 0)
+
+
+def test_default_time_falls_back_to_column_without_default_trial(trials: pd.DataFrame) -> None:
+    t = trials[trials["number"] != 0]
+    best = d.best_per_shape(t).set_index("study")
+    assert best.loc[STUDY_A, "default_ms"] == 1.2
+    assert best.loc[STUDY_A, "speedup"] == pytest.approx(1.5)
+
+
+def test_speedup_charts(trials: pd.DataFrame) -> None:
+    extra = pd.DataFrame(
+        [
+            trial("chunk_kda:h200:bf16:T1024_D128", 1024, 128, 0, "complete", 3.0, default_time_ms=3.0),
+            trial("chunk_kda:h200:bf16:T1024_D128", 1024, 128, 1, "complete", 2.0, default_time_ms=3.0),
+        ]
+    )
+    frame = d.best_per_shape(pd.concat([trials, extra], ignore_index=True))
+    by_t = d.speedup_vs_seq_len(frame)
+    assert list(zip(by_t["line"], by_t["T"], by_t["speedup"].round(4))) == [
+        ("chunk_kda D64", 1024, 1.5),
+        ("chunk_kda D64", 4096, 1.25),
+        ("chunk_kda D128", 1024, 1.5),
+    ]
+    by_d = d.speedup_vs_head_dim(frame)
+    assert list(zip(by_d["line"], by_d["K"], by_d["speedup"].round(4))) == [
+        ("chunk_kda T1024", 64, 1.5),
+        ("chunk_kda T1024", 128, 1.5),
+        ("chunk_kda T4096", 64, 1.25),
+    ]
+
+
+def test_search_history_best_so_far(trials: pd.DataFrame) -> None:
+    h = d.search_history(trials)
+    a = h[h["study"] == STUDY_A]
+    assert a["number"].tolist() == [0, 1, 3, 4]
+    assert a["best_so_far"].tolist() == [1.20, 0.90, 0.90, 0.80]
+    assert h[h["study"] == STUDY_B]["best_so_far"].tolist() == [2.0, 1.6]
+
+
+def test_failures_by_reason(trials: pd.DataFrame) -> None:
+    f = d.failures_by_reason(trials)
+    assert list(zip(f["state"], f["reason"], f["count"])) == [
+        ("failed", "gate", 2),
+        ("failed", "compile", 1),
+        ("pruned", "constraint", 1),
+    ]
+    assert d.failures_by_reason(trials[trials["state"] == "complete"]).empty
+
+
+def test_trial_table_orders_columns_and_rows(trials: pd.DataFrame) -> None:
+    t = d.trial_table(trials.sample(frac=1.0, random_state=1))
+    assert list(t.columns[:6]) == ["study", "number", "state", "reason", "p.BT", "p.num_warps"]
+    assert t["number"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+    assert len(t) == len(trials)
+
+
+def bench_rows() -> pd.DataFrame:
+    base = {"kernel": "chunk_kda", "dtype": "bf16", "B": 8, "T": 4096, "H": 16, "HV": 16, "K": 128, "V": 128}
+    rows = []
+    for impl, ms in {"tuned": 1.0, "default": 1.5, "fla": 1.8, "fla_fast": 1.6, "torch": 12.0}.items():
+        rows.append(
+            {
+                **base,
+                "impl": impl,
+                "mode": "eager",
+                "median_ms": ms,
+                "speedup_vs_default": 1.5 / ms,
+                "speedup_vs_fla": 1.6 / ms,
+                "meaningful": True,
+                "flops": 9.449e10,
+                "bytes": 8.06e8,
+                "tflops": 9.449e10 / (ms * 1e-3) / 1e12,
+            }
+        )
+    rows.append({**rows[-1], "impl": "default", "median_ms": math.nan, "tflops": math.nan, "T": 1024})
+    return pd.DataFrame(rows)
+
+
+def test_bench_times() -> None:
+    f = d.bench_times(bench_rows())
+    assert f["shape"].unique().tolist() == ["B8 T4096 H16 D128"]  # the untimed row is dropped
+    assert f.set_index("series")["median_ms"].to_dict() == {
+        "tuned": 1.0,
+        "default": 1.5,
+        "fla": 1.8,
+        "fla_fast": 1.6,
+        "torch": 12.0,
+    }
+    assert f.set_index("series").loc["tuned", "speedup_vs_fla"] == pytest.approx(1.6)
+
+
+def test_bench_times_graph_series() -> None:
+    b = bench_rows().head(2).copy()
+    b.loc[1, ["impl", "mode"]] = ["tuned", "graph"]
+    assert d.bench_times(b)["series"].tolist() == ["tuned", "tuned (graph)"]
+
+
+def profile_rows() -> pd.DataFrame:
+    base = {"kernel": "chunk_kda", "dtype": "bf16", "B": 8, "T": 4096, "H": 16, "HV": 16, "K": 128, "V": 128}
+    stages = [
+        ("cumsum", 0.1, 1e9, 2e8),
+        ("solve", 0.3, 3e10, 2e8),
+        ("output", 0.6, 6e10, 4e8),
+        ("total (whole op)", 1.05, 9e10, 8e8),
+    ]
+    return pd.DataFrame(
+        [
+            {
+                **base,
+                "stage": s,
+                "median_ms": ms,
+                "flops": fl,
+                "bytes": by,
+                "tflops": fl / (ms * 1e-3) / 1e12,
+                "registers": 96,
+                "spills": 0,
+                "shared_mem": 32768,
+                "x_floor": 2.0,
+                "verdict": "2.0× floor, memory-bound",
+                "roof_gbs": 4249.0,
+                "roof_tflops": 700.0,
+                "roof_source": "measured",
+            }
+            for s, ms, fl, by in stages
+        ]
+    )
+
+
+def test_stage_breakdown_shares() -> None:
+    s = d.stage_breakdown(profile_rows())
+    assert s["stage"].tolist() == ["cumsum", "solve", "output"]
+    assert s["share"].round(6).tolist() == [0.1, 0.3, 0.6]
+    assert s["shape"].iloc[0] == "chunk_kda B8 T4096 H16 D128"
+
+
+def test_roofline_points_and_roofs(tmp_path: Path) -> None:
+    pts = d.roofline_points(bench_rows(), profile_rows())
+    assert pts is not None
+    tuned = pts[pts["group"] == "bench: tuned"].iloc[0]
+    assert tuned["intensity"] == pytest.approx(9.449e10 / 8.06e8)
+    assert tuned["tflops"] == pytest.approx(94.49)
+    solve = pts[pts["group"] == "profile: solve"].iloc[0]
+    assert solve["intensity"] == pytest.approx(150.0)
+    assert solve["tflops"] == pytest.approx(100.0)
+    assert len(pts) == 5 + 4  # the untimed bench row is dropped
+    assert d.roofline_points(None, None) is None
+
+    data = d.RunData(
+        path=tmp_path, run={"gpu": {"key": "h200", "hbm_gbs": 4800, "bf16_tflops": 989}}, profile=profile_rows()
+    )
+    roofs = d.roofs(data)
+    assert [(r.gbs, r.tflops, r.source) for r in roofs] == [
+        (4800.0, 989.0, "profile:h200"),
+        (4249.0, 700.0, "measured"),
+    ]
+    lines = d.roof_lines([Roofs(4000.0, 700.0, "t")], 1.0, 1000.0)
+    assert lines["intensity"].tolist() == [1.0, 175.0, 1000.0]
+    assert lines["tflops"].tolist() == pytest.approx([4.0, 700.0, 700.0])
+
+
+def test_tuned_frame_and_compact_config() -> None:
+    tuned = {
+        "entries": [
+            {
+                "kernel": "chunk_kda",
+                "dtype": "bf16",
+                "bucket": {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 128, "V": 128},
+                "config": {"BT": 64, "num_warps": 4},
+                "time_ms": 1.0,
+                "default_time_ms": 1.3,
+                "speedup": 1.3,
+                "gate_error": 2e-3,
+                "trials": {"complete": 40, "failed": 7, "pruned": 3},
+            }
+        ]
+    }
+    f = d.tuned_frame(tuned)
+    assert f is not None
+    row = f.iloc[0]
+    assert (row["T"], row["K"], row["speedup"], row["complete"], row["failed"]) == (4096, 128, 1.3, 40, 7)
+    assert d.compact_config(row["config"]) == "BT=64 num_warps=4"
+    assert d.tuned_frame({"entries": []}) is None
+
+
+def test_environment_lists_gpu_versions_commit() -> None:
+    env = d.environment(
+        {
+            "gpu": {"name": "NVIDIA H200", "key": "h200", "cc_major": 9, "cc_minor": 0, "hbm_gbs": 4800},
+            "versions": {"torch": "2.13", "triton": "3.9"},
+            "commit": "abc123",
+            "interpret": True,
+        }
+    )
+    assert env["GPU"] == "NVIDIA H200 (h200, sm_90)"
+    assert env["Versions"] == "torch 2.13, triton 3.9"
+    assert env["Commit"] == "abc123"
+    assert "NOT meaningful" in env["Interpreter"]
+
+
+def test_load_run_and_importance_on_synthetic_folder(tmp_path: Path) -> None:
+    run = make_run_folder(tmp_path, trials_per_study=10)
+    data = d.load_run(run)
+    assert data.trials is not None and data.bench is not None and data.profile is not None and data.tuned is not None
+    assert data.problems == []
+    sp = d.speedups(data)
+    assert sp is not None and len(sp) == 6 and (sp["speedup"] >= 1.0).all()
+    imp, notes = d.param_importance(data.study_db, min_complete=5)
+    assert set(imp["param"]) <= {"BT", "BC", "BV", "num_warps", "num_stages"}
+    per_study = imp.groupby("study")["importance"].sum()
+    assert per_study.round(6).eq(1.0).all()  # normalised
+    assert len(per_study) + len(notes) == 6
+    few, notes = d.param_importance(data.study_db, min_complete=100)
+    assert few.empty and len(notes) == 6 and all("not enough trials" in n for n in notes)
+
+
+def test_load_run_tolerates_missing_and_broken_files(tmp_path: Path) -> None:
+    (tmp_path / "trials.csv").write_text("")
+    (tmp_path / "run.json").write_text("{not json")
+    data = d.load_run(tmp_path)
+    assert data.trials is None and data.run == {} and data.study_db is None
+    assert any("run.json" in p for p in data.problems)
+    imp, notes = d.param_importance(None)
+    assert imp.empty and notes == ["no study.db in the run folder"]
+
+
+def test_fla_speedups_feed_the_speedup_charts() -> None:
+    bench = bench_rows()
+    extra = bench[bench["impl"] == "tuned"].assign(T=1024, median_ms=0.5, speedup_vs_fla=3.2)
+    fla = d.fla_speedups(pd.concat([bench, extra], ignore_index=True))
+    assert fla is not None
+    by_t = d.speedup_vs_seq_len(fla)
+    assert list(zip(by_t["T"], by_t["speedup"].round(4))) == [(1024, 3.2), (4096, 1.6)]
+    assert by_t["line"].unique().tolist() == ["chunk_kda D128"]
+    assert d.fla_speedups(bench[bench["impl"] != "fla"].assign(speedup_vs_fla=math.nan)) is None
+    assert d.fla_speedups(None) is None

@@ -1,0 +1,192 @@
+"""The tuning loop end to end under the interpreter: typed failures, baseline first, export, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from types import ModuleType
+
+import optuna
+import pandas as pd
+import pytest
+
+from dtune.gpu import get_profile
+from dtune.tune import results
+from dtune.tune.search import INTERPRET_SHAPES, SearchConfig, run_search
+from dtune.tune.space import _parse_text, load_space
+from dtune.tune.storage import open_storage
+
+CSV_COLUMNS = [
+    "study", "kernel", "gpu", "dtype", "shape_key", "B", "T", "H", "HV", "K", "V", "number", "state", "reason",
+    "message", "time_ms", "default_time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs",
+    "tflops", "is_default", "datetime_start", "duration_s",
+]  # fmt: skip
+
+
+def config(kernel: str, out: Path, **kw: object) -> SearchConfig:
+    space = kw.pop("space", None) or load_space(kernel)
+    shapes = kw.pop("shapes", None) or INTERPRET_SHAPES.shapes()
+    args = {"dtype": "fp32", "trials": 4, "interpret": True, "sampler": "tpe", **kw}
+    return SearchConfig(kernel=kernel, gpu=get_profile("cpu"), space=space, shapes=shapes, out=out, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("compile_ahead", [0, 2], ids=["in-turn", "compile-ahead"])
+def test_planted_failures_are_classified_and_never_exported(
+    fake: ModuleType, tmp_path: Path, compile_ahead: int
+) -> None:
+    space = _parse_text(fake.space_toml(), "fake.toml")
+    shapes = space.shapes.shapes()
+    cfg = config(
+        fake.NAME, tmp_path, space=space, shapes=shapes, trials=7, trial_timeout=5.0, compile_ahead=compile_ahead
+    )
+    run = run_search(cfg)
+    # In turn, the timing worker meets the crash and is replaced once (after the hang only a pruned trial
+    # follows). Ahead, the compile pool meets the crash and the hang; the timing worker never dies.
+    assert run.worker_restarts == (1 if compile_ahead == 0 else 0)
+    rows = pd.read_csv(tmp_path / "trials.csv").sort_values("number")
+    assert list(rows.columns[: len(CSV_COLUMNS)]) == CSV_COLUMNS
+    got = [
+        (r["p.MODE"], r["p.BV"], r["state"], r["reason"] if isinstance(r["reason"], str) else None)
+        for _, r in rows.iterrows()
+    ]
+    assert got == [
+        ("ok", 16, "complete", None),  # the default config, first
+        ("compile", 8, "failed", "compile"),
+        ("wrong", 8, "failed", "gate"),
+        ("unwritten", 8, "failed", "gate"),
+        ("crash", 8, "failed", "crash"),
+        ("hang", 8, "failed", "timeout"),
+        ("ok", 32, "pruned", "constraint"),
+    ]
+    assert rows["is_default"].tolist() == [True] + [False] * 6
+    assert rows.loc[rows["reason"] == "constraint", "message"].item() == "violates small_tiles"
+    assert (rows["default_time_ms"] == rows["time_ms"].iloc[0]).all()
+    tuned = json.loads((tmp_path / "tuned.json").read_text())
+    assert [e["config"]["MODE"] for e in tuned["entries"]] == ["ok"]
+    assert tuned["entries"][0]["trials"] == {"complete": 1, "failed": 5, "pruned": 1}
+
+
+def test_full_search_resume_and_export(tmp_path: Path) -> None:
+    kernel = "fused_recurrent_gated_delta_rule"
+    run = run_search(config(kernel, tmp_path, trials=5))
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert {"kernel", "gpu", "dtype", "shapes", "versions", "commit", "interpret", "sampler", "created"} <= set(info)
+    assert info["gpu"]["key"] == "cpu" and info["interpret"] is True
+    assert info["shapes"] == [{"shape_key": "T4-B2-H2-HV2-K32-V32", "B": 2, "T": 4, "H": 2, "HV": 2, "K": 32, "V": 32}]
+    assert run.trials_per_min > 0 and run.shapes[0].trials_run == 5
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    name = f"{kernel}:cpu:fp32:T4-B2-H2-HV2-K32-V32"
+    study = optuna.load_study(study_name=name, storage=storage)
+    trials = study.get_trials()
+    assert len(trials) == 5 and trials[0].user_attrs["is_default"] is True
+    assert trials[0].params == {"BV": 32, "num_warps": 1, "num_stages": 1}  # the template's default for K=V=32
+    seeds = [t.params for t in trials[1:4]]  # the space's seeds, in order, right after the default
+    assert seeds == [
+        {"BV": 32, "num_warps": 4, "num_stages": 1},
+        {"BV": 16, "num_warps": 2, "num_stages": 1},
+        {"BV": 64, "num_warps": 8, "num_stages": 2},
+    ]
+    assert trials[3].state == optuna.trial.TrialState.PRUNED and trials[3].user_attrs["message"] == "violates bv_le_v"
+    best = results.best_trial(trials)
+    assert best is not None and best.value is not None
+
+    tuned = json.loads((tmp_path / "tuned.json").read_text())
+    assert tuned["schema"] == 1 and tuned["gpu"] == "cpu" and set(tuned["versions"]) >= {"dtune", "torch", "triton"}
+    (e,) = tuned["entries"]
+    assert e["config"] == best.user_attrs["config"] and math.isclose(e["time_ms"], best.value)
+    assert e["bucket"] == {"T": 4, "B": 2, "H": 2, "HV": 2, "K": 32, "V": 32}
+
+    with pytest.raises(ValueError, match=r"already exists.*--resume"):
+        run_search(config(kernel, tmp_path, trials=1))
+    run_search(config(kernel, tmp_path, trials=2, resume=True))
+    assert len(study.get_trials()) == 7
+    assert len(pd.read_csv(tmp_path / "trials.csv")) == 7
+
+
+def test_exhausted_space_stops(tmp_path: Path) -> None:
+    space = _parse_text(
+        """
+kernel = "fused_recurrent_delta_rule"
+[params]
+BV = [16, 32]
+[tolerance]
+fp32 = 1e-4
+fp16 = 5e-3
+bf16 = 2e-2
+[shapes]
+seq_lens = [2]
+head_dims = [32]
+heads = [1]
+batch = [1]
+""",
+        "two.toml",
+    )
+    run = run_search(
+        config(
+            "fused_recurrent_delta_rule", tmp_path, space=space, shapes=space.shapes.shapes(), trials=20, sampler="grid"
+        )
+    )
+    assert run.shapes[0].trials_run == 2
+    assert run.shapes[0].counts == {"complete": 2, "failed": 0, "pruned": 0}
+
+
+def test_bad_search_config(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown sampler"):
+        config("fused_recurrent_kda", tmp_path, sampler="bayes")
+    with pytest.raises(ValueError, match="--trials must be at least 1"):
+        config("fused_recurrent_kda", tmp_path, trials=0)
+
+
+def test_timeout_budget(tmp_path: Path) -> None:
+    run = run_search(config("fused_recurrent_delta_rule", tmp_path, trials=None, timeout=0.5))
+    assert 1 <= run.shapes[0].trials_run <= 3  # the first trial starts; no new one is asked after 0.5 s
+
+
+def test_time_budget_cancels_trials_asked_ahead(tmp_path: Path) -> None:
+    """With a compile pool, a time budget must not stretch by the trials asked ahead: they are cancelled."""
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=None, timeout=1.0, compile_ahead=3))
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    trials = optuna.load_study(study_name=run.shapes[0].study, storage=storage).get_trials()
+    states = {t.state.name for t in trials}
+    assert "RUNNING" not in states
+    cancelled = [t for t in trials if t.user_attrs.get("reason") == "cancelled"]
+    assert cancelled, "the trials compiled ahead should have been cancelled when the budget ran out"
+    assert all(t.state.name == "FAIL" for t in cancelled)
+    assert not [e for e in json.loads((tmp_path / "tuned.json").read_text())["entries"] if e["time_ms"] is None]
+
+
+@pytest.mark.parametrize("compile_ahead", [0, 2], ids=["in-turn", "compile-ahead"])
+def test_ctrl_c_inside_ask_leaves_no_running_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compile_ahead: int
+) -> None:
+    """Ctrl-C that lands while `study.ask()` has created a trial but not yet returned it: the trial is closed."""
+    ask = optuna.study.Study.ask
+    calls = []
+
+    def ask_then_sigint(self: optuna.study.Study, *args: object, **kw: object) -> optuna.trial.Trial:
+        trial = ask(self, *args, **kw)  # type: ignore[arg-type]
+        calls.append(trial.number)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the handler runs here, inside ask as far as the loop can tell
+        return trial
+
+    monkeypatch.setattr(optuna.study.Study, "ask", ask_then_sigint)
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=20, compile_ahead=compile_ahead))
+    assert run.interrupted and len(calls) == 3
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    trials = optuna.load_study(study_name=run.shapes[0].study, storage=storage).get_trials()
+    asked = [t for t in trials if t.state != optuna.trial.TrialState.WAITING]  # not the seeds still queued
+    assert [t.number for t in asked] == calls
+    assert not [t for t in asked if t.state == optuna.trial.TrialState.RUNNING]
+    interrupted = [t for t in trials if t.user_attrs.get("message") == "interrupted before the trial finished"]
+    assert calls[-1] in {t.number for t in interrupted}

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dtune.kernels import get_kernel
+
+from dtune import _toml as toml
+from dtune.gpu import get_profile
+from dtune.shape import Shape
+from dtune.tune.space import SpaceError, load_space, load_space_file, parse_space, shipped_spaces
+
+FUSED = ["fused_recurrent_delta_rule", "fused_recurrent_gated_delta_rule", "fused_recurrent_kda"]
+
+GOOD = """
+kernel = "fused_recurrent_kda"
+description = "test"
+[params]
+BV = [8, 16, 32]
+num_warps = [1, 2, 4]
+[constraints]
+bv_le_v = "BV <= max(8, next_power_of_2(V))"
+smem = "num_warps * 1024 <= smem_per_block and cc_major >= 0"
+[seeds]
+configs = [ { BV = 16, num_warps = 2 } ]
+[tolerance]
+fp32 = 1e-4
+fp16 = 5e-3
+bf16 = 2e-2
+[shapes]
+seq_lens = [1, 64]
+head_dims = [64, 128]
+heads = [16]
+batch = [1, 32]
+"""
+
+
+def parse(text: str) -> object:
+    return parse_space(toml.loads(text), "test.toml")
+
+
+@pytest.mark.parametrize("kernel", FUSED)
+def test_shipped_spaces_are_legal(kernel: str) -> None:
+    assert kernel in shipped_spaces()
+    space = load_space(kernel)
+    legal = get_kernel(kernel).legal_params()
+    assert space.kernel == kernel and space.size() > 1
+    for name, choices in space.params.items():
+        assert set(choices) <= set(legal[name])
+    assert set(space.tolerance) == {"fp32", "fp16", "bf16"}
+    shapes = space.shapes.shapes()
+    assert {s.T for s in shapes} == {1, 64}
+    # the default config of every default shape satisfies the constraints (the baseline is never pruned)
+    h100 = get_profile("h100").constraint_fields()
+    for s in shapes:
+        assert space.violations(get_kernel(kernel).default_config(s.K, s.V), s, h100) == []
+
+
+def test_good_space_and_constraints() -> None:
+    space = parse(GOOD)
+    shape = Shape(B=1, T=1, H=16, HV=16, K=64, V=64)
+    gpu = get_profile("h100").constraint_fields()
+    assert space.violations({"BV": 32, "num_warps": 4, "num_stages": 1}, shape, gpu) == []
+    small = Shape(B=1, T=1, H=16, HV=16, K=16, V=4)
+    assert space.violations({"BV": 32, "num_warps": 4, "num_stages": 1}, small, gpu) == ["bv_le_v"]
+    tiny_gpu = {**gpu, "smem_per_block": 2048}
+    assert space.violations({"BV": 8, "num_warps": 4, "num_stages": 1}, shape, tiny_gpu) == ["smem"]
+    assert len(space.shapes.shapes()) == 2 * 2 * 1 * 2
+    assert space.shapes.shapes()[0].key == "T1-B1-H16-HV16-K64-V64"
+
+
+def test_batch_tokens_grid() -> None:
+    text = GOOD.replace("batch = [1, 32]", "batch_tokens = 128")
+    shapes = parse(text).shapes.shapes()  # type: ignore[attr-defined]
+    assert {(s.T, s.B) for s in shapes} == {(1, 128), (64, 2)}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "match"),
+    [
+        ("BV = [8, 16, 32]", "BQ = [8]", "unknown parameter 'BQ'"),
+        ("BV = [8, 16, 32]", "BV = [8, 24]", "BV = 24 is not legal"),
+        ("BV = [8, 16, 32]", "BV = []", "non-empty list"),
+        ('bv_le_v = "BV <= max(8, next_power_of_2(V))"', 'bv_le_v = "BV <="', "not a valid expression"),
+        ('bv_le_v = "BV <= max(8, next_power_of_2(V))"', "bv_le_v = \"__import__('os')\"", "only next_power_of_2"),
+        ('bv_le_v = "BV <= max(8, next_power_of_2(V))"', 'bv_le_v = "BV.__class__ == 1"', "Attribute"),
+        ('bv_le_v = "BV <= max(8, next_power_of_2(V))"', 'bv_le_v = "BV ** 99 > 1"', "Pow"),
+        ('bv_le_v = "BV <= max(8, next_power_of_2(V))"', 'bv_le_v = "[x for x in (1,)]"', "ListComp"),
+        ('bv_le_v = "BV <= max(8, next_power_of_2(V))"', 'bv_le_v = "BV <= VV"', "unknown 'VV'"),
+        ("configs = [ { BV = 16, num_warps = 2 } ]", "configs = [ { BV = 64 } ]", "not among the choices"),
+        ('kernel = "fused_recurrent_kda"', 'kernel = "nope"', "unknown kernel 'nope'"),
+        ("fp16 = 5e-3", "", r"\[tolerance\] lacks \['fp16'\]"),
+        ("fp16 = 5e-3", "fp16 = 2.0", "fp16 must be a number in"),
+        ("batch = [1, 32]", "", "exactly one of batch"),
+        ("seq_lens = [1, 64]", "seq_lens = [0]", "positive integers"),
+    ],
+    ids=[
+        "unknown-param",
+        "illegal-value",
+        "empty-choices",
+        "bad-syntax",
+        "unsafe-call",
+        "attribute",
+        "pow",
+        "comprehension",
+        "unknown-name",
+        "seed-outside",
+        "unknown-kernel",
+        "tolerance-missing-dtype",
+        "tolerance-range",
+        "no-batch",
+        "bad-seq-len",
+    ],
+)
+def test_bad_spaces(old: str, new: str, match: str) -> None:
+    assert old in GOOD
+    with pytest.raises(SpaceError, match=match):
+        parse(GOOD.replace(old, new))
+
+
+def test_empty_space_and_missing_tolerance() -> None:
+    start, end = GOOD.index("[params]"), GOOD.index("[constraints]")
+    with pytest.raises(SpaceError, match="empty search space"):
+        parse(GOOD[:start] + "[params]\n" + GOOD[end:].replace("configs = [ { BV = 16, num_warps = 2 } ]", ""))
+    start, end = GOOD.index("[tolerance]"), GOOD.index("[shapes]")
+    with pytest.raises(SpaceError, match=r"missing \[tolerance\]"):
+        parse(GOOD[:start] + GOOD[end:])
+
+
+def test_space_files(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(GOOD)
+    assert load_space_file(path).source == str(path)
+    path.write_text("kernel = [")
+    with pytest.raises(SpaceError, match="not valid TOML"):
+        load_space_file(path)
+    with pytest.raises(SpaceError, match="cannot read"):
+        load_space_file(tmp_path / "missing.toml")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        load_space("nope")
