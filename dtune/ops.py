@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
+from dtune.autograd import chunk_with_grad, needs_grad
 from dtune.inputs import Gate, check_inputs
 from dtune.kernels import get_kernel
+from dtune.kernels.chunk import backward as chunk_bwd
 from dtune.store import tuned_config
 
 Tensor = torch.Tensor
@@ -42,14 +44,34 @@ def run_kernel(
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
+    bwd_config: dict[str, Any] | None = None,
 ) -> Result:
-    """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op."""
+    """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op.
+
+    With grad mode on and an input that requires grad, the chunk kernels run through their autograd Function
+    (:mod:`dtune.autograd`; ``bwd_config`` overrides the backward's tuned/default config) and the fused-recurrent
+    ones raise (they have no backward)."""
     spec = get_kernel(kernel)
     problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens)
+    grad = needs_grad(q, k, v, g, beta, initial_state)
+    if grad and spec.family != "chunk":
+        raise NotImplementedError(
+            f"{kernel} has no backward (it serves inference: decoding and short prompts), but an input requires "
+            f"grad; for training use {kernel.replace('fused_recurrent_', 'chunk_')} (same arguments), or call it "
+            "under torch.no_grad() / with detached inputs"
+        )
     if config is None:
         config = tuned_config(spec.name, problem, v.dtype, v.device)
     full = spec.check_config(problem.K, problem.V, config)
     scale = problem.K**-0.5 if scale is None else float(scale)
+    if grad:
+        if bwd_config is None:
+            bwd_config = tuned_config(spec.name + "_bwd", problem, v.dtype, v.device)
+        bwd = chunk_bwd.check_config(problem.K, problem.V, spec.gate, bwd_config, spec.name + " backward")
+        args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
+        return chunk_with_grad(*args, full, bwd)
+    if bwd_config is not None:
+        chunk_bwd.check_config(problem.K, problem.V, spec.gate, bwd_config, spec.name + " backward")
     return spec.module.forward(q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens, full)
 
 
@@ -136,10 +158,11 @@ def chunk_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
+    bwd_config: dict[str, Any] | None = None,
 ) -> Result:
-    """DeltaNet, chunkwise (prefill, training)."""
+    """DeltaNet, chunkwise (prefill, training; differentiable: ``bwd_config`` sets the backward's parameters)."""
     return run_kernel(
-        "chunk_delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens, config
+        "chunk_delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens, config, bwd_config
     )
 
 
@@ -154,8 +177,9 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
+    bwd_config: dict[str, Any] | None = None,
 ) -> Result:
-    """Gated DeltaNet, chunkwise."""
+    """Gated DeltaNet, chunkwise (differentiable)."""
     return run_kernel(
         "chunk_gated_delta_rule",
         q,
@@ -168,6 +192,7 @@ def chunk_gated_delta_rule(
         output_final_state,
         cu_seqlens,
         config,
+        bwd_config,
     )
 
 
@@ -182,6 +207,9 @@ def chunk_kda(
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
+    bwd_config: dict[str, Any] | None = None,
 ) -> Result:
-    """Kimi Delta Attention, chunkwise."""
-    return run_kernel("chunk_kda", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config)
+    """Kimi Delta Attention, chunkwise (differentiable)."""
+    return run_kernel(
+        "chunk_kda", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config, bwd_config
+    )
