@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from dtune.kernels.chunk import backward as chunk_bwd
 
 Tensor = torch.Tensor
@@ -22,7 +23,7 @@ class ChunkFunction(torch.autograd.Function):
     """``(o, final_state) = chunk(q, k, v, g, beta, initial_state)`` with the chunk backward."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         q: Tensor,
         k: Tensor,
@@ -47,7 +48,7 @@ class ChunkFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
-    def backward(ctx: Any, do: Tensor, dht: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, do: Tensor, dht: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, g, beta, h0, cu_seqlens, *rest = ctx.saved_tensors
         inter = chunk_bwd.Intermediates(**dict(zip(ctx.saved_names, rest)))
         gate, scale, fwd_config, bwd_config = ctx.args

@@ -161,9 +161,8 @@ def chunk_delta_rule(
     bwd_config: dict[str, Any] | None = None,
 ) -> Result:
     """DeltaNet, chunkwise (prefill, training; differentiable: ``bwd_config`` sets the backward's parameters)."""
-    return run_kernel(
-        "chunk_delta_rule", q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens, config, bwd_config
-    )
+    args = (q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens)
+    return run_kernel("chunk_delta_rule", *args, config, bwd_config)
 
 
 def chunk_gated_delta_rule(

@@ -38,7 +38,8 @@ from typing import Any
 import torch
 import triton
 
-from ..config import Config, check_config as _check, new_output, next_power_of_2
+from ..config import Config, new_output, next_power_of_2
+from ..config import check_config as _check
 from ..reference_bwd import GATE_FLOOR
 from . import GATE_CODES, _chunk_table, _tile
 from . import forward as chunk_forward
@@ -278,14 +279,14 @@ def forward_for_training(
     B, T = q.shape[:2]
     tables = chunk_tables(B, T, cfg["BT"], cu_seqlens, q.device)
     states = "keep" if save == "all" else "fused"
-    inter, o, ht = forward_intermediates(
+    inter, out, ht = forward_intermediates(
         q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg, states=states, output=True,
         final_state=output_final_state,
     )  # fmt: skip
-    assert o is not None
+    assert out is not None
     if save == "all":
         inter.u = None  # the backward never reads U
-    return o, ht, inter
+    return out, ht, inter
 
 
 def backward(

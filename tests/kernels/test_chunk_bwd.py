@@ -50,7 +50,8 @@ def gradients_vs_loop(
         bwd_config=bwd_config,
         **kw,
     )
-    o_ref, s_ref = naive_recurrent(*(ref[n] for n in ("q", "k", "v", "g", "beta")), initial_state=ref["initial_state"], **kw)
+    args = (ref[n] for n in ("q", "k", "v", "g", "beta"))
+    o_ref, s_ref = naive_recurrent(*args, initial_state=ref["initial_state"], **kw)
     gen = torch.Generator().manual_seed(11)
     do = torch.randn(o.shape, generator=gen)
     loss, loss_ref = (o * do).sum(), (o_ref * do.double()).sum()
