@@ -324,9 +324,8 @@ def backward(
     # ---- the forward's intermediates ----------------------------------------------------------------------------
     if save == "all":
         inter = saved
-    else:
-        gf = forward_gate(g)
-        gf = None if gf is None else gf.contiguous()
+    else:  # "intra": the state pass again; "none": stage 1 too (the only reader of the gate)
+        gf = forward_gate(g) if save == "none" else None
         inter, _, _ = forward_intermediates(
             q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg,
             inter=saved if save == "intra" else None,
