@@ -362,8 +362,8 @@ def backward(
         nslot = 1 + NK + NKI
         dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
         dvb = new_output(tokens, HV, V, dtype=dt, device=dev)
-        daq = new_output(tokens, HV, BT, dtype=torch.float32, device=dev)
-        dak = new_output(tokens, HV, BT, dtype=torch.float32, device=dev)
+        daq = new_output(tokens, HV, BT, dtype=dt, device=dev)
+        dak = new_output(tokens, HV, BT, dtype=dt, device=dev)
         chunk_bwd_dv_kernel[(NC, HV)](
             v, beta, inter.ai, inter.vnew, dvn, do, dv, dvb, daq, dak, dbeta_part, tables.chunk_info, scale, T,
             HV=HV, V=V, BT=BT, BV=dv_BV, NV=triton.cdiv(V, dv_BV), VARLEN=varlen, DOT_PREC=dot_prec,

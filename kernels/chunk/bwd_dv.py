@@ -3,11 +3,13 @@
 With ``T = (I + A_kk)⁻¹`` stored by the forward's stage 1, ``V_new`` from the forward's state pass and ``dV_new``
 from the reverse state pass, over value tiles of ``BV`` channels:
 
-* ``dA_qk = causal(dO V_newᵀ)``, stored times ``scale`` (the gradient of ``Σ_d q_i k_j D_ij``), float32 ``[tokens, HV, BT]``;
+* ``dA_qk = causal(dO V_newᵀ)``, stored times ``scale`` (the gradient of ``Σ_d q_i k_j D_ij``), ``[tokens, HV, BT]``;
 * ``dVβ = Tᵀ dV_new`` (the gradient of ``β V``; stored in the intermediates' dtype for stage 3, which forms
   ``dKβ = −dVβ S_cᵀ``), ``dv = β dVβ`` (v's dtype, final) and the ``v`` part of ``dβ``: ``Σ_v dVβ ⊙ v``;
 * ``dA_kk = strictly_lower(−dVβ V_newᵀ)`` (``−Tᵀ dT Tᵀ`` with ``dT = dW Kβᵀ + dU Vβᵀ``, which collapses to this
-  because ``V_new = T (Vβ − Kβ S_c)``), float32 ``[tokens, HV, BT]``.
+  because ``V_new = T (Vβ − Kβ S_c)``), ``[tokens, HV, BT]``.
+
+Both dA are stored in the intermediates' dtype (the later stages' dots take them in that dtype).
 """
 
 from __future__ import annotations
@@ -74,6 +76,6 @@ def chunk_bwd_dv_kernel(
 
     b_daq = tl.where(m_low, b_daq, 0.0) * scale
     b_dak = tl.where(m_t[:, None] & (o_t[None, :] < o_t[:, None]), b_dak, 0.0)
-    tl.store(daq + row * BT + off_a, b_daq, mask=m_t[:, None])
-    tl.store(dak + row * BT + off_a, b_dak, mask=m_t[:, None])
+    tl.store(daq + row * BT + off_a, b_daq.to(daq.dtype.element_ty), mask=m_t[:, None])
+    tl.store(dak + row * BT + off_a, b_dak.to(dak.dtype.element_ty), mask=m_t[:, None])
     tl.store(dbeta_part + row + o_t * HV, b_db, mask=m_t)

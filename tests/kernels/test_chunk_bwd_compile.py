@@ -74,10 +74,10 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     state |= dict(BK=_tile(triton.next_power_of_2(K), K), BV=_tile(cfg["dh_BV"], V), GATE=G, USE_DHT=True)
     state |= dict(STORE_DH0=True)
     dv_BV = _tile(cfg["dv_BV"], V)
-    dv = dict(common, v=p, beta=p, ai=p, vnew=p, dvn=p, do=p, dv=p, dvb=p, daq=f32, dak=f32, dbeta_part=f32)
+    dv = dict(common, v=p, beta=p, ai=p, vnew=p, dvn=p, do=p, dv=p, dvb=p, daq=p, dak=p, dbeta_part=f32)
     dv |= table | dict(BV=dv_BV, NV=triton.cdiv(V, dv_BV))
     dqk_BV = _tile(cfg["dqk_BV"], V)
-    dqk = dict(common, q=p, k=p, beta=p, hbuf=p, dh=p, do=p, vnew=p, dvb=p, daq=f32, dak=f32, dq=p, dk=p)
+    dqk = dict(common, q=p, k=p, beta=p, hbuf=p, dh=p, do=p, vnew=p, dvb=p, daq=p, dak=p, dq=p, dk=p)
     dqk |= gated | table | {"dbeta_part": f32, "SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
     dqk |= {"pq": f32, "pk": f32, "pg": f32} if G == 2 else {}
     dqk |= {"dg": f32} if G else {}
@@ -88,7 +88,7 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
         ("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]),
     ]
     if G == 2:
-        intra = dict(common, q=p, k=p, g=f32, beta=p, daq=f32, dak=f32, pq=f32, pk=f32, pg=f32, dbeta_part=f32)
+        intra = dict(common, q=p, k=p, g=f32, beta=p, daq=p, dak=p, pq=f32, pk=f32, pg=f32, dbeta_part=f32)
         intra |= table | {"SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
         intra |= dict(BC=BC, BK=_tile(cfg["di_BK"], K), NB=BT // BC)
         out.append(("intra", chunk_bwd_intra_kernel, intra, cfg["di_num_warps"], cfg["di_num_stages"]))
