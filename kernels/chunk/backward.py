@@ -370,6 +370,7 @@ def backward(
             num_warps=bwd_config["dv_num_warps"], num_stages=bwd_config["dv_num_stages"],
         )  # fmt: skip
         inter.ai = None
+        del dvn  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
         ss = tokens * HV
 
         # ---- 3. KDA: pairwise terms per row block --------------------------------------------------------------
@@ -397,6 +398,8 @@ def backward(
             VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
             num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
         )  # fmt: skip
+        inter.hbuf = inter.vnew = None
+        del dh, dvb, daq, dak, pq, pk, pg
 
         # ---- 5. dβ, Gated DeltaNet's dg ------------------------------------------------------------------------
         chunk_bwd_finish_kernel[(NC, HV)](
