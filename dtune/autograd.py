@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from dtune.kernels.chunk import backward as chunk_bwd
 
@@ -48,6 +49,7 @@ class ChunkFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
+    @once_differentiable  # no double backward: asking for one raises instead of returning wrong second derivatives
     def backward(ctx: Any, do: Tensor, dht: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, g, beta, h0, cu_seqlens, *rest = ctx.saved_tensors
         inter = chunk_bwd.Intermediates(**dict(zip(ctx.saved_names, rest)))

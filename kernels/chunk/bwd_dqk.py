@@ -30,7 +30,7 @@ import triton.language as tl
 from .common import chunk_bounds
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "SLOT", "SS"])
 def chunk_bwd_dqk_kernel(
     q,
     k,
@@ -166,7 +166,7 @@ def chunk_bwd_dqk_kernel(
         else:
             b_dgc1 = tl.sum(b_dgc, 0) + tl.exp(b_gC1) * tl.sum(b_dec, 0)
             b_dgam1 = tl.sum(b_dgam, 1) + tl.where(o_t == L - 1, b_dgc1, 0.0)
-            tl.store(dg + i_k * SS + row + o_t * HV, b_dgam1, mask=m_t)  # partial over this key tile
+            tl.store(dg + i_k.to(tl.int64) * SS + row + o_t * HV, b_dgam1, mask=m_t)  # partial over this key tile
 
     b_dk = b_dkrow + b_dkcol
     if GATE == 2:
@@ -174,4 +174,4 @@ def chunk_bwd_dqk_kernel(
         b_dk += tl.load(pk + off_hk, mask=m_tk, other=0)
     tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + off_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    tl.store(dbeta_part + (SLOT + i_k) * SS + row + o_t * HV, b_db, mask=m_t)
+    tl.store(dbeta_part + (SLOT + i_k).to(tl.int64) * SS + row + o_t * HV, b_db, mask=m_t)

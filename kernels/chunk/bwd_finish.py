@@ -14,7 +14,7 @@ import triton.language as tl
 from .common import chunk_bounds
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "SS"])
 def chunk_bwd_finish_kernel(
     g,
     dbeta_part,
@@ -39,13 +39,17 @@ def chunk_bwd_finish_kernel(
     m_t = o_t < L
     off = bos * HV + i_hv + o_t * HV
     b_db = tl.zeros([BT], dtype=tl.float32)
-    for i_s in range(NSLOT):
-        b_db += tl.load(dbeta_part + i_s * SS + off, mask=m_t, other=0)
+    p_db = dbeta_part + off
+    for _ in range(NSLOT):  # slot by slot (pointer steps: no 32-bit slot offsets)
+        b_db += tl.load(p_db, mask=m_t, other=0)
+        p_db += SS
     tl.store(dbeta + off, b_db.to(dbeta.dtype.element_ty), mask=m_t)
     if GATE == 1:
         b_dgam = tl.zeros([BT], dtype=tl.float32)
-        for i_k in range(NKG):
-            b_dgam += tl.load(dg_part + i_k * SS + off, mask=m_t, other=0)
+        p_dg = dg_part + off
+        for _ in range(NKG):
+            b_dgam += tl.load(p_dg, mask=m_t, other=0)
+            p_dg += SS
         b_dg = tl.cumsum(b_dgam, 0, reverse=True)
         b_g = tl.load(g + off, mask=m_t, other=0).to(tl.float32)
         tl.store(dg + off, tl.where(b_g < FLOOR, 0.0, b_dg).to(dg.dtype.element_ty), mask=m_t)

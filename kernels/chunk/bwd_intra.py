@@ -65,7 +65,7 @@ def _diag_exact(b_aq, b_ak, b_q, b_k, b_kb, b_gam, BC: tl.constexpr):
     return b_dq, b_R, b_C
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "SLOT", "SS"])
 def chunk_bwd_intra_kernel(
     q,
     k,
@@ -194,4 +194,4 @@ def chunk_bwd_intra_kernel(
     tl.store(pq + off, b_dq, mask=m_rk)
     tl.store(pk + off, b_dkr + b_C, mask=m_rk)
     tl.store(pg + off, b_qi * b_dq + b_ki * (b_dkr - b_C), mask=m_rk)
-    tl.store(dbeta_part + (SLOT + i_k) * SS + bos * HV + i_hv + rows * HV, tl.sum(b_ki * b_R, 1), mask=m_r)
+    tl.store(dbeta_part + (SLOT + i_k).to(tl.int64) * SS + bos * HV + i_hv + rows * HV, tl.sum(b_ki * b_R, 1), mask=m_r)
