@@ -278,7 +278,8 @@ def forward_for_training(
     cfg = training_forward_config(fwd_config, bwd_config, gate)
     B, T = q.shape[:2]
     tables = chunk_tables(B, T, cfg["BT"], cu_seqlens, q.device)
-    states = "keep" if save == "all" else "fused"
+    # "intra" runs the state pass as the forward config says (fused output, or states kept for the output stage)
+    states = "keep" if save == "all" or not cfg["FUSE_OUTPUT"] else "fused"
     inter, out, ht = forward_intermediates(
         q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg, states=states, output=True,
         final_state=output_final_state,
@@ -286,6 +287,8 @@ def forward_for_training(
     assert out is not None
     if save == "all":
         inter.u = None  # the backward never reads U
+    else:
+        inter.hbuf = inter.vnew = None  # re-run in the backward
     return out, ht, inter
 
 

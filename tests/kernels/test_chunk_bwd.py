@@ -186,3 +186,20 @@ def test_config_is_checked() -> None:
 
 def test_gate_floor_is_a_full_forget_in_float32() -> None:
     assert torch.exp(torch.tensor(GATE_FLOOR, dtype=torch.float32)) < torch.finfo(torch.float32).tiny
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_forward_config_is_honoured_under_autograd(fused: bool) -> None:
+    """The forward's own parameters (here FUSE_OUTPUT, the state layout) apply to the forward under autograd."""
+    p = Problem(1, 37, 1, 2, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=6)
+    leaves = {n: (x[n].clone().requires_grad_() if x[n] is not None else None) for n in NAMES}
+    fwd = {"FUSE_OUTPUT": fused, "STATE_LAYOUT": "vk", "h_BV": 16}
+    o, _ = ops.chunk_gated_delta_rule(
+        *(leaves[n] for n in ("q", "k", "v", "g", "beta")), initial_state=leaves["initial_state"], config=fwd,
+        bwd_config=BT32,
+    )  # fmt: skip
+    o_ref, _ = naive_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"])
+    assert rel_err(o, o_ref) < TOL[torch.float32]
+    o.sum().backward()
+    assert all(leaves[n].grad is not None and torch.isfinite(leaves[n].grad).all() for n in NAMES)
