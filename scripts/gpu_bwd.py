@@ -12,8 +12,9 @@ Usage (one CUDA GPU):  python scripts/gpu_bwd.py [--budget-s 540] [--gates none,
    L2 flushed (dtune.measure.time_fn), and peak memory (torch.cuda.max_memory_allocated above the inputs) of:
    dtune's forward alone, dtune fwd+bwd for SAVE = "intra" (default), "all", "none" and BT = 32, fla fwd+bwd (and
    for KDA fla's safe_gate mode), at B·T = 32768, H = 16, T = 4096, D in --dims. -> $OUT/bwd_timing.csv
-3. Stage breakdown of dtune's default fwd+bwd (torch.profiler, CUDA time per kernel, mean per call).
-   -> $OUT/bwd_stages.csv
+3. Stage breakdown of dtune's default fwd+bwd (torch.profiler, CUDA time per kernel, mean per call); with --sweep
+   for a list of backward variants (SWEEP: state-pass tiles and stages, dq/dk tiles, BT = 32), at the first of
+   --dims. -> $OUT/bwd_stages.csv (--skip-errors / --skip-timing / --skip-stages leave a part out)
 
 Rows are written after each measurement, so a sitting cut short keeps what it measured; the tables print last.
 """
@@ -261,7 +262,7 @@ def timing(gates: list[Gate], dims: list[int], interpret: bool, budget: Budget) 
                 if budget.left() < 30:
                     print(f"budget: skipping {OPS[gate]} D={dim} {name}")
                     continue
-                row: dict[str, Any] = {"op": OPS[gate], "D": dim, "T": p.T, "B": p.B, "impl": name}
+                row: dict[str, Any] = {"op": OPS[gate], "D": p.K, "T": p.T, "B": p.B, "impl": name}
                 try:
                     t0 = time.monotonic()
                     step()  # compile (and fla's autotune) outside the timing
@@ -280,38 +281,74 @@ def timing(gates: list[Gate], dims: list[int], interpret: bool, budget: Budget) 
     return rows
 
 
-def stages(gates: list[Gate], dim: int, interpret: bool, budget: Budget) -> list[dict[str, Any]]:
-    """CUDA time per kernel of dtune's default forward + backward (mean over the profiled calls)."""
+# --sweep: backward variants on top of the default, each profiled per kernel (the stage that moves shows)
+SWEEP: list[dict[str, Any]] = [
+    {},
+    {"dh_num_stages": 1},  # the reverse state pass: more programs resident per SM (smem, registers)
+    {"dh_BV": 16},
+    {"dh_BV": 64, "dh_num_warps": 8},
+    {"dqk_BK": 32, "dqk_num_warps": 4},
+    {"dqk_BV": 32},
+    {"dv_BV": 32, "dv_num_warps": 8},
+    {"BT": 32, "dh_num_stages": 2},
+]
+
+
+def stages(
+    gates: list[Gate], dim: int, interpret: bool, budget: Budget, variants: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """CUDA time per kernel of dtune's forward + backward (mean over the profiled calls), per backward variant."""
     rows: list[dict[str, Any]] = []
     if interpret:
         return rows
     from torch.profiler import ProfilerActivity, profile
 
     for gate in gates:
-        if budget.left() < 30:
-            continue
         p = Problem(8, 4096, 16, 16, dim, dim, 8, gate)
         x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=3, gate_min=-5.0)
-        step = fwd_bwd(dtune_call(gate, None), x, torch.randn_like(x["v"]), torch.randn_like(x["initial_state"]))
-        step()
-        torch.cuda.synchronize()
-        calls = 5
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                step()
-            torch.cuda.synchronize()
-        for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
-            if ev.device_time_total <= 0:
+        do, dht = torch.randn_like(x["v"]), torch.randn_like(x["initial_state"])
+        for variant in variants:
+            if budget.left() < 30:
+                print(f"budget: skipping stages {OPS[gate]} {variant}")
                 continue
-            row = {
-                "op": OPS[gate],
-                "D": dim,
-                "kernel": ev.key[:60],
-                "ms_per_call": f"{ev.device_time_total / 1e3 / calls:.3f}",
-                "launches_per_call": ev.count // calls,
-            }
-            append_row("bwd_stages.csv", row)
-            rows.append(row)
+            name = ",".join(f"{k}={v}" for k, v in variant.items()) or "default"
+            try:
+                step = fwd_bwd(dtune_call(gate, variant or None), x, do, dht)
+                step()
+                torch.cuda.synchronize()
+                calls = 5
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(calls):
+                        step()
+                    torch.cuda.synchronize()
+            except Exception as exc:
+                print(f"stages {OPS[gate]} {name}: {type(exc).__name__}: {exc}")
+                continue
+            total = 0.0
+            for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+                if ev.device_time_total <= 0:
+                    continue
+                total += ev.device_time_total / 1e3 / calls
+                row = {
+                    "op": OPS[gate],
+                    "D": dim,
+                    "variant": name,
+                    "kernel": ev.key[:48],
+                    "ms_per_call": f"{ev.device_time_total / 1e3 / calls:.3f}",
+                    "launches_per_call": ev.count // calls,
+                }
+                append_row("bwd_stages.csv", row)
+                rows.append(row)
+            rows.append(
+                {
+                    "op": OPS[gate],
+                    "D": dim,
+                    "variant": name,
+                    "kernel": "(sum of kernels)",
+                    "ms_per_call": f"{total:.3f}",
+                }
+            )
+            append_row("bwd_stages.csv", rows[-1] | {"launches_per_call": ""})
     return rows
 
 
@@ -331,6 +368,8 @@ def main() -> None:
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--skip-errors", action="store_true")
     ap.add_argument("--skip-stages", action="store_true")
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="profile a list of backward variants per kernel (SWEEP)")
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton's interpreter, tiny shapes (a dry run)")
     a = ap.parse_args()
     if not a.interpret and not torch.cuda.is_available():
@@ -340,15 +379,15 @@ def main() -> None:
     dims = [int(d) for d in a.dims.split(",")][: 1 if a.interpret else None]  # the dry run: one (tiny) shape
     print(f"torch {torch.__version__}, OUT={out_dir()}", flush=True)
     err = [] if a.skip_errors else errors(gates, dims[0], a.interpret, budget)
-    tim = timing(gates, dims, a.interpret, budget)
-    stg = [] if a.skip_stages else stages(gates, dims[0], a.interpret, budget)
+    tim = [] if a.skip_timing else timing(gates, dims, a.interpret, budget)
+    stg = [] if a.skip_stages else stages(gates, dims[0], a.interpret, budget, SWEEP if a.sweep else [{}])
     print("\n== gradient errors (relative RMS vs float64 autograd) ==")
     print(table(err, ["op", "case", "D", "impl", "err_o", *[f"err_{n}" for n in NAMES], "note"]))
     print("\n== forward + backward ==")
     print(table(tim, ["op", "D", "impl", "median_ms", "peak_mb", "first_s", "note"]))
     if stg:
-        print("\n== stages of dtune's default fwd+bwd (CUDA ms per call) ==")
-        print(table(stg, ["op", "D", "kernel", "ms_per_call", "launches_per_call"]))
+        print("\n== kernels of dtune's fwd+bwd (CUDA ms per call) ==")
+        print(table(stg, ["op", "D", "variant", "kernel", "ms_per_call", "launches_per_call"]))
 
 
 if __name__ == "__main__":
