@@ -287,6 +287,7 @@ SWEEP: list[dict[str, Any]] = [
     {"dh_num_stages": 1},  # the reverse state pass: more programs resident per SM (smem, registers)
     {"dh_BV": 16},
     {"dh_BV": 64, "dh_num_warps": 8},
+    {"dh_BV": 128, "dh_num_warps": 8},  # one program per sequence and head: B·HV = 128 programs, one round
     {"dqk_BK": 32, "dqk_num_warps": 4},
     {"dqk_BV": 32},
     {"dv_BV": 32, "dv_num_warps": 8},
