@@ -12,8 +12,10 @@ from typing import Any, Protocol
 
 import torch
 
+from dtune.autograd import chunk_with_grad, needs_grad
 from dtune.inputs import check_inputs
 from dtune.kernels import get_kernel
+from dtune.kernels.chunk import backward as chunk_bwd
 from dtune.shape import Gate
 from dtune.store import tuned_config
 
@@ -43,20 +45,42 @@ def run_kernel(
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
+    bwd_config: dict[str, Any] | None = None,
 ) -> Result:
-    """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op."""
+    """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op.
+
+    With grad mode on and an input that requires grad, the chunk kernels run through their autograd Function
+    (:mod:`dtune.autograd`; ``bwd_config`` overrides the backward's tuned/default config) and the fused-recurrent
+    ones raise (they have no backward)."""
     spec = get_kernel(kernel)
     problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens)
+    grad = needs_grad(q, k, v, g, beta, initial_state)
+    if spec.family != "chunk" and (grad or bwd_config is not None):
+        raise NotImplementedError(
+            f"{kernel} has no backward (it serves inference: decoding and short prompts), but "
+            + ("an input requires grad" if grad else "a bwd_config was given")
+            + f"; for training use {kernel.replace('fused_recurrent_', 'chunk_')} (same arguments), or call it "
+            "under torch.no_grad() / with detached inputs"
+        )
     if config is None:
         config = tuned_config(spec.name, problem, v.dtype, v.device)
     full = spec.check_config(problem.K, problem.V, config)
     scale = problem.K**-0.5 if scale is None else float(scale)
+    if grad:
+        if bwd_config is None:
+            bwd_config = tuned_config(spec.name + "_bwd", problem, v.dtype, v.device)
+        bwd = chunk_bwd.check_config(problem.K, problem.V, spec.gate, bwd_config, spec.name + " backward")
+        args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
+        return chunk_with_grad(*args, full, bwd)
+    if bwd_config is not None:
+        chunk_bwd.check_config(problem.K, problem.V, spec.gate, bwd_config, spec.name + " backward")
     return spec.module.forward(q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens, full)
 
 
 class UngatedOp(Protocol):
     """An op without a gate: ``op(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-    cu_seqlens=None, config=None) -> (o, final_state)``."""
+    cu_seqlens=None, config=None, bwd_config=None) -> (o, final_state)``; ``bwd_config`` sets the chunk
+    backward's parameters (the fused-recurrent ops have no backward)."""
 
     def __call__(
         self,
@@ -69,6 +93,7 @@ class UngatedOp(Protocol):
         output_final_state: bool = False,
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
+        bwd_config: dict[str, Any] | None = None,
     ) -> Result: ...
 
 
@@ -87,6 +112,7 @@ class GatedOp(Protocol):
         output_final_state: bool = False,
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
+        bwd_config: dict[str, Any] | None = None,
     ) -> Result: ...
 
 
@@ -101,8 +127,10 @@ def _ungated(kernel: str, doc: str) -> UngatedOp:
         output_final_state: bool = False,
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
+        bwd_config: dict[str, Any] | None = None,
     ) -> Result:
-        return run_kernel(kernel, q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens, config)
+        args = (q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return run_kernel(kernel, *args, config, bwd_config)
 
     op.__name__ = op.__qualname__ = kernel
     op.__doc__ = doc
@@ -121,8 +149,10 @@ def _gated(kernel: str, doc: str) -> GatedOp:
         output_final_state: bool = False,
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
+        bwd_config: dict[str, Any] | None = None,
     ) -> Result:
-        return run_kernel(kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config)
+        args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return run_kernel(kernel, *args, config, bwd_config)
 
     op.__name__ = op.__qualname__ = kernel
     op.__doc__ = doc
@@ -138,6 +168,6 @@ fused_recurrent_gated_delta_rule = _gated(
 fused_recurrent_kda = _gated(
     "fused_recurrent_kda", "Kimi Delta Attention (per-channel log gate ``g`` [B, T, HV, K]), token by token."
 )
-chunk_delta_rule = _ungated("chunk_delta_rule", "DeltaNet, chunkwise (prefill, training).")
-chunk_gated_delta_rule = _gated("chunk_gated_delta_rule", "Gated DeltaNet, chunkwise.")
-chunk_kda = _gated("chunk_kda", "Kimi Delta Attention, chunkwise.")
+chunk_delta_rule = _ungated("chunk_delta_rule", "DeltaNet, chunkwise (prefill, training; differentiable).")
+chunk_gated_delta_rule = _gated("chunk_gated_delta_rule", "Gated DeltaNet, chunkwise (differentiable).")
+chunk_kda = _gated("chunk_kda", "Kimi Delta Attention, chunkwise (differentiable).")

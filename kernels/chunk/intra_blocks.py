@@ -248,6 +248,8 @@ def chunk_intra_blocks_kernel(
     NV: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    ai=None,
+    STORE_AI: tl.constexpr = False,
 ):
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -400,6 +402,20 @@ def chunk_intra_blocks_kernel(
         b_I31 = b_T31.to(DT)
         b_I42 = b_T42.to(DT)
         b_I41 = b_T41.to(DT)
+    if STORE_AI:  # for the backward: the lower blocks of T = (I + A_kk)^-1, rows as A_qk's ([tokens, HV, BT])
+        ai_b = ai + (bos * HV + i_hv) * BT
+        _store_rows(ai_b, r1, SA, o_c, m1, o_c < BC, b_I11)
+        if NB >= 2:
+            _store_rows(ai_b, r2, SA, o_c, m2, o_c < BC, b_I21)
+            _store_rows(ai_b + BC, r2, SA, o_c, m2, o_c < BC, b_I22)
+        if NB >= 4:
+            _store_rows(ai_b, r3, SA, o_c, m3, o_c < BC, b_I31)
+            _store_rows(ai_b + BC, r3, SA, o_c, m3, o_c < BC, b_I32)
+            _store_rows(ai_b + 2 * BC, r3, SA, o_c, m3, o_c < BC, b_I33)
+            _store_rows(ai_b, r4, SA, o_c, m4, o_c < BC, b_I41)
+            _store_rows(ai_b + BC, r4, SA, o_c, m4, o_c < BC, b_I42)
+            _store_rows(ai_b + 2 * BC, r4, SA, o_c, m4, o_c < BC, b_I43)
+            _store_rows(ai_b + 3 * BC, r4, SA, o_c, m4, o_c < BC, b_I44)
 
     # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) ---------------------------------------------------------------
     for i_k in range(NK):

@@ -1,0 +1,431 @@
+"""Backward of the chunkwise templates (DeltaNet, Gated DeltaNet, KDA): gradients of q, k, v, g, beta and the
+initial state from the gradients of the output and of the final state.
+
+Math: :mod:`dtune.kernels.reference_bwd` (the same formulas in float64 PyTorch, checked against autograd through the
+token-by-token loop). Pipeline, after the forward's intermediates (saved by the forward, or recomputed here):
+
+1. :mod:`.bwd_state` (sequential over chunks, parallel over sequences × value heads × ``dh_BV`` channels): the
+   state adjoint ``X``; stores ``X_{c+1}`` per chunk and ``dV_new``; returns the initial state's gradient.
+2. :mod:`.bwd_dv` (chunk × value head): ``dA_qk``, ``dVβ = Tᵀ dV_new`` (so ``dv``), ``dA_kk = −dVβ V_newᵀ``.
+3. :mod:`.bwd_intra` (KDA only; chunk × row block × key tile × value head): the per-channel pairwise terms.
+4. :mod:`.bwd_dqk` (chunk × key tile × value head): ``dq``, ``dk`` and the gate's gradient (KDA: ``dg`` itself).
+5. :mod:`.bwd_finish` (chunk × value head): ``dβ`` from its partials; Gated DeltaNet's ``dg``.
+
+Grouped value heads (``HV = G·H``): stages 3-4 write ``dq``, ``dk`` per value head (float32) and the group's value
+heads are summed at the end.
+
+``SAVE`` (memory against time): ``"all"``: the forward runs unfused and keeps stage 1's outputs (W, U, A_qk, T,
+and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new``; ``"intra"``: it keeps stage 1's outputs and the
+backward re-runs the state pass; ``"none"``: the forward is the plain one (its own config) and the backward
+re-runs stages 1 and 2 of the forward. With ``"all"``/``"intra"`` the forward under autograd runs stage 1 as
+``INTRA = "blocks"`` with the backward config's ``BT``/``BC`` (it stores ``T``), its other parameters (tiles, warps,
+the state layout) from the forward config.
+
+Gates: entries below :data:`GATE_FLOOR` (``-inf`` included, a full forget) are clamped to it: by the backward's
+kernels at load, and for the forward in :func:`forward_gate` (until the forward clamps at load itself); their
+gradient is the clamp's, zero.
+
+Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`check_config`): ``BT``, ``BC``
+(``BC <= BT <= 4·BC``), ``SAVE``, the tiles, warps and pipeline stages of each backward stage (``dh_*``, ``dv_*``,
+``dqk_*``, ``di_*`` for KDA), ``F32_DOT`` (dots on float32 inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import triton
+
+from ..config import Config, new_output, next_power_of_2
+from ..config import check_config as _check
+from ..reference_bwd import GATE_FLOOR
+from . import GATE_CODES, _chunk_table, _tile
+from . import forward as chunk_forward
+from .bwd_dqk import chunk_bwd_dqk_kernel
+from .bwd_dv import chunk_bwd_dv_kernel
+from .bwd_finish import chunk_bwd_finish_kernel
+from .bwd_intra import chunk_bwd_intra_kernel
+from .bwd_state import chunk_bwd_state_kernel
+from .intra_blocks import chunk_intra_blocks_kernel
+from .output import chunk_output_kernel
+from .state import chunk_state_kernel
+
+Tensor = torch.Tensor
+
+_COMMON: dict[str, tuple[Any, ...]] = {
+    "BT": (16, 32, 64, 128),
+    "BC": (16, 32, 64),
+    "SAVE": ("none", "intra", "all"),
+    "dh_BV": (16, 32, 64, 128),
+    "dh_num_warps": (1, 2, 4, 8, 16),
+    "dh_num_stages": (1, 2, 3, 4),
+    "dv_BV": (16, 32, 64, 128),
+    "dv_num_warps": (1, 2, 4, 8),
+    "dv_num_stages": (1, 2, 3, 4),
+    "dqk_BK": (16, 32, 64, 128),
+    "dqk_BV": (16, 32, 64, 128),
+    "dqk_num_warps": (1, 2, 4, 8),
+    "dqk_num_stages": (1, 2, 3, 4),
+    "F32_DOT": ("ieee", "tf32"),
+}
+_KDA: dict[str, tuple[Any, ...]] = {
+    "di_BK": (16, 32, 64, 128),
+    "di_num_warps": (1, 2, 4, 8),
+    "di_num_stages": (1, 2, 3, 4),
+}
+
+
+def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
+    """Every tunable parameter of the backward and all values the templates can be built with."""
+    if gate not in GATE_CODES:
+        raise ValueError(f"unknown gate mode {gate!r}")
+    return {**_COMMON, **(_KDA if gate == "channel" else {})}
+
+
+def default_config(K: int, V: int, gate: str) -> Config:
+    """Correct for every supported shape (K, V <= 256) and gate (the KDA diagonal blocks are guarded)."""
+    small = next_power_of_2(K) <= 128
+    cfg: Config = {
+        "BT": 64,  # the per-chunk states and their adjoints ([chunks, HV, K, V]) are the backward's largest buffers
+        "BC": 16,
+        "SAVE": "intra",
+        "dh_BV": 32 if small else 16,
+        "dh_num_warps": 4 if small else 8,
+        "dh_num_stages": 2 if small else 1,
+        "dv_BV": 64,
+        "dv_num_warps": 4,
+        "dv_num_stages": 2,
+        "dqk_BK": 64,
+        "dqk_BV": 64,
+        "dqk_num_warps": 8,  # sm_90 compile (K = V = 128, BT = 64): 255 registers and spills at 4 warps, none at 8
+        "dqk_num_stages": 2,
+        "F32_DOT": "ieee",
+    }
+    if gate == "channel":
+        cfg.update(di_BK=64, di_num_warps=4, di_num_stages=2)
+    return cfg
+
+
+def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name: str = "chunk backward") -> Config:
+    """The full backward config: ``config`` over the default, every key and value checked (ValueError/TypeError)."""
+    full = _check(name, legal_params(gate), default_config(K, V, gate), config)
+    if not full["BC"] <= full["BT"] <= 4 * full["BC"]:
+        raise ValueError(f"config for {name}: needs BC <= BT <= 4 * BC, got BT={full['BT']}, BC={full['BC']}")
+    return full
+
+
+def forward_gate(g: Tensor | None) -> Tensor | None:
+    """The gate the forward kernels see under autograd: clamped to :data:`GATE_FLOOR` (``-inf`` becomes finite).
+
+    Temporary: drop once the forward clamps at load."""
+    return None if g is None else g.clamp_min(GATE_FLOOR)
+
+
+@dataclass
+class Intermediates:
+    """What the forward computes on the way and the backward needs (``None`` where a stage did not run)."""
+
+    w: Tensor | None = None  # W = T Kβ [tokens, HV, K]
+    aqk: Tensor | None = None  # A_qk [tokens, HV, BT] (scale folded in)
+    ai: Tensor | None = None  # T = (I + A_kk)^-1 [tokens, HV, BT] (lower blocks)
+    u: Tensor | None = None  # U = T Vβ [tokens, HV, V] (only the forward's state pass reads it)
+    qg: Tensor | None = None  # KDA: q̃ [tokens, HV, K]
+    kg: Tensor | None = None  # KDA: k̃ [tokens, HV, K]
+    gout: Tensor | None = None  # KDA: e^{γ_C} [chunks, HV, K]; Gated DeltaNet: γ [tokens, HV] (float32)
+    hbuf: Tensor | None = None  # chunk-start states [chunks, HV, K, V]
+    vnew: Tensor | None = None  # V_new [tokens, HV, V]
+
+    def tensors(self) -> dict[str, Tensor | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Tables:
+    """Chunk tables of one call: ``chunk_info`` [NC, 2] and ``chunk_offsets`` [N + 1] (varlen only), ``NC``."""
+
+    chunk_info: Tensor | None
+    chunk_offsets: Tensor | None
+    NC: int
+
+
+def chunk_tables(B: int, T: int, BT: int, cu_seqlens: Tensor | None, device: torch.device) -> Tables:
+    if cu_seqlens is None:
+        return Tables(None, None, B * triton.cdiv(T, BT))
+    info, offsets, NC = _chunk_table(cu_seqlens, BT, device)
+    return Tables(info, offsets, NC)
+
+
+def forward_intermediates(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+    tables: Tables,
+    config: Config,
+    inter: Intermediates | None = None,
+    states: str = "keep",
+    output: bool = False,
+    final_state: bool = False,
+) -> tuple[Intermediates, Tensor | None, Tensor | None]:
+    """The forward's stages with their intermediates kept: stage 1 (``INTRA = "blocks"``, storing ``T`` too) unless
+    ``inter`` already holds its outputs, then the state pass (``states``: ``"keep"``: chunk-start states and
+    ``V_new`` kept, then the output stage if ``output``; ``"fused"``: the output inside the state pass, nothing
+    kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
+    Returns ``(intermediates, o or None, final state or None)``.
+
+    The one place that calls the forward's kernels (to be replaced by the forward's own per-stage launchers)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT, BC, GATE, NC = config["BT"], config["BC"], GATE_CODES[gate], tables.NC
+    dev, tokens = q.device, B * T
+    dt = torch.promote_types(q.dtype, v.dtype)
+    dot_prec = config["F32_DOT"] if dt == torch.float32 else "tf32"
+    varlen = cu_seqlens is not None
+    if inter is None:
+        inter = Intermediates(
+            w=new_output(tokens, HV, K, dtype=dt, device=dev),
+            u=new_output(tokens, HV, V, dtype=dt, device=dev),
+            aqk=new_output(tokens, HV, BT, dtype=dt, device=dev),
+            ai=new_output(tokens, HV, BT, dtype=dt, device=dev),
+        )
+        if GATE == 2:
+            inter.qg = new_output(tokens, HV, K, dtype=dt, device=dev)
+            inter.kg = new_output(tokens, HV, K, dtype=dt, device=dev)
+            inter.gout = new_output(max(NC, 1), HV, K, dtype=torch.float32, device=dev)
+        elif GATE == 1:
+            inter.gout = new_output(tokens, HV, dtype=torch.float32, device=dev)
+        if NC > 0:
+            two_pass = GATE == 2
+            flags = torch.empty(NC * HV, dtype=torch.int32, device=dev) if two_pass else None
+            i_BK, i_BV = _tile(config["intra_BK"], K), _tile(config["intra_BV"], V)
+            args = (q, k, v, g, beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout)
+            kw: dict[str, Any] = dict(
+                H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=GATE, NB=BT // BC,
+                NK=triton.cdiv(K, i_BK), NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=dot_prec,
+                ai=inter.ai, STORE_AI=True,
+                num_warps=config["intra_num_warps"], num_stages=config["intra_num_stages"],
+            )  # fmt: skip
+            grid = (NC, HV)
+            chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, **kw)
+            if two_pass:  # the chunks whose diagonal blocks are too steep for the middle-row dot, exactly
+                chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=2, **kw)
+    if states == "skip":
+        return inter, None, None
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    fuse = states == "fused"
+    o = new_output(B, T, HV, V, dtype=v.dtype, device=dev) if fuse or output else None
+    ht = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if final_state else None
+    if not fuse:
+        inter.hbuf = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
+        inter.vnew = new_output(tokens, HV, V, dtype=dt, device=dev)
+    h0 = None if initial_state is None else initial_state.contiguous()
+    h_BV = _tile(config["h_BV"], V)
+    chunk_state_kernel[(triton.cdiv(V, h_BV), N * HV)](
+        q, k, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout, h0, ht, inter.hbuf, inter.vnew, o,
+        cu_seqlens, tables.chunk_offsets, scale, T,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=_tile(next_power_of_2(K), K), BV=h_BV, GATE=GATE, USE_H0=h0 is not None,
+        STORE_HT=final_state, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=dot_prec,
+        TRANS=config["STATE_LAYOUT"] == "vk", num_warps=config["h_num_warps"], num_stages=config["h_num_stages"],
+    )  # fmt: skip
+    if o is not None and not fuse and NC > 0:
+        o_BK, o_BV = _tile(config["o_BK"], K), _tile(config["o_BV"], V)
+        chunk_output_kernel[(NC, triton.cdiv(V, o_BV), HV)](
+            q, inter.aqk, inter.qg, inter.gout, inter.hbuf, inter.vnew, o, tables.chunk_info, scale, T,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=o_BK, BV=o_BV, NK=triton.cdiv(K, o_BK), GATE=GATE, VARLEN=varlen,
+            DOT_PREC=dot_prec, num_warps=config["o_num_warps"], num_stages=config["o_num_stages"],
+        )  # fmt: skip
+    return inter, o, ht
+
+
+def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -> Config:
+    """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as
+    ``"blocks"`` (the variant that stores ``T``) with its diagonal guard, everything else the forward's."""
+    cfg = dict(fwd_config, BT=bwd_config["BT"], BC=bwd_config["BC"], INTRA="blocks")
+    if gate == "channel":
+        cfg["SAFE_DIAG"] = True
+    return cfg
+
+
+def forward_for_training(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    fwd_config: Config,
+    bwd_config: Config,
+) -> tuple[Tensor, Tensor | None, Intermediates]:
+    """The forward under autograd: ``(o, final state or None, what to save for the backward)`` by ``SAVE``."""
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    gf = forward_gate(g)
+    gf = None if gf is None else gf.contiguous()
+    save = bwd_config["SAVE"]
+    if save == "none":
+        o, ht = chunk_forward(q, k, v, gf, beta, gate, scale, initial_state, output_final_state, cu_seqlens, fwd_config)
+        return o, ht, Intermediates()
+    cfg = training_forward_config(fwd_config, bwd_config, gate)
+    B, T = q.shape[:2]
+    tables = chunk_tables(B, T, cfg["BT"], cu_seqlens, q.device)
+    # "intra" runs the state pass as the forward config says (fused output, or states kept for the output stage)
+    states = "keep" if save == "all" or not cfg["FUSE_OUTPUT"] else "fused"
+    inter, out, ht = forward_intermediates(
+        q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg, states=states, output=True,
+        final_state=output_final_state,
+    )  # fmt: skip
+    assert out is not None
+    if save == "all":
+        inter.u = None  # the backward never reads U
+    else:
+        inter.hbuf = inter.vnew = None  # re-run in the backward
+    return out, ht, inter
+
+
+def backward(
+    do: Tensor,
+    dht: Tensor | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    cu_seqlens: Tensor | None,
+    fwd_config: Config,
+    bwd_config: Config,
+    saved: Intermediates,
+) -> dict[str, Tensor | None]:
+    """Gradients ``{"q", "k", "v", "g", "beta", "initial_state"}`` (inputs' dtypes; the initial state's float32,
+    ``None`` without one; ``g`` ``None`` for DeltaNet) of ``<o, do> + <final_state, dht>``."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    cfg = training_forward_config(fwd_config, bwd_config, gate)
+    BT, GATE, save = cfg["BT"], GATE_CODES[gate], bwd_config["SAVE"]
+    dev, tokens = q.device, B * T
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    dt = torch.promote_types(q.dtype, v.dtype)
+    dot_prec = bwd_config["F32_DOT"] if dt == torch.float32 else "tf32"
+    varlen = cu_seqlens is not None
+    q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
+    g = None if g is None else g.contiguous()
+    tables = chunk_tables(B, T, BT, cu_seqlens, dev)
+    NC = tables.NC
+
+    # ---- the forward's intermediates ----------------------------------------------------------------------------
+    if save == "all":
+        inter = saved
+    else:  # "intra": the state pass again; "none": stage 1 too (the only reader of the gate)
+        gf = forward_gate(g) if save == "none" else None
+        inter, _, _ = forward_intermediates(
+            q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg,
+            inter=saved if save == "intra" else None,
+        )  # fmt: skip
+    inter.u = None
+
+    # ---- 1. reverse state pass ----------------------------------------------------------------------------------
+    dh = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
+    dvn = new_output(tokens, HV, V, dtype=dt, device=dev)
+    dh0 = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
+    dht = None if dht is None else dht.contiguous()
+    dh_BV = _tile(bwd_config["dh_BV"], V)
+    chunk_bwd_state_kernel[(triton.cdiv(V, dh_BV), N * HV)](
+        q, k, inter.w, inter.aqk, inter.qg, inter.kg, inter.gout, do, dht, dh0, dh, dvn, cu_seqlens,
+        tables.chunk_offsets, scale, T,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=_tile(next_power_of_2(K), K), BV=dh_BV, GATE=GATE, USE_DHT=dht is not None,
+        STORE_DH0=dh0 is not None, VARLEN=varlen, DOT_PREC=dot_prec,
+        num_warps=bwd_config["dh_num_warps"], num_stages=bwd_config["dh_num_stages"],
+    )  # fmt: skip
+    inter.w = inter.qg = inter.kg = None
+
+    grads: dict[str, Tensor | None] = {"initial_state": dh0}
+    dv = new_output(B, T, HV, V, dtype=v.dtype, device=dev)
+    dbeta = new_output(B, T, HV, dtype=beta.dtype, device=dev)
+    dg = None if g is None else new_output(*g.shape, dtype=g.dtype, device=dev)
+    grouped = HV != H
+    dq = new_output(tokens, HV, K, dtype=torch.float32 if grouped else q.dtype, device=dev)
+    dk = new_output(tokens, HV, K, dtype=torch.float32 if grouped else k.dtype, device=dev)
+    if NC > 0:
+        # ---- 2. dA_qk, dVβ (dv), dA_kk ------------------------------------------------------------------------
+        dv_BV = _tile(bwd_config["dv_BV"], V)
+        NK = triton.cdiv(K, _tile(bwd_config["dqk_BK"], K))
+        NKI = triton.cdiv(K, _tile(bwd_config["di_BK"], K)) if GATE == 2 else 0
+        nslot = 1 + NK + NKI
+        dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
+        dvb = new_output(tokens, HV, V, dtype=dt, device=dev)
+        daq = new_output(tokens, HV, BT, dtype=dt, device=dev)
+        dak = new_output(tokens, HV, BT, dtype=dt, device=dev)
+        chunk_bwd_dv_kernel[(NC, HV)](
+            v, beta, inter.ai, inter.vnew, dvn, do, dv, dvb, daq, dak, dbeta_part, tables.chunk_info, scale, T,
+            HV=HV, V=V, BT=BT, BV=dv_BV, NV=triton.cdiv(V, dv_BV), VARLEN=varlen, DOT_PREC=dot_prec,
+            num_warps=bwd_config["dv_num_warps"], num_stages=bwd_config["dv_num_stages"],
+        )  # fmt: skip
+        inter.ai = None
+        del dvn  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
+        ss = tokens * HV
+
+        # ---- 3. KDA: pairwise terms per row block --------------------------------------------------------------
+        pq = pk = pg = None
+        if GATE == 2:
+            pq = new_output(tokens, HV, K, dtype=torch.float32, device=dev)
+            pk = new_output(tokens, HV, K, dtype=torch.float32, device=dev)
+            pg = new_output(tokens, HV, K, dtype=torch.float32, device=dev)
+            BC = cfg["BC"]
+            di_BK = _tile(bwd_config["di_BK"], K)
+            chunk_bwd_intra_kernel[(NC * (BT // BC), NKI, HV)](
+                q, k, g, beta, daq, dak, pq, pk, pg, dbeta_part, tables.chunk_info, T, 1 + NK, ss,
+                H=H, HV=HV, K=K, BT=BT, BC=BC, BK=di_BK, NB=BT // BC, VARLEN=varlen, DOT_PREC=dot_prec,
+                FLOOR=GATE_FLOOR, num_warps=bwd_config["di_num_warps"], num_stages=bwd_config["di_num_stages"],
+            )  # fmt: skip
+
+        # ---- 4. dq, dk, the gate -----------------------------------------------------------------------------
+        dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
+        dg_out = dg if GATE == 2 else None
+        dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
+        chunk_bwd_dqk_kernel[(NC, NK, HV)](
+            q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvb, daq, dak, pq, pk, pg, dq, dk,
+            dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, 1, ss,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=dqk_BK, BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=GATE,
+            VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
+            num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
+        )  # fmt: skip
+        inter.hbuf = inter.vnew = None
+        del dh, dvb, daq, dak, pq, pk, pg
+
+        # ---- 5. dβ, Gated DeltaNet's dg ------------------------------------------------------------------------
+        chunk_bwd_finish_kernel[(NC, HV)](
+            g, dbeta_part, dg_part, dbeta, dg, tables.chunk_info, T, ss,
+            HV=HV, BT=BT, NSLOT=nslot, NKG=NK, GATE=GATE, VARLEN=varlen, FLOOR=GATE_FLOOR,
+        )  # fmt: skip
+    if grouped:
+        G = HV // H
+        dq = dq.view(B, T, H, G, K).sum(3).to(q.dtype)
+        dk = dk.view(B, T, H, G, K).sum(3).to(k.dtype)
+    grads.update(
+        q=dq.view(B, T, H, K), k=dk.view(B, T, H, K), v=dv, beta=dbeta, g=dg,
+    )  # fmt: skip
+    return grads
+
+
+__all__ = [
+    "GATE_FLOOR",
+    "Intermediates",
+    "backward",
+    "check_config",
+    "default_config",
+    "forward_for_training",
+    "forward_intermediates",
+    "legal_params",
+]

@@ -1,0 +1,206 @@
+"""The chunk backward (Triton, under the interpreter) against float64 autograd through the token-by-token loop.
+
+Every gradient (q, k, v, g, beta, initial state) is compared by relative RMS error, from a random output gradient
+and a random final-state gradient. Buffers are NaN-poisoned (tests/conftest.py): an element a stage fails to
+write fails the test. Gates are strong (per-step log decay down to −5) unless a case says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from dtune.kernels.chunk import backward as chunk_bwd
+from dtune.kernels.reference import naive_recurrent
+from dtune.kernels.reference_bwd import GATE_FLOOR, chunk_backward_reference
+
+from dtune import ops
+from dtune.measure.inputs import make_inputs
+from dtune.shape import Gate, Shape
+from tests.conftest import rel_err
+
+CHUNK = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
+
+
+def with_inf_gates(x: dict[str, Any], every: int = 7) -> dict[str, Any]:
+    """Every ``every``-th gate entry set to −inf (a full forget)."""
+    if x["g"] is not None:
+        x["g"] = x["g"].clone()
+        x["g"].view(-1)[3::every] = float("-inf")
+    return x
+
+
+def gradients_vs_loop(
+    problem: Shape,
+    x: dict[str, Any],
+    bwd_config: dict[str, Any] | None,
+    scale: float | None = None,
+    final: bool = True,
+) -> dict[str, float]:
+    """Relative RMS error of the output and of every gradient, chunk op (through dtune.ops) vs float64 autograd."""
+    leaves = {n: (x[n].clone().requires_grad_() if x[n] is not None else None) for n in NAMES}
+    ref = {n: (x[n].double().requires_grad_() if x[n] is not None else None) for n in NAMES}
+    kw = {"scale": scale, "output_final_state": final, "cu_seqlens": x["cu_seqlens"]}
+    o, s = ops.run_kernel(
+        CHUNK[problem.gate],
+        *(leaves[n] for n in ("q", "k", "v", "g", "beta")),
+        initial_state=leaves["initial_state"],
+        bwd_config=bwd_config,
+        **kw,
+    )
+    args = (ref[n] for n in ("q", "k", "v", "g", "beta"))
+    o_ref, s_ref = naive_recurrent(*args, initial_state=ref["initial_state"], **kw)
+    gen = torch.Generator().manual_seed(11)
+    do = torch.randn(o.shape, generator=gen)
+    loss, loss_ref = (o * do).sum(), (o_ref * do.double()).sum()
+    if final:
+        assert s is not None and s_ref is not None
+        dht = torch.randn(s.shape, generator=gen)
+        loss, loss_ref = loss + (s * dht).sum(), loss_ref + (s_ref * dht.double()).sum()
+    else:
+        assert s is None
+    loss.backward()
+    loss_ref.backward()
+    errs = {"o": rel_err(o, o_ref)}
+    for n in NAMES:
+        if leaves[n] is None:
+            continue
+        grad, grad_ref = leaves[n].grad, ref[n].grad
+        assert grad is not None and grad_ref is not None, n
+        assert grad.dtype == x[n].dtype and grad.shape == x[n].shape, n
+        errs[n] = rel_err(grad, grad_ref)
+    return errs
+
+
+def assert_close(errs: dict[str, float], tol: float) -> None:
+    bad = {n: f"{e:.2e}" for n, e in errs.items() if not e < tol}
+    assert not bad, f"relative RMS errors over {tol:g}: {bad} (all: { {n: f'{e:.1e}' for n, e in errs.items()} })"
+
+
+# (problem, seq_lens, initial_state, backward config, extra: scale / inf / gate_min / final)
+CASES: dict[str, tuple[Shape, list[int] | None, bool, dict[str, Any], dict[str, Any]]] = {}
+
+
+def add(
+    tag: str, p: Shape, cfg: dict[str, Any], seq_lens: list[int] | None = None, h0: bool = True, **extra: Any
+) -> None:
+    op = {"none": "dn", "scalar": "gdn", "channel": "kda"}[p.gate.value]
+    head = f"varlen{'-'.join(map(str, seq_lens))}" if seq_lens else f"B{p.B}-T{p.T}"
+    CASES[f"{op}-{tag}-{head}-H{p.H}-HV{p.HV}-K{p.K}-V{p.V}"] = (p, seq_lens, h0, cfg, extra)
+
+
+BT16 = {"BT": 16, "BC": 16}
+BT32 = {"BT": 32, "BC": 16}
+for gate in Gate:
+    add("T1", Shape(2, 1, 1, 2, 16, 32, 2, gate), BT16)  # T = 1, grouped value heads, K != V
+    add("odd", Shape(2, 37, 1, 2, 16, 32, 2, gate), BT32, scale=0.3)  # T not a multiple of BT, two row blocks
+    add("varlen", Shape(1, 0, 1, 2, 16, 16, 5, gate, True), BT16, seq_lens=[1, 17, 0, 40, 2])  # an empty sequence
+    add("BT64-all", Shape(1, 70, 1, 1, 16, 16, 1, gate), {"BT": 64, "BC": 16, "SAVE": "all"})  # four row blocks
+    tiles = {"BT": 32, "BC": 16, "SAVE": "none", "dh_BV": 16, "dv_BV": 16, "dqk_BK": 16, "dqk_BV": 16}
+    if gate is Gate.CHANNEL:
+        tiles["di_BK"] = 16
+    add("tiles-noh0", Shape(1, 40, 1, 1, 24, 40, 1, gate), tiles, h0=False, final=False)  # K, V tiles; padded dims
+    if gate is not Gate.NONE:
+        add("inf", Shape(1, 50, 1, 2, 16, 16, 1, gate), BT32, inf=True)  # −inf gates: a full forget
+        add("g60", Shape(1, 50, 1, 1, 16, 16, 1, gate), BT32, gate_min=-60.0)  # KDA: the exact diagonal blocks
+add("BC32", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 32}, gate_min=-60.0)
+
+
+@pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
+def test_gradients_match_loop(
+    problem: Shape, seq_lens: list[int] | None, h0: bool, cfg: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    x = make_inputs(problem, seed=5, seq_lens=seq_lens, initial_state=h0, gate_min=extra.get("gate_min", -5.0))
+    if extra.get("inf"):
+        x = with_inf_gates(x)
+    errs = gradients_vs_loop(problem, x, cfg, scale=extra.get("scale"), final=extra.get("final", True))
+    assert_close(errs, TOL[torch.float32])
+
+
+@pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
+def test_float16(gate: Gate) -> None:
+    p = Shape(1, 40, 1, 2, 16, 16, 1, gate)
+    x = make_inputs(p, dtype=torch.float16, seed=4)
+    assert_close(gradients_vs_loop(p, x, BT32), TOL[torch.float16])
+
+
+def test_inf_gates_give_zero_gate_gradient() -> None:
+    """A −inf gate is a full forget: its gradient is exactly 0 (the clamp's), and nothing is NaN."""
+    p = Shape(1, 30, 1, 1, 16, 16, 1, Gate.CHANNEL)
+    x = with_inf_gates(make_inputs(p, seed=2), every=5)
+    g = x["g"].clone().requires_grad_()
+    o, _ = ops.chunk_kda(x["q"], x["k"], x["v"], g, x["beta"], initial_state=x["initial_state"], bwd_config=BT16)
+    o.sum().backward()
+    assert g.grad is not None and torch.isfinite(g.grad).all()
+    assert (g.grad[torch.isinf(x["g"])] == 0).all()
+    assert (g.grad[~torch.isinf(x["g"])] != 0).any()
+
+
+@pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
+def test_second_reference_matches_autograd(gate: Gate) -> None:
+    """The float64 chunk-backward formulas (reference_bwd) equal autograd through the loop, −inf gates included."""
+    p = Shape(1, 0, 2, 4, 8, 12, 3, gate, True)
+    x = make_inputs(p, seed=7, seq_lens=[9, 0, 20])
+    x = with_inf_gates(x, every=11)
+    ref = {n: (x[n].double().requires_grad_() if x[n] is not None else None) for n in NAMES}
+    o, s = naive_recurrent(
+        *(ref[n] for n in ("q", "k", "v", "g", "beta")),
+        scale=0.4,
+        initial_state=ref["initial_state"],
+        output_final_state=True,
+        cu_seqlens=x["cu_seqlens"],
+    )
+    assert s is not None
+    gen = torch.Generator().manual_seed(3)
+    do, dht = torch.randn(o.shape, generator=gen, dtype=torch.float64), torch.randn(s.shape, generator=gen).double()
+    ((o * do).sum() + (s * dht).sum()).backward()
+    mine = chunk_backward_reference(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], do, dht, scale=0.4, initial_state=x["initial_state"],
+        cu_seqlens=x["cu_seqlens"], chunk_size=8,
+    )  # fmt: skip
+    for n in NAMES:
+        if ref[n] is not None:
+            got = mine[n]
+            assert got is not None
+            assert rel_err(got, ref[n].grad) < 1e-12, n
+
+
+def test_config_is_checked() -> None:
+    assert chunk_bwd.check_config(64, 64, "channel", None) == chunk_bwd.default_config(64, 64, "channel")
+    with pytest.raises(ValueError, match="unknown parameter"):
+        chunk_bwd.check_config(64, 64, "none", {"di_BK": 32})  # KDA only
+    with pytest.raises(ValueError, match="BC <= BT <= 4"):
+        chunk_bwd.check_config(64, 64, "none", {"BT": 16, "BC": 32})
+    with pytest.raises(ValueError, match="BC <= BT <= 4"):
+        chunk_bwd.check_config(64, 64, "none", {"BT": 128, "BC": 16})
+    with pytest.raises(ValueError, match="SAVE"):
+        chunk_bwd.check_config(64, 64, "scalar", {"SAVE": "some"})
+    for gate in ("none", "scalar", "channel"):
+        legal = chunk_bwd.legal_params(gate)
+        for K, V in ((16, 16), (128, 128), (256, 64)):
+            cfg = chunk_bwd.default_config(K, V, gate)
+            assert set(cfg) == set(legal) and all(cfg[n] in legal[n] for n in cfg)
+
+
+def test_gate_floor_is_a_full_forget_in_float32() -> None:
+    assert torch.exp(torch.tensor(GATE_FLOOR, dtype=torch.float32)) < torch.finfo(torch.float32).tiny
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_forward_config_is_honoured_under_autograd(fused: bool) -> None:
+    """The forward's own parameters (here FUSE_OUTPUT, the state layout) apply to the forward under autograd."""
+    p = Shape(1, 37, 1, 2, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=6)
+    leaves = {n: (x[n].clone().requires_grad_() if x[n] is not None else None) for n in NAMES}
+    fwd = {"FUSE_OUTPUT": fused, "STATE_LAYOUT": "vk", "h_BV": 16}
+    o, _ = ops.chunk_gated_delta_rule(
+        *(leaves[n] for n in ("q", "k", "v", "g", "beta")), initial_state=leaves["initial_state"], config=fwd,
+        bwd_config=BT32,
+    )  # fmt: skip
+    o_ref, _ = naive_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"])
+    assert rel_err(o, o_ref) < TOL[torch.float32]
+    o.sum().backward()
+    assert all(leaves[n].grad is not None and torch.isfinite(leaves[n].grad).all() for n in NAMES)

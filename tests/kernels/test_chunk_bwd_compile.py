@@ -1,0 +1,170 @@
+"""The chunk backward's kernels compile for a real GPU target (sm_90, Hopper) without a GPU, within its shared memory.
+
+Same approach as test_chunk_compile.py (``triton.compile`` for a ``GPUTarget``, in a child process without
+``TRITON_INTERPRET``). Run as a script, it prints registers and spills per stage (ptxas -v for sm_90a):
+``python tests/kernels/test_chunk_bwd_compile.py --stats [GATE DTYPE D CONFIG_JSON]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import triton
+from dtune.kernels.chunk import GATE_CODES, _tile
+from dtune.kernels.chunk import backward as chunk_bwd
+from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel
+from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel
+from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel
+from dtune.kernels.chunk.bwd_intra import chunk_bwd_intra_kernel
+from dtune.kernels.chunk.bwd_state import chunk_bwd_state_kernel
+from dtune.kernels.reference_bwd import GATE_FLOOR
+
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:  # pragma: no cover
+    pytest.skip("this Triton has no AOT compile API", allow_module_level=True)
+
+SM90 = GPUTarget("cuda", 90, 32)
+SKIP_CODE = 77
+H100_SMEM = 232448
+
+
+def compile_sm90(fn: Any, args: dict[str, Any], num_warps: int, num_stages: int) -> Any:
+    """``args``: a type string for runtime arguments ("*bf16", "i32", "fp32"), else the constexpr value."""
+    sig: dict[str, str] = {}
+    consts: dict[tuple[int, ...], Any] = {}
+    for i, name in enumerate(fn.arg_names):
+        value = args.get(name)
+        if isinstance(value, str) and (value.startswith("*") or value in ("i32", "fp32")):
+            sig[name] = value
+        else:
+            sig[name] = "constexpr"
+            consts[(i,)] = value
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in args.items() if str(t).startswith("*")}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    try:
+        return triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
+    except RuntimeError as e:
+        if "ptxas" in str(e).lower():
+            print(f"cannot build CUDA code here: {e}")
+            raise SystemExit(SKIP_CODE) from None
+        raise
+
+
+def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool) -> list[tuple]:
+    """(name, kernel, args, warps, stages) of every backward stage, as backward() launches them (H = 2, HV = 4)."""
+    G = GATE_CODES[gate]
+    p, f32 = f"*{dtype}", "*fp32"
+    prec = cfg["F32_DOT"] if dtype == "fp32" else "tf32"
+    BT, BC = cfg["BT"], cfg["BC"]
+    common = dict(H=2, HV=4, K=K, V=V, BT=BT, VARLEN=varlen, DOT_PREC=prec, T="i32", scale="fp32")
+    table = {"chunk_info": "*i32"} if varlen else {}
+    gated = {"g": f32} if G else {}
+    NK = triton.cdiv(K, _tile(cfg["dqk_BK"], K))
+    state = dict(common, q=p, k=p, w=p, aqk=p, do=p, dht=f32, dh0=f32, dh=p, dvn=p)
+    state |= {"qg": p, "kg": p} if G == 2 else {}
+    state |= {"gout": f32} if G else {}
+    state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
+    state |= dict(BK=_tile(triton.next_power_of_2(K), K), BV=_tile(cfg["dh_BV"], V), GATE=G, USE_DHT=True)
+    state |= dict(STORE_DH0=True)
+    dv_BV = _tile(cfg["dv_BV"], V)
+    dv = dict(common, v=p, beta=p, ai=p, vnew=p, dvn=p, do=p, dv=p, dvb=p, daq=p, dak=p, dbeta_part=f32)
+    dv |= table | dict(BV=dv_BV, NV=triton.cdiv(V, dv_BV))
+    dqk_BV = _tile(cfg["dqk_BV"], V)
+    dqk = dict(common, q=p, k=p, beta=p, hbuf=p, dh=p, do=p, vnew=p, dvb=p, daq=p, dak=p, dq=p, dk=p)
+    dqk |= gated | table | {"dbeta_part": f32, "SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
+    dqk |= {"pq": f32, "pk": f32, "pg": f32} if G == 2 else {}
+    dqk |= {"dg": f32} if G else {}
+    dqk |= dict(BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
+    out = [
+        ("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"]),
+        ("dv", chunk_bwd_dv_kernel, dv, cfg["dv_num_warps"], cfg["dv_num_stages"]),
+        ("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]),
+    ]
+    if G == 2:
+        intra = dict(common, q=p, k=p, g=f32, beta=p, daq=p, dak=p, pq=f32, pk=f32, pg=f32, dbeta_part=f32)
+        intra |= table | {"SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
+        intra |= dict(BC=BC, BK=_tile(cfg["di_BK"], K), NB=BT // BC)
+        out.append(("intra", chunk_bwd_intra_kernel, intra, cfg["di_num_warps"], cfg["di_num_stages"]))
+    fin = dict(HV=4, BT=BT, VARLEN=varlen, T="i32", SS="i32", dbeta_part=f32, dbeta=p, NSLOT=3, NKG=NK, GATE=G)
+    fin |= table | {"FLOOR": GATE_FLOOR}
+    fin |= {"g": f32, "dg_part": f32, "dg": f32} if G == 1 else {}
+    out.append(("finish", chunk_bwd_finish_kernel, fin, 4, 1))
+    return out
+
+
+CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
+    ("channel", "bf16", 128, {}, False),
+    ("scalar", "bf16", 128, {}, True),
+    ("none", "bf16", 128, {}, False),
+    ("channel", "bf16", 64, {"BT": 32, "BC": 32}, True),
+    ("scalar", "fp32", 64, {"BT": 32}, False),
+    ("none", "bf16", 256, {}, True),
+]
+
+
+def compile_case(index: int, stats: bool = False) -> dict[str, Any]:
+    """Compile every backward stage of CASES[index]: shared memory (and with ``stats`` registers, spills)."""
+    gate, dtype, D, overrides, varlen = CASES[index]
+    cfg = chunk_bwd.check_config(D, D, gate, overrides)
+    out: dict[str, Any] = {}
+    for name, fn, args, warps, stages in bwd_stages(gate, dtype, D, D, cfg, varlen):
+        k = compile_sm90(fn, args, warps, stages)
+        out[name] = int(k.metadata.shared)
+        if stats:
+            regs, spills = ptxas_usage(k.asm["ptx"])
+            out[name] = {"smem": out[name], "regs": regs, "spills": spills}
+    return out
+
+
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers, spill-store bytes) from the ptxas Triton uses for sm_90a."""
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "k.ptx").write_text(ptx)
+        cmd = [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"]
+        err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    regs, spills = re.search(r"Used (\d+) registers", err), re.search(r"(\d+) bytes spill stores", err)
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
+
+
+def case_ids() -> list[str]:
+    return [
+        f"{g}-{dt}-D{D}{'-varlen' if vl else ''}{''.join(f'-{k}{v}' for k, v in o.items())}"
+        for g, dt, D, o, vl in CASES
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=case_ids())
+def test_backward_stages_compile_for_sm90(index: int) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, __file__, str(index)], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    if proc.returncode == SKIP_CODE:
+        pytest.skip(proc.stdout.strip()[-500:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    smem = json.loads(proc.stdout.strip().splitlines()[-1])
+    for stage, nbytes in smem.items():
+        assert nbytes <= H100_SMEM, f"{stage}: {nbytes} bytes of shared memory"
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--stats":
+        if len(sys.argv) > 2:
+            CASES[:] = [(sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5]), False)]
+        for i in range(len(CASES)):
+            print(case_ids()[i], json.dumps(compile_case(i, stats=True)), flush=True)
+    else:
+        print(json.dumps(compile_case(int(sys.argv[1]))))
