@@ -16,6 +16,10 @@ import torch
 
 Config = dict[str, Any]
 
+# Gate modes of the templates, as the constexpr ``GATE`` the kernels branch on: no decay (DeltaNet), one log decay per
+# value head and token (Gated DeltaNet), one per key channel (KDA).
+GATE_CODES: dict[str, int] = {"none": 0, "scalar": 1, "channel": 2}
+
 # Debug switch: launchers fill their outputs with NaN before launch, so elements a kernel fails to write show
 # up as NaN in the result instead of passing on leftover memory. Tests and the correctness gate turn it on.
 POISON_OUTPUTS = False

@@ -14,9 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import Config, new_output, next_power_of_2
-
-GATE_CODES = {"none": 0, "scalar": 1, "channel": 2}
+from .config import GATE_CODES, Config, new_output, next_power_of_2
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "BV": (4, 8, 16, 32, 64, 128, 256),

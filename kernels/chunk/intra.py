@@ -21,40 +21,14 @@ The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunk
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
-from .common import chunk_bounds
-
-
-@triton.jit
-def _diag_exact(b_k, b_q, b_gam, BC: tl.constexpr):
-    """Diagonal block, element-wise: column c is Σ_d k_i[d] k_c[d] exp(min(γ_i[d] − γ_c[d], 0)) (rows i < c masked
-    later). Exact for any gate; BC exp's per key channel per row."""
-    o_c = tl.arange(0, BC)
-    b_D = tl.zeros([BC, BC], dtype=tl.float32)
-    b_Dq = tl.zeros([BC, BC], dtype=tl.float32)
-    for c in range(BC):
-        sel = (o_c == c)[:, None]
-        b_kj = tl.sum(tl.where(sel, b_k, 0.0), 0)
-        b_gj = tl.sum(tl.where(sel, b_gam, 0.0), 0)
-        b_e = tl.exp(tl.minimum(b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
-        b_D += tl.where((o_c == c)[None, :], tl.sum(b_k * b_e, 1)[:, None], 0.0)
-        b_Dq += tl.where((o_c == c)[None, :], tl.sum(b_q * b_e, 1)[:, None], 0.0)
-    return b_D, b_Dq
-
-
-@triton.jit
-def _diag_ref(b_k, b_q, b_gam, BC: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Diagonal block as one dot around the middle row m: (k_i e^{γ_i − γ_m}) · (k_j e^{γ_m − γ_j}), float32 operands.
-    Finite (and exact to rounding) while |γ_i − γ_m| < ~88 for every row; overflows to inf/NaN beyond."""
-    o_c = tl.arange(0, BC)
-    b_gm = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
-    b_kR = b_k * tl.exp(b_gm[None, :] - b_gam)
-    b_eL = tl.exp(b_gam - b_gm[None, :])
-    b_D = tl.dot(b_k * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
-    b_Dq = tl.dot(b_q * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
-    return b_D, b_Dq
+from .buffers import Intermediates
+from .call import ChunkCall, intra_launch_options
+from .common import chunk_bounds, diag_exact, diag_ref, load_gate
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -112,7 +86,7 @@ def chunk_intra_kernel(
 
     # Scalar gate: the whole chunk's cumulative gate, once (it is one number per row).
     if GATE == 1:
-        b_g_all = tl.load(g_b + o_t * HV, mask=m_t, other=0).to(tl.float32)
+        b_g_all = load_gate(g_b + o_t * HV, m_t)
         b_gam_all = tl.cumsum(b_g_all, 0)
         tl.store(gout + (bos * HV + i_hv) + o_t * HV, b_gam_all, mask=m_t)
 
@@ -139,12 +113,11 @@ def chunk_intra_kernel(
                     b_q = tl.load(p_qr, mask=m_rk, other=0).to(tl.float32)
                     b_kt = tl.load(p_kt, mask=m_tk, other=0).to(tl.float32)
                     p_gt = g_b + (o_t[:, None] * (HV * K) + o_k[None, :])
-                    b_gt = tl.load(p_gt, mask=m_t[:, None] & m_k[None, :], other=0).to(tl.float32)
+                    b_gt = load_gate(p_gt, m_t[:, None] & m_k[None, :])
                     b_gamt = tl.cumsum(b_gt, 0)  # γ of the whole chunk, this key tile
                     # γ_r: cumulative gate at the block's first row
                     b_gr = tl.sum(tl.where((o_t == r0)[:, None], b_gamt, 0.0), 0)
-                    b_gam = tl.load(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
-                    b_gam = tl.cumsum(b_gam, 0)
+                    b_gam = tl.cumsum(load_gate(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk), 0)
                     b_gam = b_gam - tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)[None, :] + b_gr[None, :]
                     # off-diagonal: rows scaled by exp(γ_i - γ_r) <= 1, columns (j < r) by exp(γ_r - γ_j) <= 1
                     b_er = tl.exp(b_gam - b_gr[None, :])
@@ -164,11 +137,11 @@ def chunk_intra_kernel(
                             0,
                         )
                         if b_half > 80.0:
-                            b_dD, b_dDq = _diag_exact(b_k, b_q, b_gam, BC)
+                            b_dD, b_dDq = diag_exact(b_k, b_q, b_gam, BC)
                         else:
-                            b_dD, b_dDq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                            b_dD, b_dDq = diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
                     else:
-                        b_dD, b_dDq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                        b_dD, b_dDq = diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
                     b_D += b_dD
                     b_Dq += b_dDq
                 else:
@@ -185,7 +158,7 @@ def chunk_intra_kernel(
             m_cau = (o_c[None, :] <= o_c[:, None]) & m_r[:, None]
             if GATE == 1:
                 b_gr1 = tl.sum(tl.where(o_t == r0 - 1, b_gam_all, 0.0), 0)  # γ before the block (0 for I = 0)
-                b_gam1 = tl.load(g_b + rows * HV, mask=m_r, other=0).to(tl.float32)
+                b_gam1 = load_gate(g_b + rows * HV, m_r)
                 b_gam1 = tl.cumsum(b_gam1, 0) + b_gr1
                 b_A *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
                 b_Aq *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
@@ -225,14 +198,10 @@ def chunk_intra_kernel(
                 if GATE == 1:
                     b_x = b_k * (b_beta * tl.exp(b_gam1))[:, None]
                 elif GATE == 2:
-                    b_gt = tl.load(
-                        g_b + (o_t[:, None] * (HV * K) + o_k[None, :]),
-                        mask=m_t[:, None] & m_k[None, :],
-                        other=0,
-                    ).to(tl.float32)
+                    b_gt = load_gate(g_b + (o_t[:, None] * (HV * K) + o_k[None, :]), m_t[:, None] & m_k[None, :])
                     b_gC = tl.sum(b_gt, 0)  # γ_C (rows past the end hold 0)
                     b_base = tl.sum(tl.where((o_t < r0)[:, None], b_gt, 0.0), 0)
-                    b_gam = tl.load(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
+                    b_gam = load_gate(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk)
                     b_gam = tl.cumsum(b_gam, 0) + b_base[None, :]
                     b_x = b_k * tl.exp(b_gam) * b_beta[:, None]
                     b_q = tl.load(q_b + (rows[:, None] * (H * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
@@ -284,3 +253,14 @@ def chunk_intra_kernel(
             if I + 1 < NB:
                 # the next blocks read W[:I+1], U[:I+1] back: make this block's stores visible to the whole CTA
                 tl.debug_barrier()
+
+
+def launch_intra_rows(call: ChunkCall, inter: Intermediates) -> Any:
+    """Stage 1, ``INTRA = "rows"``: one program per chunk and value head."""
+    if call.NC == 0:
+        return None
+    return chunk_intra_kernel[(call.NC, call.HV)](
+        call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
+        call.tables.chunk_info, call.scale, call.T, SAFE_DIAG=bool(call.config.get("SAFE_DIAG", True)),
+        **intra_launch_options(call),
+    )  # fmt: skip

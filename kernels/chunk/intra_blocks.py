@@ -24,11 +24,14 @@ Register cost grows with ``NB · BC · BK`` (tiles of all blocks are live togeth
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
-from .common import chunk_bounds
-from .intra import _diag_exact, _diag_ref
+from .buffers import Intermediates
+from .call import ChunkCall, intra_launch_options
+from .common import chunk_bounds, diag_exact, diag_ref, load_gate
 
 
 @triton.jit
@@ -63,9 +66,9 @@ def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT
     2: the exact element-wise loop (any gate)."""
     b_half = 0.0
     if DIAG == 2:
-        b_D, b_Dq = _diag_exact(b_k, b_q, b_gam, BC)
+        b_D, b_Dq = diag_exact(b_k, b_q, b_gam, BC)
     else:
-        b_D, b_Dq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+        b_D, b_Dq = diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
         if DIAG == 1:
             o_c = tl.arange(0, BC)
             b_first = tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)
@@ -104,7 +107,7 @@ def _finish_off(b_A, b_Aq, b_ci, b_cj, b_beta, a_col, rows, m_r, scale, SA, BC: 
 @triton.jit
 def _gam(g_b, rows, SG, o_k, m_r, m_k, b_base):
     """Cumulative per-channel gate of one row block on top of ``b_base`` (γ before the block), and γ at its end."""
-    b_g = _rows(g_b, rows, SG, o_k, m_r, m_k)
+    b_g = load_gate(g_b + (rows[:, None] * SG + o_k[None, :]), m_r[:, None] & m_k[None, :])
     return tl.cumsum(b_g, 0) + b_base[None, :], b_base + tl.sum(b_g, 0)
 
 
@@ -301,18 +304,18 @@ def chunk_intra_blocks_kernel(
     b_c3 = b_c1
     b_c4 = b_c1
     if GATE == 1:
-        b_gl = tl.load(g_b + r1 * HV, mask=m1, other=0).to(tl.float32)
+        b_gl = load_gate(g_b + r1 * HV, m1)
         b_c1 = tl.cumsum(b_gl, 0)
         tl.store(gout + (bos * HV + i_hv) + r1 * HV, b_c1, mask=m1)
         if NB >= 2:
-            b_gl = tl.load(g_b + r2 * HV, mask=m2, other=0).to(tl.float32)
+            b_gl = load_gate(g_b + r2 * HV, m2)
             b_c2 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c1, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r2 * HV, b_c2, mask=m2)
         if NB >= 4:
-            b_gl = tl.load(g_b + r3 * HV, mask=m3, other=0).to(tl.float32)
+            b_gl = load_gate(g_b + r3 * HV, m3)
             b_c3 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c2, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r3 * HV, b_c3, mask=m3)
-            b_gl = tl.load(g_b + r4 * HV, mask=m4, other=0).to(tl.float32)
+            b_gl = load_gate(g_b + r4 * HV, m4)
             b_c4 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c3, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r4 * HV, b_c4, mask=m4)
 
@@ -482,3 +485,20 @@ def chunk_intra_blocks_kernel(
             b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
             b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
             _store_rows(u_b, r4, HV * V, o_v, m4, m_v, b_o)
+
+
+def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
+    """Stage 1, ``INTRA = "blocks"``; with KDA's guarded diagonal, a second launch redoes the flagged chunks."""
+    if call.NC == 0:
+        return None
+    args = (
+        call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
+        call.tables.chunk_info, inter.flags, call.scale, call.T,
+    )  # fmt: skip
+    grid = (call.NC, call.HV)
+    kw = intra_launch_options(call)
+    two_pass = inter.flags is not None
+    first = chunk_intra_blocks_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
+    if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
+        chunk_intra_blocks_kernel[grid](*args, DIAG=2, **kw)
+    return first

@@ -18,9 +18,11 @@ import pytest
 import triton
 from dtune.kernels import KERNELS
 from dtune.kernels.chunk import GATE_CODES
+from dtune.kernels.chunk.call import tile
 from dtune.kernels.chunk.intra import chunk_intra_kernel
 from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
+from dtune.kernels.chunk.segments import BKJ_COMBINE, BV_COMBINE, chunk_segment_starts_kernel
 from dtune.kernels.chunk.state import chunk_state_kernel
 
 try:
@@ -64,9 +66,9 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
 
 
 def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool) -> list[tuple]:
-    """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches."""
-    from dtune.kernels.chunk import _tile
-
+    """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches
+    (with ``SEG_CHUNKS``: the segmented state pass's three launches)."""
+    _tile = tile
     G = GATE_CODES[gate]
     p = f"*{dtype}"
     f32 = "*fp32"
@@ -92,7 +94,9 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     state_ptrs = {"q": p, "k": p, "w": p, "u": p, "aqk": p, "h0": f32, "ht": f32, "o": p, **chan}
     state_ptrs |= {"gout": f32} if G else {}
     state_ptrs |= {} if fuse else {"hbuf": p, "vnew": p}
-    state_ptrs |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
+    seg = cfg.get("SEG_CHUNKS", 0) > 0
+    state_ptrs |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen or seg else {}
+    state_ptrs |= {"seg_last": "*i32"} if seg else {}
     state = (
         "state",
         chunk_state_kernel,
@@ -108,11 +112,28 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             GATE=G,
             USE_H0=True,
         )
-        | dict(STORE_HT=True, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk"),
+        | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
+        | dict(SEG=2 if seg else 0),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )
     out = [intra, state]
+    if seg:  # phase 1 (the state kernel's transition mode) and phase 2 (the segments' entering states)
+        trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")}
+        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1)
+        out.append(("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts, state[4], state[5]))
+        BK = _tile(triton.next_power_of_2(K), K)
+        starts = dict(HV=4, K=K, V=V, BK=BK, BKJ=min(BKJ_COMBINE, BK), BV=_tile(BV_COMBINE, V), USE_H0=True)
+        out.append(
+            (
+                "segment-starts",
+                chunk_segment_starts_kernel,
+                {"ext": f32, "h0": f32, "starts": f32, "ht": f32, "seq_segments": "*i32"},
+                starts | dict(STORE_HT=True, DOT_PREC=prec),
+                4,
+                1,
+            )
+        )
     if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
         out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
     if not fuse:
@@ -153,6 +174,10 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64}, True),
     ("none", "bf16", 256, {"STATE_LAYOUT": "vk", "h_BV": 64, "h_num_warps": 8, "h_num_stages": 1}, False),
     ("channel", "fp32", 64, {"STATE_LAYOUT": "vk", "FUSE_OUTPUT": False}, True),
+    # the sequence-parallel state pass (segments): both layouts, fused and not, K = 256
+    ("scalar", "bf16", 128, {"SEG_CHUNKS": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "BT": 64}, False),
+    ("channel", "bf16", 128, {"SEG_CHUNKS": 8, "FUSE_OUTPUT": False}, True),
+    ("none", "bf16", 256, {"SEG_CHUNKS": 32, "h_BV": 16, "h_num_warps": 8, "h_num_stages": 1}, False),
 ]
 
 
