@@ -70,7 +70,9 @@ NUMERICS (where a configuration is unsafe):
   below about −5.5 (16 consecutive such steps), ``BC = 16`` below about −11. When unsafe, a factor is ``inf`` and
   the affected rows become inf/NaN, which propagates to the output: the correctness gate's NaN/Inf check rejects
   it (never a silently small error: an underflowing factor only drops contributions below ``exp(−80)``
-  relative). The search space excludes ``SAFE_DIAG = False`` with ``BC = 64``.
+  relative). The search space excludes ``SAFE_DIAG = False`` with ``BC = 64``. Full forgets (gates of −inf,
+  clamped to −20) count 20 nats each: isolated ones are safe at ``BC = 16``, a key channel that forgets at every
+  token is not (its half span is ``BC/2 · 20``) — only ``SAFE_DIAG = True`` is exact for every gate.
 * 16-bit inputs: the intermediates (W, U, A_qk, q̃, k̃, chunk states, V_new) are rounded to the inputs'
   dtype, as in flash-linear-attention; float16 inputs additionally need ``|v|`` and the state small enough for
   float16's range (the chunk states are stored in float16).

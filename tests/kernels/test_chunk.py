@@ -236,3 +236,45 @@ def test_bfloat16_gate(gate: Gate) -> None:
     x = make_inputs(p, seed=13)
     x["g"] = x["g"].to(torch.bfloat16)
     check(p, x, SMALL)
+
+
+def with_full_forgets(x: dict[str, Any], gate: Gate, dense: bool, seed: int) -> dict[str, Any]:
+    """Gates of −inf (full forgets): 10% of entries at random, the first token, and with ``dense`` a KDA key channel
+    that forgets at every token (or, for the scalar gate, a whole chunk of full forgets: tokens 32..63)."""
+    g = x["g"].clone()
+    gen = torch.Generator().manual_seed(seed)
+    g = g.masked_fill(torch.rand(g.shape, generator=gen) < 0.1, float("-inf"))
+    g[:, 0] = float("-inf")
+    if dense and gate is Gate.CHANNEL:
+        g[..., 3] = float("-inf")
+    elif dense:
+        g[:, 32:64] = float("-inf")
+    return {**x, "g": g}
+
+
+INF_CONFIGS = {
+    "blocks": {"BT": 32, "BC": 16},
+    "blocks-BT64-unfused": {"BT": 64, "BC": 16, "FUSE_OUTPUT": False},
+    "rows": {"BT": 32, "BC": 16, "INTRA": "rows"},
+    "rows-BC32-vk": {"BT": 64, "BC": 32, "INTRA": "rows", "STATE_LAYOUT": "vk", "h_BV": 16},
+    "segments": {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16, "FUSE_OUTPUT": False},
+}
+
+
+@pytest.mark.parametrize("name", list(INF_CONFIGS))
+@pytest.mark.parametrize("gate", [Gate.SCALAR, Gate.CHANNEL], ids=["scalar", "channel"])
+def test_full_forget_gates(gate: Gate, name: str) -> None:
+    """A log gate of −inf is a valid full forget: every path gives the float64 loop's result (no NaN from
+    −inf − (−inf) in the cumulative gates; the guarded KDA diagonal sees a finite span)."""
+    p = Problem(1, 0, 1, 2, 32, 16, 3, gate, True)
+    x = with_full_forgets(make_inputs(p, seed=41, seq_lens=[70, 0, 41], gate_min=-3.0), gate, True, seed=42)
+    check(p, x, INF_CONFIGS[name])
+
+
+@pytest.mark.parametrize("intra", ["blocks", "rows"])
+def test_full_forgets_unguarded_diagonal(intra: str) -> None:
+    """SAFE_DIAG = False (one dot per diagonal block): each −inf step counts as 20 nats of the block's half span, so
+    isolated full forgets stay exact at BC = 16 (a key channel forgetting at every token does not: see the docs)."""
+    p = Problem(1, 70, 1, 1, 32, 16, 1, Gate.CHANNEL)
+    x = with_full_forgets(make_inputs(p, seed=43, gate_min=-3.0), Gate.CHANNEL, False, seed=44)
+    check(p, x, {"BT": 32, "BC": 16, "SAFE_DIAG": False, "INTRA": intra})
