@@ -8,7 +8,7 @@ L2-normalised keys, strong decays, beta in (0, 1) — for tests, the correctness
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -41,9 +41,13 @@ class Problem:
     N: int  # sequences (B, or len(cu_seqlens) - 1)
     gate: Gate = Gate.NONE
     varlen: bool = False
+    # cu_seqlens on the host, as check_inputs read it (None without cu_seqlens, or while a CUDA graph is captured):
+    # the chunk kernels build their tables from it instead of copying cu_seqlens to the host a second time
+    seq_offsets: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["seq_offsets"]
         d["gate"] = self.gate.value
         return d
 
@@ -135,6 +139,7 @@ def check_inputs(
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
 
     N = B
+    offs: list[int] | None = None
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor):
             raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
@@ -180,7 +185,18 @@ def check_inputs(
         )
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"tensors on {q.device.type!r} are not supported; use a CUDA GPU")
-    return Problem(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None)
+    return Problem(
+        B=B,
+        T=T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        N=N,
+        gate=gate,
+        varlen=cu_seqlens is not None,
+        seq_offsets=None if offs is None else tuple(offs),
+    )
 
 
 def make_inputs(

@@ -50,7 +50,11 @@ def run_kernel(
         config = tuned_config(spec.name, problem, v.dtype, v.device)
     full = spec.check_config(problem.K, problem.V, config)
     scale = problem.K**-0.5 if scale is None else float(scale)
-    return spec.module.forward(q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens, full)
+    # the chunk family builds its chunk tables from the offsets check_inputs already read (no second host copy)
+    extra = {"seq_offsets": problem.seq_offsets} if spec.family == "chunk" else {}
+    return spec.module.forward(
+        q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens, full, **extra
+    )
 
 
 def fused_recurrent_delta_rule(

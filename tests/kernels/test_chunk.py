@@ -278,3 +278,21 @@ def test_full_forgets_unguarded_diagonal(intra: str) -> None:
     p = Problem(1, 70, 1, 1, 32, 16, 1, Gate.CHANNEL)
     x = with_full_forgets(make_inputs(p, seed=43, gate_min=-3.0), Gate.CHANNEL, False, seed=44)
     check(p, x, {"BT": 32, "BC": 16, "SAFE_DIAG": False, "INTRA": intra})
+
+
+def test_cu_seqlens_read_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op validates cu_seqlens on the host once (check_inputs) and the chunk tables reuse that copy: the
+    launcher's own device-to-host read never runs on the op's path (it serves direct plan() callers)."""
+    import dtune.kernels.chunk.call as call_mod
+
+    def no_second_copy(cu_seqlens: torch.Tensor) -> list[int]:
+        raise AssertionError("cu_seqlens copied to the host a second time")
+
+    p = Problem(1, 0, 1, 1, 16, 16, 3, Gate.SCALAR, True)
+    x = make_inputs(p, seed=45, seq_lens=[40, 0, 9])
+    monkeypatch.setattr(call_mod, "host_offsets", no_second_copy)
+    check(p, x, {"BT": 16, "BC": 16, "SEG_CHUNKS": 1, "h_BV": 16})
+    with pytest.raises(AssertionError, match="second time"):
+        cfg = KERNELS["chunk_gated_delta_rule"].check_config(16, 16, None)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], "scalar", 0.25, None, True, x["cu_seqlens"], cfg)
+        chunk_mod.plan(*args)
