@@ -36,8 +36,8 @@ class Intermediates:
     * ``h`` ``[NC, HV, K, V]`` dt: the state entering each chunk; ``v_new`` ``[tokens, HV, V]`` dt:
       ``V_new = U − W S_c`` — both only without ``FUSE_OUTPUT`` (else None: the fused state pass keeps them in
       registers)
-    * ``flags`` ``[NC · HV]`` int32: the blocks variant's guarded-diagonal marks (KDA, ``INTRA = "blocks"``,
-      ``SAFE_DIAG``), else None
+    * ``flags`` ``[NC · HV]`` int32: the guarded diagonal's marks (KDA with ``SAFE_DIAG``: chunks the first intra
+      pass found too steep for the middle-row dot, which the second pass redoes exactly), else None
 
     Chunk ``c``'s rows start at token ``chunk_info[c, 0]`` (varlen) or ``(c // ⌈T/BT⌉) · T + (c mod ⌈T/BT⌉) · BT``.
     """
@@ -85,7 +85,7 @@ def allocate(call: ChunkCall) -> tuple[Intermediates, Outputs]:
         gout = new_output(NC1, HV, K, dtype=torch.float32, device=dev)
     elif call.gate == 1:
         gout = new_output(tokens, HV, dtype=torch.float32, device=dev)
-    two_pass = call.gate == 2 and bool(call.config.get("SAFE_DIAG", True)) and call.config["INTRA"] == "blocks"
+    two_pass = call.gate == 2 and bool(call.config.get("SAFE_DIAG", True))  # the guarded KDA diagonal's marks
     inter = Intermediates(
         w=new_output(tokens, HV, K, dtype=dt, device=dev),
         u=new_output(tokens, HV, V, dtype=dt, device=dev),

@@ -7,9 +7,13 @@ The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunk
    Per-channel gates (KDA) use the reference row ``r`` = first row of ``I`` for the off-diagonal part:
    ``k_i·exp(γ_i − γ_r)`` and ``k_j·exp(γ_r − γ_j)`` are both ≤ 1, so it is one tensor-core dot with no overflow
    at any distance. The diagonal block is one dot around the block's middle row ``m`` (exact to rounding while
-   every ``|γ_i − γ_m|`` stays below 80 nats); with ``SAFE_DIAG`` a block whose half span exceeds 80 (any key
-   tile) takes an element-wise loop over its ``BC`` columns instead (exponent clamped at 0: exact for any gate). Without
-   ``SAFE_DIAG`` such a block overflows to inf/NaN (see the package docstring).
+   every ``|γ_i − γ_m|`` stays below 80 nats). With ``SAFE_DIAG`` the kernel runs twice, as in :mod:`.intra_blocks`:
+   the first pass (``DIAG = 1``) flags every chunk where a diagonal block's half span exceeds 80 (any block, any key
+   tile); the second (``DIAG = 2``) redoes only those chunks with the element-wise loop over each block's ``BC``
+   columns (exponent clamped at 0: exact for any gate), the others return at once. The exact loop was once a
+   data-dependent branch inside the key loop: the configuration BT = BC = 64, 4 warps took it in rare chunks and hit
+   an illegal shared-memory access on the H200 (Triton 3.6; ``scripts/gpu_crash.py``). Without ``SAFE_DIAG``
+   (``DIAG = 0``) a too-steep block overflows to inf/NaN (see the package docstring).
 2. ``T_II = (I + A[I, I])⁻¹`` by forward substitution over the ``BC`` rows (registers, CUDA cores).
 3. Block forward substitution directly on W and U:
    ``W_I = T_II (β_I K_I exp(γ_I) − A[I, :I] W[:I])`` and ``U_I = T_II (β_I V_I − A[I, :I] U[:I])``, where
@@ -45,6 +49,7 @@ def chunk_intra_kernel(
     kg,
     gout,
     chunk_info,
+    flags,
     scale,
     T,
     H: tl.constexpr,
@@ -56,7 +61,7 @@ def chunk_intra_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     GATE: tl.constexpr,
-    SAFE_DIAG: tl.constexpr,
+    DIAG: tl.constexpr,
     NB: tl.constexpr,
     NK: tl.constexpr,
     NV: tl.constexpr,
@@ -64,9 +69,14 @@ def chunk_intra_kernel(
     DOT_PREC: tl.constexpr,
 ):
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
+        if tl.load(flags + i_c * HV + i_hv) == 0:
+            return
     i_h = i_hv // (HV // H)
     bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
     L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
+    b_flag = 0.0  # DIAG == 1: the largest half span of a diagonal block (any row block, any key tile)
 
     DT = w.dtype.element_ty  # storage / dot-operand dtype of the intermediates
 
@@ -125,23 +135,20 @@ def chunk_intra_kernel(
                     b_kc = (b_kt * b_ec).to(DT)
                     b_A += tl.dot((b_k * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
                     b_Aq += tl.dot((b_q * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
-                    if SAFE_DIAG:
-                        # the block's half span around its middle row m (γ non-increasing): the middle-row dot's
-                        # factors exp(±(γ_i − γ_m)) stay finite while it is < 80
-                        b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
-                        b_half = tl.max(
-                            tl.maximum(
-                                tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0) - b_mid,
-                                b_mid - tl.sum(tl.where((o_c == BC - 1)[:, None], b_gam, 0.0), 0),
-                            ),
-                            0,
-                        )
-                        if b_half > 80.0:
-                            b_dD, b_dDq = diag_exact(b_k, b_q, b_gam, BC)
-                        else:
-                            b_dD, b_dDq = diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                    if DIAG == 2:
+                        b_dD, b_dDq = diag_exact(b_k, b_q, b_gam, BC)
                     else:
                         b_dD, b_dDq = diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                    if DIAG == 1:
+                        # the block's half span around its middle row m (γ non-increasing): the middle-row dot's
+                        # factors exp(±(γ_i − γ_m)) stay finite while it is < 80; above, the second pass redoes the
+                        # chunk (no data-dependent branch around the dots here: see scripts/gpu_crash.py)
+                        b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+                        b_half = tl.maximum(
+                            tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0) - b_mid,
+                            b_mid - tl.sum(tl.where((o_c == BC - 1)[:, None], b_gam, 0.0), 0),
+                        )
+                        b_flag = tl.maximum(b_flag, tl.max(b_half, 0))
                     b_D += b_dD
                     b_Dq += b_dDq
                 else:
@@ -253,14 +260,23 @@ def chunk_intra_kernel(
             if I + 1 < NB:
                 # the next blocks read W[:I+1], U[:I+1] back: make this block's stores visible to the whole CTA
                 tl.debug_barrier()
+    if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
+        tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
 
 
 def launch_intra_rows(call: ChunkCall, inter: Intermediates) -> Any:
-    """Stage 1, ``INTRA = "rows"``: one program per chunk and value head."""
+    """Stage 1, ``INTRA = "rows"``: one program per chunk and value head; with KDA's guarded diagonal, a second
+    launch redoes the flagged chunks exactly."""
     if call.NC == 0:
         return None
-    return chunk_intra_kernel[(call.NC, call.HV)](
+    args = (
         call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
-        call.tables.chunk_info, call.scale, call.T, SAFE_DIAG=bool(call.config.get("SAFE_DIAG", True)),
-        **intra_launch_options(call),
+        call.tables.chunk_info, inter.flags, call.scale, call.T,
     )  # fmt: skip
+    grid = (call.NC, call.HV)
+    kw = intra_launch_options(call)
+    two_pass = inter.flags is not None
+    first = chunk_intra_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
+    if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
+        chunk_intra_kernel[grid](*args, DIAG=2, **kw)
+    return first

@@ -68,7 +68,6 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
 def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool) -> list[tuple]:
     """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches
     (with ``SEG_CHUNKS``: the segmented state pass's three launches)."""
-    _tile = tile
     G = GATE_CODES[gate]
     p = f"*{dtype}"
     f32 = "*fp32"
@@ -77,14 +76,14 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     gated = {"g": f32, "gout": f32} if G else {}
     chan = {"qg": p, "kg": p} if G == 2 else {}
     table = {"chunk_info": "*i32"} if varlen else {}
-    i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
+    i_BK, i_BV = tile(cfg["intra_BK"], K), tile(cfg["intra_BV"], V)
     safe = cfg.get("SAFE_DIAG", True)
-    diag = {"DIAG": int(G == 2 and safe)} if cfg["INTRA"] == "blocks" else {"SAFE_DIAG": safe}
+    diag = {"DIAG": int(G == 2 and safe)}  # both variants: 1 = dot and flag, then the exact second pass (2)
     intra = (
         "intra",
         chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
-        | ({"flags": "*i32"} if G == 2 and cfg.get("SAFE_DIAG", True) and cfg["INTRA"] == "blocks" else {}),
+        | ({"flags": "*i32"} if G == 2 and safe else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
         | diag,
@@ -107,8 +106,8 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             K=K,
             V=V,
             BT=BT,
-            BK=_tile(triton.next_power_of_2(K), K),
-            BV=_tile(cfg["h_BV"], V),
+            BK=tile(triton.next_power_of_2(K), K),
+            BV=tile(cfg["h_BV"], V),
             GATE=G,
             USE_H0=True,
         )
@@ -122,8 +121,8 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")}
         consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1)
         out.append(("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts, state[4], state[5]))
-        BK = _tile(triton.next_power_of_2(K), K)
-        starts = dict(HV=4, K=K, V=V, BK=BK, BKJ=min(BKJ_COMBINE, BK), BV=_tile(BV_COMBINE, V), USE_H0=True)
+        BK = tile(triton.next_power_of_2(K), K)
+        starts = dict(HV=4, K=K, V=V, BK=BK, BKJ=min(BKJ_COMBINE, BK), BV=tile(BV_COMBINE, V), USE_H0=True)
         out.append(
             (
                 "segment-starts",
@@ -137,7 +136,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
         out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
     if not fuse:
-        o_BK = _tile(cfg["o_BK"], K)
+        o_BK = tile(cfg["o_BK"], K)
         out_ptrs = {"q": p, "aqk": p, "hbuf": p, "vnew": p, "o": p, **table}
         out_ptrs |= {"gout": f32} if G else {}
         out_ptrs |= {"qg": p} if G == 2 else {}
@@ -146,7 +145,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
                 "output",
                 chunk_output_kernel,
                 out_ptrs,
-                dict(H=2, HV=4, K=K, V=V, BT=BT, BK=o_BK, BV=_tile(cfg["o_BV"], V), NK=triton.cdiv(K, o_BK), GATE=G)
+                dict(H=2, HV=4, K=K, V=V, BT=BT, BK=o_BK, BV=tile(cfg["o_BV"], V), NK=triton.cdiv(K, o_BK), GATE=G)
                 | dict(VARLEN=varlen, DOT_PREC=prec),
                 cfg["o_num_warps"],
                 cfg["o_num_stages"],
