@@ -76,7 +76,9 @@ def chunk_intra_kernel(
     i_h = i_hv // (HV // H)
     bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
     L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
-    b_flag = tl.full([], 0.0, tl.float32)  # DIAG == 1: the largest half span of a diagonal block (any row block, any key tile)
+    b_flag = tl.full(
+        [], 0.0, tl.float32
+    )  # DIAG == 1: the largest half span of a diagonal block (any row block, any key tile)
 
     DT = w.dtype.element_ty  # storage / dot-operand dtype of the intermediates
 
