@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -56,7 +57,19 @@ def host_offsets(cu_seqlens: Tensor) -> list[int]:
 def build_tables(
     offsets: Sequence[int] | None, B: int, T: int, BT: int, seg_chunks: int, device: torch.device
 ) -> ChunkTables:
-    """Tables for sequences at ``offsets`` (host copy of ``cu_seqlens``; ``None``: ``B`` rows of ``T`` tokens)."""
+    """Tables for sequences at ``offsets`` (host copy of ``cu_seqlens``; ``None``: ``B`` rows of ``T`` tokens).
+
+    Cached (the last 64 distinct calls): the layers of one model's forward share their ``cu_seqlens``, so the
+    tables are built and uploaded once per batch, not once per layer. The cached tensors are only ever read.
+    """
+    key = None if offsets is None else tuple(int(o) for o in offsets)
+    return _build_cached(key, B, T, BT, seg_chunks, device)
+
+
+@lru_cache(maxsize=64)
+def _build_cached(
+    offsets: tuple[int, ...] | None, B: int, T: int, BT: int, seg_chunks: int, device: torch.device
+) -> ChunkTables:
     varlen = offsets is not None
     offs = torch.tensor(list(offsets) if offsets is not None else [b * T for b in range(B + 1)], dtype=torch.int64)
     lens = offs[1:] - offs[:-1]
@@ -100,11 +113,7 @@ def _upload(parts: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]
     """All tables as int32 in one host-to-device copy; returns views of it by name (chunk_info as [NC, 2])."""
     if not parts:
         return {}
-    flat = torch.cat([p.reshape(-1) for p in parts.values()]).to(torch.int32)
-    if device.type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
-    else:
-        flat = flat.to(device)
+    flat = torch.cat([p.reshape(-1) for p in parts.values()]).to(torch.int32).to(device)
     out: dict[str, Tensor] = {}
     start = 0
     for name, p in parts.items():
