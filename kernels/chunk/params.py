@@ -22,7 +22,9 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "o_num_warps": (1, 2, 4, 8),
     "o_num_stages": (1, 2, 3, 4),
     "F32_DOT": ("ieee", "tf32"),
-    "INTRA": ("blocks", "rows"),
+    # stage 1: every sub-chunk in registers ("blocks"; "blocks_split": A_qk in a pass of its own, fewer live
+    # registers at BT / BC = 4), or one sub-chunk after the other through memory ("rows")
+    "INTRA": ("blocks", "rows", "blocks_split"),
     "STATE_LAYOUT": ("kv", "vk"),
     # sequence-parallel state pass: segments of this many chunks (0: off, one program walks the whole sequence)
     "SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),

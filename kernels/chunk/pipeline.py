@@ -52,7 +52,7 @@ def build_stages(call: ChunkCall) -> tuple[list[Stage], Intermediates, Outputs]:
     inter, out = allocate(call)
     scratch = allocate_segments(call)
     costs = stage_costs(call)
-    intra = launch_intra_blocks if call.config["INTRA"] == "blocks" else launch_intra_rows
+    intra = launch_intra_rows if call.config["INTRA"] == "rows" else launch_intra_blocks
     stages = [Stage("intra", partial(intra, call, inter), *costs["intra"])]
     if scratch is not None:
         stages.append(Stage("transitions", partial(launch_transitions, call, inter, scratch), *costs["transitions"]))

@@ -95,6 +95,12 @@ for gate in Gate:
     add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=ROWS, extra="-rows")
     add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=ROWS, extra="-rows")
 add(Problem(1, 140, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 128, "BC": 16, "INTRA": "rows"}, extra="-rows8")
+# "blocks" with A_qk in a pass of its own: 4, 2 and 1 sub-chunks, every gate, varlen
+SPLIT = {"BT": 64, "BC": 16, "INTRA": "blocks_split"}
+for gate in Gate:
+    add(Problem(1, 0, 1, 2, 32, 48, 3, gate, True), seq_lens=[70, 0, 45], config=SPLIT, extra="-split4")
+    add(Problem(2, 45, 2, 4, 32, 32, 2, gate), config={**SPLIT, "BT": 32}, extra="-split2")
+add(Problem(1, 40, 1, 1, 32, 32, 1, Gate.CHANNEL), config={**SPLIT, "BT": 32, "BC": 32}, extra="-split1")
 # the transposed state pass (STATE_LAYOUT = "vk"), fused and unfused, with every gate
 for gate in Gate:
     for fused in (False, True):
@@ -109,7 +115,7 @@ add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)
 add(Problem(1, 19, 1, 1, 8, 4, 1, Gate.NONE), config={"BT": 16, "BC": 16})
 
 
-@pytest.mark.parametrize("intra", ["blocks", "rows"])
+@pytest.mark.parametrize("intra", ["blocks", "rows", "blocks_split"])
 @pytest.mark.parametrize("BC", [16, 32])
 def test_kda_guarded_diagonal_under_extreme_decay(BC: int, intra: str) -> None:
     """Per-step log gates down to −60: diagonal blocks' half spans exceed 80 nats, so the guarded default takes the
@@ -152,7 +158,7 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
         cfg = {name: rng.choice(values) for name, values in legal.items()}
         if cfg["BC"] > cfg["BT"] or (cfg.get("SAFE_DIAG") is False and cfg["BC"] == 64):
             continue
-        if cfg["INTRA"] == "blocks" and cfg["BT"] // cfg["BC"] > 4:
+        if cfg["INTRA"] != "rows" and cfg["BT"] // cfg["BC"] > 4:
             continue
         out.append(cfg)
     return out
@@ -258,6 +264,7 @@ INF_CONFIGS = {
     "rows": {"BT": 32, "BC": 16, "INTRA": "rows"},
     "rows-BC32-vk": {"BT": 64, "BC": 32, "INTRA": "rows", "STATE_LAYOUT": "vk", "h_BV": 16},
     "segments": {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16, "FUSE_OUTPUT": False},
+    "blocks_split-BT64": {"BT": 64, "BC": 16, "INTRA": "blocks_split"},
 }
 
 
@@ -296,3 +303,13 @@ def test_cu_seqlens_read_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
         cfg = KERNELS["chunk_gated_delta_rule"].check_config(16, 16, None)
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"], "scalar", 0.25, None, True, x["cu_seqlens"], cfg)
         chunk_mod.plan(*args)
+
+
+@pytest.mark.parametrize("intra", ["blocks", "blocks_split", "rows"])
+@pytest.mark.parametrize("gate", [Gate.SCALAR, Gate.CHANNEL], ids=["scalar", "channel"])
+def test_mild_gates_reach_far_blocks(gate: Gate, intra: str) -> None:
+    """Log gates down to −0.1: the blocks far below the diagonal (4 sub-chunks of 16) carry weight, which under the
+    usual strong gates (−5 per step, e^-35 across a sub-chunk) they do not, so errors there would not show."""
+    p = Problem(1, 0, 1, 2, 32, 16, 2, gate, True)
+    x = make_inputs(p, seed=46, seq_lens=[70, 45], gate_min=-0.1)
+    check(p, x, {"BT": 64, "BC": 16, "INTRA": intra})

@@ -81,12 +81,13 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     diag = {"DIAG": int(G == 2 and safe)}  # both variants: 1 = dot and flag, then the exact second pass (2)
     intra = (
         "intra",
-        chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
+        chunk_intra_kernel if cfg["INTRA"] == "rows" else chunk_intra_blocks_kernel,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
         | ({"flags": "*i32"} if G == 2 and safe else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
-        | diag,
+        | diag
+        | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] != "rows" else {}),
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
@@ -173,6 +174,9 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64}, True),
     ("none", "bf16", 256, {"STATE_LAYOUT": "vk", "h_BV": 64, "h_num_warps": 8, "h_num_stages": 1}, False),
     ("channel", "fp32", 64, {"STATE_LAYOUT": "vk", "FUSE_OUTPUT": False}, True),
+    # "blocks" with A_qk in its own pass: KDA at BT = 64 (4 sub-chunks), the scalar gate at 2
+    ("channel", "bf16", 128, {"INTRA": "blocks_split", "BT": 64, "intra_BK": 32}, True),
+    ("scalar", "fp16", 64, {"INTRA": "blocks_split"}, False),
     # the sequence-parallel state pass (segments): both layouts, fused and not, K = 256
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "BT": 64}, False),
     ("channel", "bf16", 128, {"SEG_CHUNKS": 8, "FUSE_OUTPUT": False}, True),
