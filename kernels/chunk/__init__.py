@@ -7,10 +7,11 @@ Math: DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pipeline
    blocks inverted by forward substitution), and the outputs W ``[tokens, HV, K]``, U ``[tokens, HV, V]``,
    ``A_qk`` ``[tokens, HV, BT]`` (scale folded in); for KDA also ``q̃ = scale·q·exp(γ)``, ``k̃ = k·exp(γ_C − γ)``
    ``[tokens, HV, K]`` and ``exp(γ_C)`` ``[chunks, HV, K]`` (float32); for Gated DeltaNet ``γ`` ``[tokens, HV]``
-   (float32). Intermediates are stored in the inputs' dtype (float32 stays float32). Two variants (``INTRA``):
+   (float32). Intermediates are stored in the inputs' dtype (float32 stays float32). Variants (``INTRA``):
    ``"blocks"`` (:mod:`.intra_blocks`, default) keeps all ``BT / BC`` in {1, 2, 4} blocks in registers at once
-   and inverts them together (no read-back, no barrier); ``"rows"`` (:mod:`.intra`) walks the blocks one after
-   the other, block forward substitution on W and U through memory (any ``BT / BC``, fewer live registers).
+   and inverts them together (no read-back, no barrier); ``"blocks_split"`` the same with ``A_qk`` computed in a
+   pass of its own after W and U (fewer live registers at 4 blocks, more loads); ``"rows"`` (:mod:`.intra`) walks
+   the blocks one after the other, block forward substitution on W and U through memory (any ``BT / BC``).
 2. ``state`` (:mod:`.state`, one program per sequence × value head × ``h_BV`` value channels, sequential over
    the sequence's chunks): ``V_new = U − W S``, ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new`` with S in float32
    registers. Unfused it stores each chunk-start state (inputs' dtype) and ``V_new``; with ``FUSE_OUTPUT`` it

@@ -18,6 +18,10 @@ of register tiles, so nothing is read back from memory and no barrier is needed:
    ``Ai[i, j] = −T_ii Σ_{j ≤ m < i} A[i, m] Ai[m, j]`` (float32 dots).
 3. ``W_i = Σ_{j ≤ i} Ai[i, j] (β K exp(γ))_j`` and ``U_i = Σ_{j ≤ i} Ai[i, j] (β V)_j`` per key / value tile.
 
+4. ``INTRA = "blocks_split"`` (constexpr ``SPLIT_QK``): step 1 accumulates ``A_kk`` only, and ``A_qk`` is computed
+   after step 3 by a second walk over the row blocks (same reference points), so that the q tiles and the ``A_qk``
+   accumulators are not live in the hottest loop.
+
 Register cost grows with ``NB · BC · BK`` (tiles of all blocks are live together): ``BT = 64`` as 4 × 16 or
 ``BT = 128`` as 4 × 32, not 8 blocks (use ``INTRA = "rows"`` there).
 """
