@@ -313,3 +313,27 @@ def test_mild_gates_reach_far_blocks(gate: Gate, intra: str) -> None:
     p = Problem(1, 0, 1, 2, 32, 16, 2, gate, True)
     x = make_inputs(p, seed=46, seq_lens=[70, 45], gate_min=-0.1)
     check(p, x, {"BT": 64, "BC": 16, "INTRA": intra})
+
+
+def test_forward_with_intermediates_documented_layouts() -> None:
+    """The intermediates a backward pass recomputes from have the documented shapes and meaning: per chunk,
+    O = q̃ S_c + A_qk V_new rebuilt from them alone gives the op's output (KDA, unfused, varlen)."""
+    p = Problem(1, 0, 1, 2, 32, 16, 2, Gate.CHANNEL, True)
+    x = make_inputs(p, seed=47, seq_lens=[40, 21], gate_min=-1.0)
+    cfg = KERNELS["chunk_kda"].check_config(32, 16, {"BT": 16, "BC": 16, "FUSE_OUTPUT": False})
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], "channel", 32**-0.5, x["initial_state"], True)
+    res = chunk_mod.forward_with_intermediates(*args, x["cu_seqlens"], cfg)
+    it, tabs = res.intermediates, res.call.tables
+    NC, tokens = 3 + 2, 61
+    assert it.w.shape == (tokens, 2, 32) and it.u.shape == (tokens, 2, 16) and it.aqk.shape == (tokens, 2, 16)
+    assert it.qg is not None and it.kg is not None and it.gout is not None and it.gout.shape == (NC, 2, 32)
+    assert it.h is not None and it.h.shape == (NC, 2, 32, 16) and it.v_new is not None
+    assert tabs.chunk_info is not None
+    o = torch.empty_like(res.o)
+    for c, (start, end) in enumerate(tabs.chunk_info.tolist()):
+        rows = slice(start, min(start + 16, end))
+        n = rows.stop - rows.start
+        for hv in range(2):
+            qg, aqk = it.qg[rows, hv].float(), it.aqk[rows, hv, :n].float()
+            o[0, rows, hv] = qg @ it.h[c, hv].float() + aqk @ it.v_new[rows, hv].float()
+    assert rel_err(o, res.o) < 1e-5
