@@ -74,7 +74,9 @@ def run_kernel(
         return chunk_with_grad(*args, full, bwd)
     if bwd_config is not None:
         chunk_bwd.check_config(problem.K, problem.V, spec.gate, bwd_config, spec.name + " backward")
-    return spec.module.forward(q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens, full)
+    # the offsets check_inputs already read: the chunk tables are built from them (no second host copy)
+    args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
+    return spec.module.forward(*args, full, problem.seq_offsets)
 
 
 class UngatedOp(Protocol):
