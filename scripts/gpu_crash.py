@@ -84,13 +84,14 @@ def child(spec: dict[str, Any]) -> None:
     from dtune.kernels import KERNELS
 
     from dtune import ops
-    from dtune.inputs import Gate, Problem, make_inputs
+    from dtune.measure.inputs import make_inputs
+    from dtune.shape import Gate, Shape
 
     dev = "cpu" if spec.get("interpret") else "cuda"
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[spec["dtype"]]
     gate = Gate(KERNELS[spec["kernel"]].gate)
     B, T, H, D = spec["B"], spec["T"], spec["H"], spec["D"]
-    p = Problem(B, T, H, H, D, D, B, gate)
+    p = Shape(B, T, H, H, D, D, B, gate)
     x = make_inputs(p, dtype=dtype, device=dev, seed=1, gate_min=spec["gate_min"])
     cfg = KERNELS[spec["kernel"]].check_config(D, D, spec["config"])
     if spec.get("steep") and x["g"] is not None:  # every 8th chunk steep: KDA's exact diagonal pass runs
@@ -208,9 +209,10 @@ def run_one(spec: dict[str, Any], sanitizer: str | None, timeout: float) -> dict
 def sample_configs(kernel: str, shape: dict[str, int], n: int, rng: random.Random) -> list[dict[str, Any]]:
     """Random configs of the shipped space that pass its constraints for the H200 at ``shape``."""
     from dtune.kernels import KERNELS
-    from dtune.space import Shape, load_space
 
     from dtune.gpu import get_profile
+    from dtune.shape import Shape
+    from dtune.tune.space import load_space
 
     space = load_space(kernel)
     gpu = get_profile("h200").constraint_fields()

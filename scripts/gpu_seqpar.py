@@ -35,14 +35,15 @@ if "--interpret" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
-from dtune.bench import KDA_LOWER_BOUND, fla_function
 from dtune.kernels import KERNELS
 from dtune.kernels import chunk as chunk_mod
 from dtune.kernels.reference import chunk_reference
 
 from dtune import ops
-from dtune.inputs import Gate, Problem, make_inputs
-from dtune.measure import time_fn
+from dtune.measure.baselines import KDA_LOWER_BOUND, fla_function
+from dtune.measure.inputs import make_inputs
+from dtune.measure.timing import time_fn
+from dtune.shape import Gate, Shape
 
 KERNEL_NAMES = ("chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda")
 PACKED = [12000, 9000, 7000, 5500, 4200, 3300, 2600, 2000, 1600, 1300, 1100, 900, 700, 600, 800, 40]  # 52640
@@ -86,16 +87,16 @@ class Budget:
         return self.seconds - (time.monotonic() - self.t0)
 
 
-def check_cases(interpret: bool) -> list[tuple[str, Problem, list[int] | None]]:
+def check_cases(interpret: bool) -> list[tuple[str, Shape, list[int] | None]]:
     if interpret:
-        return [(f"B1-T70-{g.value}", Problem(1, 70, 1, 1, 32, 32, 1, g), None) for g in Gate] + [
-            (f"packed-{g.value}", Problem(1, 0, 1, 2, 32, 32, 3, g, True), [50, 3, 40]) for g in Gate
+        return [(f"B1-T70-{g.value}", Shape(1, 70, 1, 1, 32, 32, 1, g), None) for g in Gate] + [
+            (f"packed-{g.value}", Shape(1, 0, 1, 2, 32, 32, 3, g, True), [50, 3, 40]) for g in Gate
         ]
-    cases: list[tuple[str, Problem, list[int] | None]] = []
+    cases: list[tuple[str, Shape, list[int] | None]] = []
     for g in Gate:
-        cases.append((f"B1-T32768-H16-D128-{g.value}", Problem(1, 32768, 16, 16, 128, 128, 1, g), None))
-        cases.append((f"packed16-52640-H16-D128-{g.value}", Problem(1, 0, 16, 16, 128, 128, 16, g, True), PACKED))
-        cases.append((f"B1-T32768-H16-HV32-D128-{g.value}", Problem(1, 32768, 16, 32, 128, 128, 1, g), None))
+        cases.append((f"B1-T32768-H16-D128-{g.value}", Shape(1, 32768, 16, 16, 128, 128, 1, g), None))
+        cases.append((f"packed16-52640-H16-D128-{g.value}", Shape(1, 0, 16, 16, 128, 128, 16, g, True), PACKED))
+        cases.append((f"B1-T32768-H16-HV32-D128-{g.value}", Shape(1, 32768, 16, 32, 128, 128, 1, g), None))
     return cases
 
 
@@ -162,7 +163,7 @@ def run_bench(a: argparse.Namespace, dev: str, dtype: torch.dtype, budget: Budge
         for kernel in a.kernels:
             spec = KERNELS[kernel]
             gate = Gate(spec.gate)
-            p = Problem(1, T, H, H, D, D, 1, gate)
+            p = Shape(1, T, H, H, D, D, 1, gate)
             x = make_inputs(p, dtype=dtype, device=dev, seed=3, initial_state=False)
             args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
             for BT, h_BV, layout, fuse in combos:
