@@ -68,7 +68,7 @@ def test_ctrl_c_keeps_finished_trials(tmp_path: Path) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     cmd = [sys.executable, "-m", "dtune.cli.main", "search", "--kernel", KERNEL, "--interpret", "--dtype", "fp32"]
     proc = subprocess.Popen(
-        [*cmd, "--trials", "200", "--sampler", "random", "--json", "--out", str(run)],
+        [*cmd, "--trials", "200", "--strategy", "random", "--json", "--out", str(run)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

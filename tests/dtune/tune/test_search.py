@@ -136,7 +136,7 @@ batch = [1]
 
 
 def test_bad_search_config(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown sampler"):
+    with pytest.raises(ValueError, match="unknown strategy"):
         config("fused_recurrent_kda", tmp_path, sampler="bayes")
     with pytest.raises(ValueError, match="--trials must be at least 1"):
         config("fused_recurrent_kda", tmp_path, trials=0)
