@@ -47,13 +47,18 @@ class Evaluator:
         trial_timeout: float,
         compile_workers: int = 0,
         devices: list[str | None] | None = None,
+        pin: bool = True,
     ) -> None:
+        """``devices``: one timing worker each (a label; with ``pin`` also its ``CUDA_VISIBLE_DEVICES``)."""
         self.trial_timeout = trial_timeout
         devices = devices or [None]
         self.devices = devices
         self.pool = CompilePool(compile_workers, env, log_dir, trial_timeout) if compile_workers > 0 else None
         self.timers = [
-            Worker(env=device_env(env, d), log_path=log_dir / ("worker.log" if i == 0 else f"worker-{i}.log"))
+            Worker(
+                env=device_env(env, d if pin else None),
+                log_path=log_dir / ("worker.log" if i == 0 else f"worker-{i}.log"),
+            )
             for i, d in enumerate(devices)
         ]
         self._idle: queue.Queue[int] = queue.Queue()

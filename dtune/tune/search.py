@@ -147,10 +147,8 @@ class SearchConfig:
 
     @property
     def worker_devices(self) -> list[str | None]:
-        """One entry per timing worker: a CUDA device index, or None (inherit; the interpreter's workers)."""
-        if not self.devices:
-            return [None]
-        return [None if self.interpret else d for d in self.devices]
+        """One entry per timing worker: a CUDA device index (under the interpreter only a label), or None."""
+        return list(self.devices) if self.devices else [None]
 
 
 def worker_env(interpret: bool) -> dict[str, str]:
@@ -353,6 +351,8 @@ class ShapeSearch:
         for t in trials:
             if t.state not in _FINISHED or _key(t.params) != k or retryable(t):
                 continue
+            if t.user_attrs.get("reason") == "claimed":
+                continue
             if t.state != TrialState.COMPLETE or not results.passed(t, allow_stage=True):
                 return self.result_of(c, t, reused=True)
             stage_ms = t.user_attrs.get("stage_ms") or {}
@@ -461,7 +461,19 @@ class ShapeSearch:
             trial = self.study.ask() if c.params is None else self.create_trial(c.params)
             item = Pending(trial, c)
             self.open[trial.number] = item
+        record_heartbeats(self.study, [trial])  # from its first moment: a process killed now leaves a stale trial
         self.asked += 1
+        if c.params is not None:
+            first = self.claimed_first(trial, c)
+            if first is not None:  # another process created the same trial just before: it runs it, this one waits
+                trial.set_user_attr("reason", "claimed")
+                trial.set_user_attr("message", f"trial {first} of another process runs this config")
+                trial.set_user_attr("kind", c.kind)
+                self.study.tell(trial, state=TrialState.PRUNED)
+                del self.open[trial.number]
+                elsewhere.append(Elsewhere(c, first, time.monotonic()))
+                on_trial()
+                return
         if c.params is None:  # a sampler's pick (or a config the creator enqueued)
             params = {n: trial.suggest_categorical(n, list(ch)) for n, ch in self.choices.items()}
             attrs = trial.user_attrs
@@ -474,7 +486,11 @@ class ShapeSearch:
         for key, value in self.trial_attrs(c, config).items():
             trial.set_user_attr(key, value)
         if c.kind == "whole" and c.source == "sampler":
-            earlier = {_key(t.params): t for t in self.finished() if not retryable(t) and t.number != trial.number}
+            earlier = {
+                _key(t.params): t
+                for t in self.finished()
+                if not retryable(t) and t.number != trial.number and t.user_attrs.get("reason") != "claimed"
+            }
             dup = earlier.get(_key(params))
             if dup is not None and not c.is_default:
                 self.tell_duplicate(item, dup)
@@ -492,6 +508,19 @@ class ShapeSearch:
             return
         item.future = self.evaluator.submit(self.job(trial.number, config, c))
         in_flight[item.future] = item
+
+    def claimed_first(self, trial: Trial, c: Candidate) -> int | None:
+        """The number of an earlier trial of another process for the same planned config (two processes checked the
+        study at the same moment and both created one): the later one yields, so no config is measured twice."""
+        assert c.params is not None
+        k = _key(c.params)
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number >= trial.number or t.number in self.open or _key(t.params) != k or _kind(t) != c.kind:
+                continue
+            live = t.state == TrialState.RUNNING or (t.state in _FINISHED and not retryable(t))
+            if live and t.user_attrs.get("reason") != "claimed":
+                return t.number
+        return None
 
     def create_trial(self, params: dict[str, Any]) -> Trial:
         """A RUNNING trial with ``params`` already set (not through the study's queue of enqueued trials, which any
@@ -713,7 +742,7 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
     write_run_json(cfg.out, run_info(cfg))
     storage = open_storage(cfg.storage_url)
     env = worker_env(cfg.interpret)
-    evaluator = Evaluator(env, cfg.out, cfg.trial_timeout, cfg.compile_ahead, cfg.worker_devices)
+    evaluator = Evaluator(env, cfg.out, cfg.trial_timeout, cfg.compile_ahead, cfg.worker_devices, not cfg.interpret)
     run = RunSummary(str(cfg.out), cfg.storage_url, cfg.kernel, cfg.gpu.key, cfg.dtype, cfg.interpret)
     run.strategy = cfg.strategy or ""
     rows: dict[str, list[dict[str, Any]]] = {}

@@ -4,14 +4,16 @@ Default: SQLite in the run folder. ``--storage URL`` takes any Optuna storage UR
 MySQL: many workers, GPUs or hosts join one study) or ``journal:PATH`` for a journal file.
 
 RDB storages (SQLite, PostgreSQL, MySQL) are opened with heartbeats: each search process records one for every
-trial it runs (:func:`heartbeat.record`, from its loop) and fails the RUNNING trials of processes that stopped
-recording (:func:`reap_stale`: killed, or their host lost). Such a trial is FAIL without a reason of dtune's:
+trial it runs (:func:`record_heartbeats`, from its loop) and fails the RUNNING trials of processes that stopped
+recording (:func:`reap_stale`: killed, or their host lost; beats every ``DTUNE_HEARTBEAT_S`` / 2 = 10 s, stale
+after ``DTUNE_HEARTBEAT_GRACE_S`` = 90 s). Such a trial is FAIL without a reason of dtune's:
 ``trials.csv`` shows it as ``interrupted``, and ``--resume`` retries its config.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 import warnings
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, fail_stale_trials
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial
 
@@ -27,8 +30,8 @@ JOURNAL_PREFIX = "journal:"
 _ATTEMPTS = 5
 # Heartbeats of running trials (RDB storages): recorded every HEARTBEAT_S / 2 by the search loop; a trial without one
 # for GRACE_S belongs to a dead process.
-HEARTBEAT_S = 20
-GRACE_S = 90
+HEARTBEAT_S = int(os.environ.get("DTUNE_HEARTBEAT_S", "20"))
+GRACE_S = int(os.environ.get("DTUNE_HEARTBEAT_GRACE_S", "90"))
 
 
 def study_name(kernel: str, gpu: str, dtype: str, shape_key: str) -> str:
@@ -62,8 +65,8 @@ def open_storage(url: str) -> BaseStorage:
 
 def record_heartbeats(study: optuna.Study, trials: Iterable[Trial]) -> None:
     """Record a heartbeat for each of ``trials`` (no-op for storages without heartbeats)."""
-    storage = study._storage
-    if not isinstance(storage, RDBStorage) or storage.get_heartbeat_interval() is None:
+    storage = study._storage  # an RDB storage behind Optuna's cache layer, which forwards heartbeats
+    if not isinstance(storage, BaseHeartbeat) or storage.get_heartbeat_interval() is None:
         return
     for trial in trials:
         try:

@@ -2,7 +2,8 @@
 
 :func:`evaluate` is what the worker subprocess runs for each job; it never raises for a bad config: the
 outcome names the reason (``compile``, ``resources``, ``gate``, ``runtime``). The parent adds the reasons
-it sees from outside (``constraint``, ``predicted``, ``timeout``, ``crash``, ``cancelled``, ``interrupted``).
+it sees from outside (``constraint``, ``predicted``, ``claimed``, ``timeout``, ``crash``, ``cancelled``,
+``interrupted``).
 
 Two kinds of trial (``TrialJob.kind``): ``"whole"`` gates the config (with the variable-length edge case) and times
 the whole call (its value) and each stage; ``"stage"`` (a stage-local move of the stage-wise search) gates it on the
@@ -44,6 +45,7 @@ from dtune.tune.stages import StageMap
 REASONS = (
     "constraint",
     "predicted",
+    "claimed",
     "compile",
     "resources",
     "gate",

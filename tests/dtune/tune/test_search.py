@@ -193,6 +193,7 @@ def test_ctrl_c_inside_ask_leaves_no_running_trial(
     assert not [t for t in asked if t.state == optuna.trial.TrialState.RUNNING]
     interrupted = [t for t in trials if t.user_attrs.get("message") == "interrupted before the trial finished"]
     assert calls[-1] in {t.number for t in interrupted}
+    assert {t.user_attrs.get("reason") for t in interrupted} == {"interrupted"}  # its own reason, not a crash
 
 
 def test_stage_wise_pattern_search_end_to_end(tmp_path: Path) -> None:
@@ -238,3 +239,35 @@ def test_seeds_off_starts_from_the_default_and_transfer_seeds(tmp_path: Path) ->
     assert rows["source"].iloc[1].startswith("transfer:run ") and "T4-B2-H2-HV2-K32-V32" in rows["source"].iloc[1]
     got = {p: rows.iloc[1][f"p.{p}"] for p in donor}
     assert got == donor or rows.iloc[1]["reason"] == "constraint"
+
+
+def test_cancelled_trials_do_not_block_their_config_and_are_retried_on_resume(tmp_path: Path) -> None:
+    """A time budget cancels the trials compiled ahead: their configs stay open, and --resume runs them again."""
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=None, timeout=1.0, compile_ahead=3, seeds=True))
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.load_study(study_name=run.shapes[0].study, storage=storage)
+    cancelled = [t for t in study.get_trials() if t.user_attrs.get("reason") == "cancelled"]
+    assert cancelled
+    run_search(config(kernel, tmp_path, shapes=shapes, trials=len(cancelled) + 2, resume=True))
+    after = study.get_trials()
+    for t in cancelled:
+        again = [
+            u for u in after if u.number > t.number and u.params == t.params and u.user_attrs.get("reason") is None
+        ]
+        assert again, f"cancelled config {t.params} was not run again"
+        assert not again[0].user_attrs.get("duplicate_of")  # measured, not copied from the cancelled trial
+    assert any(u.user_attrs.get("source") == "retry" for u in after)
+
+
+def test_two_timing_workers_share_one_study(tmp_path: Path) -> None:
+    """--devices 0,1: one timing worker per device on one study (under the interpreter the devices are labels)."""
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=8, devices=("0", "1"), sampler="random"))
+    rows = pd.read_csv(tmp_path / "trials.csv")
+    assert len(rows) == 8 and rows["number"].is_unique and run.shapes[0].trials_run == 8
+    timed = rows[rows["state"] == "complete"]
+    assert set(timed["device"].astype(int)) == {0, 1}  # both workers timed trials
+    assert (tmp_path / "worker.log").exists() and (tmp_path / "worker-1.log").exists()
