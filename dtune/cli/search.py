@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -195,6 +196,17 @@ def search(
             "kernels built in parallel (0: each trial compiles in turn)."
         ),
     ] = 0,
+    hv_ratio: Annotated[
+        int, typer.Option(help="Value heads per query/key head (HV = ratio x H; grouped value heads).")
+    ] = 1,
+    packed_seqs: Annotated[
+        str | None,
+        typer.Option(
+            help="Tune a packed variable-length batch of these sequence lengths (cu_seqlens; comma-separated) for "
+            "each head dim and heads, instead of the --seq-lens x --batch grid; it is bucketed as B = number of "
+            "sequences, T = their mean length, which is how calls with cu_seqlens find their config."
+        ),
+    ] = None,
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
 ) -> None:
@@ -245,6 +257,14 @@ def search(
         fail(str(e))
     base = INTERPRET_SHAPES if interpret else space_obj.shapes
     grid = base.replace(lists["seq_lens"], lists["head_dims"], lists["heads"], lists["batch"])
+    shapes = grid.shapes()
+    packed = int_list(packed_seqs, "--packed-seqs")
+    if packed is not None:  # one packed batch per head dim and heads: bucketed as B = N sequences of the mean length
+        mean = max(1, round(sum(packed) / len(packed)))
+        shapes = list({dataclasses.replace(s, B=len(packed), T=mean, N=len(packed)): None for s in shapes})
+    if hv_ratio < 1:
+        raise typer.BadParameter(f"must be at least 1, got {hv_ratio}", param_hint="--hv-ratio")
+    shapes = [dataclasses.replace(s, HV=s.H * hv_ratio) for s in shapes]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = out_dir or Path("runs") / f"{kernel}-{profile.key}-{stamp}"
     try:
@@ -252,7 +272,7 @@ def search(
             kernel=kernel,
             gpu=profile,
             space=space_obj,
-            shapes=grid.shapes(),
+            shapes=shapes,
             out=run_dir,
             dtype=dtype,
             trials=trials,
@@ -266,7 +286,7 @@ def search(
             trial_timeout=trial_timeout,
             timing=timing,
             compile_ahead=compile_ahead,
-            workload=Workload(initial_state, final_state),
+            workload=Workload(initial_state, final_state, tuple(packed) if packed else None),
             seeds=seeds,
             transfer_from=tuple(transfer_from or ()),
             transfer_count=transfer_count,

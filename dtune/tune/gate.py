@@ -76,11 +76,19 @@ def poisoned_outputs() -> Iterator[None]:
 
 
 def gate_inputs(
-    spec: KernelSpec, problem: Shape, dtype: torch.dtype, device: torch.device | str, seed: int
+    spec: KernelSpec,
+    problem: Shape,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int,
+    seq_lens: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """The gate's inputs: strong decays, a random initial state, ``dtype`` activations."""
+    """The gate's inputs: strong decays, a random initial state, ``dtype`` activations; with ``seq_lens`` the packed
+    variable-length batch a search tunes (``--packed-seqs``)."""
     problem = dataclasses.replace(problem, gate=Gate(spec.gate))
-    return make_inputs(problem, dtype=dtype, device=device, seed=seed, gate_min=GATE_MIN, initial_state=True)
+    return make_inputs(
+        problem, dtype=dtype, device=device, seed=seed, gate_min=GATE_MIN, initial_state=True, seq_lens=seq_lens
+    )
 
 
 def edge_inputs(
@@ -113,9 +121,18 @@ CACHED_CASES = 4  # input sets kept per process (the search uses two per shape: 
 
 
 def _build_case(
-    spec: KernelSpec, problem: Shape, dtype: torch.dtype, device: torch.device | str, seed: int, edge: bool
+    spec: KernelSpec,
+    problem: Shape,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int,
+    edge: bool,
+    seq_lens: tuple[int, ...] | None,
 ) -> GateCase:
-    x = (edge_inputs if edge else gate_inputs)(spec, problem, dtype, device, seed)
+    if edge:
+        x = edge_inputs(spec, problem, dtype, device, seed)
+    else:
+        x = gate_inputs(spec, problem, dtype, device, seed, seq_lens)
     ref_o, ref_s = chunk_reference(**x, output_final_state=True)
     return GateCase(x, ref_o, ref_s)
 
@@ -128,16 +145,17 @@ def case(
     seed: int,
     edge: bool = False,
     reuse: bool = True,
+    seq_lens: tuple[int, ...] | None = None,
 ) -> GateCase:
     """The gate's inputs at ``problem`` (or its edge case) and their reference; with ``reuse`` from this process's
     cache of the last :data:`CACHED_CASES` sets (the reference is computed once per input set)."""
     if not reuse:
-        return _build_case(spec, problem, dtype, device, seed, edge)
-    key = (spec.gate, dataclasses.replace(problem, gate=Gate(spec.gate)), dtype, str(device), seed, edge)
+        return _build_case(spec, problem, dtype, device, seed, edge, seq_lens)
+    key = (spec.gate, dataclasses.replace(problem, gate=Gate(spec.gate)), dtype, str(device), seed, edge, seq_lens)
     if key in _CASES:
         _CASES.move_to_end(key)
         return _CASES[key]
-    found = _build_case(spec, problem, dtype, device, seed, edge)
+    found = _build_case(spec, problem, dtype, device, seed, edge, seq_lens)
     _CASES[key] = found
     while len(_CASES) > CACHED_CASES:
         _CASES.popitem(last=False)
@@ -170,14 +188,16 @@ def gate(
     determinism: bool = False,
     edge: bool = True,
     reuse: bool = False,
+    seq_lens: tuple[int, ...] | None = None,
 ) -> GateResult:
     """Run ``kernel`` with ``config`` on the gate's inputs and check it against the float64 reference.
 
     ``edge``: also the packed variable-length edge case (:data:`EDGE_SEQ_LENS`). ``reuse``: take the inputs and
     their reference from this process's cache (:func:`case`) instead of drawing and computing them afresh.
+    ``seq_lens``: gate that packed batch of ``problem``'s heads and dims instead of ``problem``'s rows.
     """
     spec = get_kernel(kernel) if isinstance(kernel, str) else kernel
-    main = case(spec, problem, dtype, device, seed, edge=False, reuse=reuse)
+    main = case(spec, problem, dtype, device, seed, edge=False, reuse=reuse, seq_lens=seq_lens)
     o, s, err_o, err_s = _errors(spec, main, config)
     name = dtype_name(dtype)
     reason: str | None = None

@@ -341,6 +341,7 @@ class ShapeSearch:
             stage_launches=cfg.space.stages.launch_table(),
             edge=not stage,
             reuse_inputs=True,
+            seq_lens=list(cfg.workload.seq_lens) if cfg.workload.seq_lens else None,
         )
 
     # ---- what the study already knows ----------------------------------------------------------------------

@@ -85,9 +85,10 @@ class TrialJob:
     stage_launches: dict[str, list[str]] = field(default_factory=dict)  # the space's stage map (StageMap.launch_table)
     edge: bool = True  # the gate's variable-length edge case (whole trials)
     reuse_inputs: bool = False  # keep inputs and the gate's reference per shape in this process (the search)
+    seq_lens: list[int] | None = None  # a packed variable-length batch (``shape`` is its bucket: B = N, T = mean)
 
     def workload(self) -> Workload:
-        return Workload(self.initial_state, self.final_state)
+        return Workload(self.initial_state, self.final_state, tuple(self.seq_lens) if self.seq_lens else None)
 
 
 @dataclass
@@ -192,7 +193,7 @@ def _compile_only(job: TrialJob, run: OpRun, config: dict[str, Any], t0: float) 
         try:
             with compile_without_launch():
                 run.call(config)()
-                if not (job.workload().initial_state and job.workload().final_state):  # the gate's call: both states
+                if not (job.workload().initial_state and job.workload().final_state):  # the gate: both states
                     h0 = x["initial_state"]
                     if h0 is None:
                         s = run.shape
@@ -272,6 +273,7 @@ def evaluate(job: TrialJob) -> TrialOutcome:
                 determinism=job.determinism,
                 edge=job.edge,
                 reuse=job.reuse_inputs,
+                seq_lens=job.workload().seq_lens,
             )
         except Exception as e:
             out.reason, out.message = classify(e, first_launch=False), _message(e)

@@ -113,9 +113,9 @@ CHUNK_SHAPE = {"B": 1, "T": 5, "H": 1, "HV": 2, "K": 16, "V": 32}
 STAGE_MAP = {"intra": ["intra"], "state": ["state", "state+output"], "output": ["output"]}
 
 
-def chunk_job(config: dict[str, object], **kw: object) -> TrialJob:
+def chunk_job(config: dict[str, object], shape: dict[str, int] = CHUNK_SHAPE, **kw: object) -> TrialJob:
     args: dict[str, object] = {"device": "cpu", "warmup": 1, "repeats": 2, "stage_launches": STAGE_MAP, **kw}
-    return TrialJob("chunk_gated_delta_rule", CHUNK_SHAPE, "fp32", config, 2e-3, **args)  # type: ignore[arg-type]
+    return TrialJob("chunk_gated_delta_rule", shape, "fp32", config, 2e-3, **args)  # type: ignore[arg-type]
 
 
 def test_whole_trial_times_the_call_and_every_stage() -> None:
@@ -162,3 +162,22 @@ def test_inputs_and_reference_are_kept_per_shape(monkeypatch: pytest.MonkeyPatch
     assert drawn == ["timed", "ref", "ref"]  # once: the tuned shape's reference and the edge case's
     assert evaluate(chunk_job({"BT": 16}, reuse_inputs=False, gate_seed=7)).ok
     assert drawn[3:] == ["timed", "ref", "ref"]  # without reuse: drawn afresh
+
+
+def test_packed_batch_is_timed_and_gated_as_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--packed-seqs: the timed call and the gate both run the packed variable-length batch (cu_seqlens)."""
+    import dtune.ops
+
+    seen: list[tuple[int, ...] | None] = []
+    real = dtune.ops.run_kernel
+
+    def spy(*args: object, **kw: object) -> object:
+        cu = kw.get("cu_seqlens")
+        seen.append(None if cu is None else tuple(cu.tolist()))  # type: ignore[attr-defined]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dtune.ops, "run_kernel", spy)
+    bucket = {"B": 3, "T": 10, "H": 1, "HV": 2, "K": 16, "V": 32}
+    out = evaluate(chunk_job({"BT": 16}, seq_lens=[1, 17, 12], edge=False, shape=bucket))
+    assert out.ok, out.message
+    assert seen and set(seen) == {(0, 1, 18, 30)}  # every call, gate included, on the packed batch
