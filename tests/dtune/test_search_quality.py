@@ -16,7 +16,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "search_quality.py"
 
 def test_search_quality_runs_end_to_end_under_the_interpreter(tmp_path: Path) -> None:
     env = child_env({**os.environ, "OUT": str(tmp_path), "TRITON_INTERPRET": "1"})
-    args = ["--interpret", "--kernels", "chunk_delta_rule", "--strategies", "pattern,random", "--budget", "8"]
+    args = ["--interpret", "--kernels", "chunk_delta_rule", "--strategies", "pattern,random", "--budget", "15"]
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = pd.read_csv(tmp_path / "search_quality_summary.csv")
