@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -39,7 +40,8 @@ def make_reporter(progress: Progress) -> Any:
         def _text(self, s: ShapeSummary) -> str:
             speed = f" ({s.speedup:.2f}x)" if s.speedup else ""
             return (
-                f"{s.shape_key}  best {_fmt_ms(s.best_ms)}{speed}  {s.trials_per_min:.1f}/min  failures: {_failures(s)}"
+                f"{s.shape_key}  best {_fmt_ms(s.best_ms)}{speed}  {s.completed_per_min:.1f} timed/min  "
+                f"failures: {_failures(s)}"
             )
 
         def shape_started(
@@ -58,7 +60,7 @@ def make_reporter(progress: Progress) -> Any:
 
 def summary_table(run: RunSummary) -> Table:
     table = Table(title=f"{run.kernel} on {run.gpu} ({run.dtype})" + (" [interpreter]" if run.interpret else ""))
-    for col in ("shape", "trials c/f/p", "failures", "default", "best", "speedup", "best config"):
+    for col in ("shape", "trials c/f/p", "failures", "model hits", "default", "best", "speedup", "best config"):
         table.add_column(col)
     for s in run.shapes:
         c = s.counts
@@ -66,6 +68,7 @@ def summary_table(run: RunSummary) -> Table:
             s.shape_key,
             f"{c.get('complete', 0)}/{c.get('failed', 0)}/{c.get('pruned', 0)}",
             _failures(s),
+            f"{s.model_hits}/{s.model_checked}" if s.model_checked else "-",
             _fmt_ms(s.default_ms),
             _fmt_ms(s.best_ms),
             f"{s.speedup:.2f}x" if s.speedup else "-",
@@ -95,12 +98,60 @@ def search(
     ] = None,
     dtype: Annotated[str, typer.Option(help="Activation dtype: fp32, fp16 or bf16.")] = "bf16",
     trials: Annotated[
-        int | None, typer.Option(help="Trials per shape (default 40 when --timeout is not given either).")
+        int | None,
+        typer.Option(
+            help="Trials per shape that this run creates (pruned ones included; a resumed or shared study's earlier "
+            "trials do not count). Default 40 when --timeout is not given either."
+        ),
     ] = None,
     timeout: Annotated[
         float | None, typer.Option(help="Seconds per shape (with --trials: whichever ends first).")
     ] = None,
-    sampler: Annotated[str, typer.Option(help="Optuna sampler: tpe, cmaes, random or grid.")] = "tpe",
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="Search strategy: pattern (stage-wise local search from the default, seeds and transferred configs; "
+            "the default for multi-stage kernels) or an Optuna sampler: tpe (the default for one-launch kernels), "
+            "cmaes, random, grid."
+        ),
+    ] = None,
+    sampler: Annotated[
+        str | None, typer.Option(hidden=True, help="Deprecated alias of --strategy (Optuna samplers only).")
+    ] = None,
+    seeds: Annotated[
+        bool,
+        typer.Option(
+            "--seeds/--no-seeds",
+            help="Start from the space's seeds and the shipped configs of the nearest tuned buckets too; --no-seeds "
+            "starts from the template's default alone (to measure the search itself; --transfer-from still applies).",
+        ),
+    ] = True,
+    transfer_from: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--transfer-from",
+            help="Run folder whose winners seed the nearest buckets (repeatable). The current run's earlier shapes and "
+            "the shipped configs are always used (the latter unless --no-seeds).",
+        ),
+    ] = None,
+    transfer_count: Annotated[
+        int, typer.Option(help="Transferred starting configs per shape (nearest tuned buckets first).")
+    ] = 3,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="GPUs that time trials, comma-separated CUDA indices (e.g. 0,1): one timing worker each, on one "
+            "study; compiles are shared (--compile-ahead). Default: one worker on the visible GPU."
+        ),
+    ] = None,
+    resource_model: Annotated[
+        bool,
+        typer.Option(
+            "--resource-model/--no-resource-model",
+            help="Drop configs the resource model predicts to spill heavily or to overflow shared memory, before "
+            "compiling (reason `predicted`).",
+        ),
+    ] = True,
     storage: Annotated[
         str | None,
         typer.Option(
@@ -145,6 +196,17 @@ def search(
             "kernels built in parallel (0: each trial compiles in turn)."
         ),
     ] = 0,
+    hv_ratio: Annotated[
+        int, typer.Option(help="Value heads per query/key head (HV = ratio x H; grouped value heads).")
+    ] = 1,
+    packed_seqs: Annotated[
+        str | None,
+        typer.Option(
+            help="Tune a packed variable-length batch of these sequence lengths (cu_seqlens; comma-separated) for "
+            "each head dim and heads, instead of the --seq-lens x --batch grid; it is bucketed as B = number of "
+            "sequences, T = their mean length, which is how calls with cu_seqlens find their config."
+        ),
+    ] = None,
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
 ) -> None:
@@ -154,13 +216,27 @@ def search(
         use_interpreter()
     from dtune.gpu import resolve_gpu
     from dtune.measure.inputs import Workload
-    from dtune.tune.search import INTERPRET_SHAPES, SAMPLERS, SearchConfig, run_search
+    from dtune.tune.search import INTERPRET_SHAPES, SAMPLERS, STRATEGIES, SearchConfig, run_search
     from dtune.tune.space import SpaceError, load_space, load_space_file
 
-    if sampler not in SAMPLERS:
+    if sampler is not None:
+        if sampler not in SAMPLERS:
+            raise typer.BadParameter(
+                f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}", param_hint="--sampler"
+            )
+        err.print("[yellow]--sampler is deprecated: use --strategy[/]", highlight=False)
+        if strategy is not None and strategy != sampler:
+            raise typer.BadParameter("give --strategy or --sampler, not both", param_hint="--sampler")
+        strategy = sampler
+    if strategy is not None and strategy not in STRATEGIES:
         raise typer.BadParameter(
-            f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}", param_hint="--sampler"
+            f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}", param_hint="--strategy"
         )
+    device_list: tuple[str, ...] = ()
+    if devices is not None:
+        device_list = tuple(d.strip() for d in devices.split(",") if d.strip())
+        if not device_list or not all(d.isdigit() for d in device_list):
+            raise typer.BadParameter(f"expected CUDA device indices like 0,1, got {devices!r}", param_hint="--devices")
     if dtype not in ("fp32", "fp16", "bf16"):
         raise typer.BadParameter(f"unknown dtype {dtype!r}; use fp32, fp16 or bf16", param_hint="--dtype")
     lists = {
@@ -181,6 +257,14 @@ def search(
         fail(str(e))
     base = INTERPRET_SHAPES if interpret else space_obj.shapes
     grid = base.replace(lists["seq_lens"], lists["head_dims"], lists["heads"], lists["batch"])
+    shapes = grid.shapes()
+    packed = int_list(packed_seqs, "--packed-seqs")
+    if packed is not None:  # one packed batch per head dim and heads: bucketed as B = N sequences of the mean length
+        mean = max(1, round(sum(packed) / len(packed)))
+        shapes = list({dataclasses.replace(s, B=len(packed), T=mean, N=len(packed)): None for s in shapes})
+    if hv_ratio < 1:
+        raise typer.BadParameter(f"must be at least 1, got {hv_ratio}", param_hint="--hv-ratio")
+    shapes = [dataclasses.replace(s, HV=s.H * hv_ratio) for s in shapes]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = out_dir or Path("runs") / f"{kernel}-{profile.key}-{stamp}"
     try:
@@ -188,12 +272,12 @@ def search(
             kernel=kernel,
             gpu=profile,
             space=space_obj,
-            shapes=grid.shapes(),
+            shapes=shapes,
             out=run_dir,
             dtype=dtype,
             trials=trials,
             timeout=timeout,
-            sampler=sampler,
+            strategy=strategy,
             seed=seed,
             storage=storage,
             resume=resume,
@@ -202,7 +286,12 @@ def search(
             trial_timeout=trial_timeout,
             timing=timing,
             compile_ahead=compile_ahead,
-            workload=Workload(initial_state, final_state),
+            workload=Workload(initial_state, final_state, tuple(packed) if packed else None),
+            seeds=seeds,
+            transfer_from=tuple(transfer_from or ()),
+            transfer_count=transfer_count,
+            devices=device_list,
+            resource_model=resource_model,
         )
         if as_json:
             run = run_search(cfg)
@@ -221,10 +310,11 @@ def search(
         typer.echo(json.dumps(run.as_dict(), indent=2))
     else:
         out.print(summary_table(run))
+        hit = f", resource model {100 * run.model_hit_rate:.0f}% right" if run.model_hit_rate is not None else ""
         out.print(
-            f"{sum(s.trials_run for s in run.shapes)} trials in {run.elapsed_s:.1f} s "
-            f"({run.trials_per_min:.1f} trials/min, {run.worker_restarts} worker restart(s)); "
-            f"run folder {run.run_dir}",
+            f"{sum(s.trials_run for s in run.shapes)} trials ({sum(s.completed_run for s in run.shapes)} gated and "
+            f"timed) in {run.elapsed_s:.1f} s ({run.completed_per_min:.1f} timed/min, strategy {run.strategy}, "
+            f"{run.worker_restarts} worker restart(s){hit}); run folder {run.run_dir}",
             highlight=False,
         )
     if run.interrupted:

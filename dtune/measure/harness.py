@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,6 +21,27 @@ from dtune.measure.work import Work, work
 from dtune.shape import Gate, Shape
 
 Result = tuple[torch.Tensor, torch.Tensor | None]
+
+
+class Stage(Protocol):
+    """One named launch (or launch group) of a call, runnable alone once the launches before it ran: the contract of
+    a template family's ``plan()`` (the chunk pipeline's ``intra``, ``state``, ...)."""
+
+    name: str
+    flops: float
+    bytes: float
+
+    def run(self) -> Any: ...
+
+
+@dataclass
+class OpStage:
+    """The whole op as one stage (a template without ``plan()``, e.g. the fused-recurrent kernels)."""
+
+    name: str
+    run: Callable[[], Any]
+    flops: float
+    bytes: float
 
 
 @dataclass(frozen=True)
@@ -63,3 +84,23 @@ def op_run(
     x = workload_inputs(shape, dtype, device, workload, seed)
     w = work(kernel, shape, dtype, workload.initial_state, workload.final_state)
     return OpRun(kernel, shape, dtype, device, workload, x, w)
+
+
+def op_stages(run: OpRun, config: dict[str, Any]) -> list[Stage]:
+    """The launches of one call with a full, checked ``config``, in order, each runnable alone on ``run``'s inputs.
+
+    A template family that has ``plan(q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens,
+    config)`` (the chunk pipeline) gives its named stages, which allocate their buffers once: run them in order once
+    before timing any one alone. Any other kernel is one stage named after it. Stage names are the family's data
+    (a search space maps them to its stages); nothing here knows them.
+    """
+    from dtune.kernels import get_kernel
+
+    spec = get_kernel(run.kernel)
+    plan = getattr(spec.module, "plan", None)
+    if plan is None:
+        return [OpStage(run.kernel, run.call(config), run.work.flops, run.work.bytes)]
+    x = run.inputs
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], spec.gate, x["scale"], x["initial_state"])
+    stages, _ = plan(*args, x["output_final_state"], x["cu_seqlens"], config)
+    return list(stages)

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
 import torch
@@ -29,7 +29,7 @@ from dtune.inputs import dtype_from_name, dtype_name, interpreting
 from dtune.kernels import get_kernel
 from dtune.measure import work as wm
 from dtune.measure.configs import ConfigSource
-from dtune.measure.harness import OpRun, op_run
+from dtune.measure.harness import OpRun, OpStage, Stage, op_run, op_stages  # noqa: F401 (OpStage: re-exported)
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.resources import Resources, capture_launches, resources_of
 from dtune.measure.tables import write_table
@@ -69,26 +69,6 @@ COLUMNS = [
 TOTAL = "total (whole op)"
 
 
-class Stage(Protocol):
-    """One launchable piece of a pipeline (the contract of ``dtune.kernels.chunk.plan``)."""
-
-    name: str
-    flops: float
-    bytes: float
-
-    def run(self) -> Any: ...
-
-
-@dataclass
-class OpStage:
-    """The whole op as one stage (fused-recurrent kernels)."""
-
-    name: str
-    run: Callable[[], Any]
-    flops: float
-    bytes: float
-
-
 def stage_resources(stage: Stage) -> Resources:
     """Run ``stage`` once (compiling it outside any timed region) and read what its launches use; a stage that
     returns its compiled kernel (``plan``'s contract) is read from that when no launch was seen."""
@@ -105,18 +85,9 @@ class ProfileResult:
 
 
 def stages_for(run: OpRun, config: dict[str, Any] | None) -> tuple[list[Stage], Callable[[], Any]]:
-    """The stages of one call (the chunk pipeline's from its plan, else the whole op) and the whole op as a call."""
-    spec = get_kernel(run.kernel)
-    full = spec.check_config(run.shape.K, run.shape.V, config)
-    whole = run.call(full)
-    if spec.family == "chunk":
-        from dtune.kernels.chunk import plan
-
-        x = run.inputs
-        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], spec.gate, x["scale"], x["initial_state"])
-        stages, _ = plan(*args, x["output_final_state"], x["cu_seqlens"], full)
-        return list(stages), whole
-    return [OpStage(run.kernel, whole, run.work.flops, run.work.bytes)], whole
+    """The stages of one call (:func:`dtune.measure.harness.op_stages`) and the whole op as a call."""
+    full = get_kernel(run.kernel).check_config(run.shape.K, run.shape.V, config)
+    return op_stages(run, full), run.call(full)
 
 
 def _stage_row(name: str, t: Timing, w: wm.Work, res: Resources, roofs: wm.Roofs | None) -> dict[str, Any]:

@@ -1,6 +1,11 @@
 """Search spaces (``search_spaces/<kernel>.toml``): parameters and their choices, constraints, seeds, gate
 tolerances and the default shape grid of one tunable kernel. Data, not code: loaded and validated here.
 
+``[stages]`` (optional) splits the parameters by the launches they shape, for the stage-wise search
+(:mod:`dtune.tune.stages`): ``name = { params = [...], launches = [...] }`` names a stage's own parameters and the
+launches (the template's ``plan()`` stage names) whose time is that stage's time; every parameter no stage lists
+couples the stages. Data, so a new kernel family (a backward, a new launch) only needs its space file.
+
 Constraints are Python expressions over the parameters, the shape (B, T, H, HV, K, V, N) and the GPU's
 limits (smem_per_block, sm_count, cc_major, cc_minor, regs_per_sm), with ``next_power_of_2``, ``min`` and
 ``max``. They are checked by walking their syntax tree (only arithmetic, comparisons, boolean logic,
@@ -23,6 +28,7 @@ from dtune.kernels.config import next_power_of_2
 from dtune import _toml
 from dtune.inputs import DTYPE_NAMES
 from dtune.shape import Shape, ShapeGrid
+from dtune.tune.stages import StageMap, StageSpec
 
 SHAPE_NAMES = ("B", "T", "H", "HV", "K", "V", "N")
 GPU_NAMES = ("smem_per_block", "sm_count", "cc_major", "cc_minor", "regs_per_sm")
@@ -83,6 +89,7 @@ class SearchSpace:
     tolerance: dict[str, float]
     shapes: ShapeGrid
     source: str
+    stages: StageMap = field(default_factory=StageMap)
 
     def violations(self, config: Mapping[str, Any], shape: Shape, gpu: Mapping[str, int]) -> list[str]:
         """Names of the constraints that ``config`` (a full config) breaks at ``shape`` on ``gpu``."""
@@ -141,7 +148,7 @@ def _int_list(source: str, section: str, key: str, value: Any) -> tuple[int, ...
 
 def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace:
     """Validate a parsed space file against its kernel's template; SpaceError naming the problem otherwise."""
-    known_top = {"kernel", "description", "params", "constraints", "seeds", "tolerance", "shapes"}
+    known_top = {"kernel", "description", "params", "constraints", "seeds", "tolerance", "shapes", "stages"}
     extra = sorted(set(data) - known_top)
     if extra:
         raise _fail(source, f"unknown section(s) {extra}; expected {sorted(known_top)}")
@@ -229,6 +236,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
         batch=_int_list(source, "shapes", "batch", raw_shapes["batch"]) if "batch" in raw_shapes else (),
         batch_tokens=batch_tokens,
     )
+    stages = _parse_stages(source, data.get("stages", {}), params)
     description = data.get("description", "")
     return SearchSpace(
         kernel=kernel_name,
@@ -239,7 +247,38 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
         tolerance=tolerance,
         shapes=grid,
         source=source,
+        stages=stages,
     )
+
+
+def _parse_stages(source: str, raw: Any, params: Mapping[str, Any]) -> StageMap:
+    """``[stages]``: each stage's own parameters (each in at most one stage) and the launches it times."""
+    if not isinstance(raw, dict):
+        raise _fail(source, "[stages] must be a table of name = { params = [...], launches = [...] }")
+    specs: list[StageSpec] = []
+    owner: dict[str, str] = {}
+    launch_owner: dict[str, str] = {}
+    for name, body in raw.items():
+        if not isinstance(body, dict) or set(body) - {"params", "launches"}:
+            raise _fail(source, f"[stages] {name} must be a table with `params` and optionally `launches`")
+        names = body.get("params")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise _fail(source, f"[stages] {name}.params must be a non-empty list of parameter names")
+        for n in names:
+            if n not in params:
+                raise _fail(source, f"[stages] {name} lists {n!r}, which is not a parameter of the space")
+            if n in owner:
+                raise _fail(source, f"[stages] {n!r} is listed by both {owner[n]!r} and {name!r}")
+            owner[n] = name
+        launches = body.get("launches", [name])
+        if not isinstance(launches, list) or not launches or not all(isinstance(x, str) for x in launches):
+            raise _fail(source, f"[stages] {name}.launches must be a non-empty list of launch names")
+        for x in launches:
+            if x in launch_owner:
+                raise _fail(source, f"[stages] launch {x!r} is claimed by both {launch_owner[x]!r} and {name!r}")
+            launch_owner[x] = name
+        specs.append(StageSpec(str(name), tuple(names), tuple(launches)))
+    return StageMap(tuple(specs))
 
 
 def load_space_file(path: str | Path) -> SearchSpace:

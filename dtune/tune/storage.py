@@ -2,21 +2,36 @@
 
 Default: SQLite in the run folder. ``--storage URL`` takes any Optuna storage URL (SQLite, PostgreSQL,
 MySQL: many workers, GPUs or hosts join one study) or ``journal:PATH`` for a journal file.
+
+RDB storages (SQLite, PostgreSQL, MySQL) are opened with heartbeats: each search process records one for every
+trial it runs (:func:`record_heartbeats`, from its loop) and fails the RUNNING trials of processes that stopped
+recording (:func:`reap_stale`: killed, or their host lost; beats every ``DTUNE_HEARTBEAT_S`` / 2 = 10 s, stale
+after ``DTUNE_HEARTBEAT_GRACE_S`` = 90 s). Such a trial is FAIL without a reason of dtune's:
+``trials.csv`` shows it as ``interrupted``, and ``--resume`` retries its config.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, fail_stale_trials
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
+from optuna.trial import Trial
 
 JOURNAL_PREFIX = "journal:"
 _ATTEMPTS = 5
+# Heartbeats of running trials (RDB storages): recorded every HEARTBEAT_S / 2 by the search loop; a trial without one
+# for GRACE_S belongs to a dead process.
+HEARTBEAT_S = int(os.environ.get("DTUNE_HEARTBEAT_S", "20"))
+GRACE_S = int(os.environ.get("DTUNE_HEARTBEAT_GRACE_S", "90"))
 
 
 def study_name(kernel: str, gpu: str, dtype: str, shape_key: str) -> str:
@@ -39,10 +54,32 @@ def open_storage(url: str) -> BaseStorage:
         kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
         for attempt in range(_ATTEMPTS):
             try:
-                return RDBStorage(url, engine_kwargs=kwargs)
+                return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
             except Exception as e:
                 # Workers starting together race to create the schema: the loser retries and finds it made.
                 if attempt == _ATTEMPTS - 1:
                     raise ValueError(f"cannot open storage {url!r}: {e}") from None
                 time.sleep(0.2 + random.random() * (attempt + 1))
         raise AssertionError("unreachable")
+
+
+def record_heartbeats(study: optuna.Study, trials: Iterable[Trial]) -> None:
+    """Record a heartbeat for each of ``trials`` (no-op for storages without heartbeats)."""
+    storage = study._storage  # an RDB storage behind Optuna's cache layer, which forwards heartbeats
+    if not isinstance(storage, BaseHeartbeat) or storage.get_heartbeat_interval() is None:
+        return
+    for trial in trials:
+        try:
+            storage.record_heartbeat(trial._trial_id)
+        except Exception:  # a missed beat only risks a late reap; the search goes on
+            logging.getLogger(__name__).debug("heartbeat failed", exc_info=True)
+
+
+def reap_stale(study: optuna.Study) -> None:
+    """Fail the RUNNING trials whose process stopped sending heartbeats (no-op without heartbeats)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            fail_stale_trials(study)
+    except Exception:  # two processes reaping at once: the loser's update fails harmlessly
+        logging.getLogger(__name__).debug("reaping stale trials failed", exc_info=True)

@@ -15,13 +15,16 @@ if TYPE_CHECKING:
 class ShapeSummary:
     study: str
     shape_key: str
-    trials_run: int = 0  # by this process
+    trials_run: int = 0  # created by this process (pruned ones included)
+    completed_run: int = 0  # gated and timed by this process
     counts: dict[str, int] = field(default_factory=dict)  # all trials of the study
     failures: dict[str, int] = field(default_factory=dict)
     best_ms: float | None = None
     default_ms: float | None = None
     best_config: dict[str, Any] | None = None
     elapsed_s: float = 0.0
+    model_hits: int = 0  # compiled trials whose resource-model spill prediction matched ptxas
+    model_checked: int = 0
     last: dict[str, Any] | None = None  # the last trial's row
 
     @property
@@ -34,11 +37,21 @@ class ShapeSummary:
     def trials_per_min(self) -> float:
         return 60.0 * self.trials_run / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def completed_per_min(self) -> float:
+        return 60.0 * self.completed_run / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def model_hit_rate(self) -> float | None:
+        return self.model_hits / self.model_checked if self.model_checked else None
+
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("last")
         d["speedup"] = self.speedup
         d["trials_per_min"] = self.trials_per_min
+        d["completed_per_min"] = self.completed_per_min
+        d["model_hit_rate"] = self.model_hit_rate
         return d
 
 
@@ -54,16 +67,29 @@ class RunSummary:
     elapsed_s: float = 0.0
     interrupted: bool = False
     worker_restarts: int = 0
+    strategy: str = ""
 
     @property
     def trials_per_min(self) -> float:
         n = sum(s.trials_run for s in self.shapes)
         return 60.0 * n / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    @property
+    def completed_per_min(self) -> float:
+        n = sum(s.completed_run for s in self.shapes)
+        return 60.0 * n / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def model_hit_rate(self) -> float | None:
+        checked = sum(s.model_checked for s in self.shapes)
+        return sum(s.model_hits for s in self.shapes) / checked if checked else None
+
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["shapes"] = [s.as_dict() for s in self.shapes]
         d["trials_per_min"] = self.trials_per_min
+        d["completed_per_min"] = self.completed_per_min
+        d["model_hit_rate"] = self.model_hit_rate
         return d
 
 

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -168,19 +169,32 @@ class CompilePool:
         self._all = [Worker(env=env, log_path=log_dir / f"compile-{i}.log") for i in range(size)]
         for w in self._all:
             self._idle.put(w)
+        self._busy: set[int] = set()
+        self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="dtune-compile")
 
     def submit(self, job: TrialJob) -> Future[TrialOutcome]:
         def task() -> TrialOutcome:
             worker = self._idle.get()
+            with self._lock:
+                self._busy.add(id(worker))
             try:
                 return worker.run(job, self.timeout)
             except WorkerError as e:
                 return TrialOutcome(reason="crash", message=str(e))
             finally:
+                with self._lock:
+                    self._busy.discard(id(worker))
                 self._idle.put(worker)
 
         return self._executor.submit(task)
+
+    def kill_busy(self) -> None:
+        """Stop the compiles in flight (a time budget ran out): their workers restart on their next job."""
+        with self._lock:
+            busy = [w for w in self._all if id(w) in self._busy]
+        for w in busy:
+            w.close()
 
     def close(self) -> None:
         """Stop every compile worker (killing any compile in flight) and the threads."""

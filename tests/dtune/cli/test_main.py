@@ -53,10 +53,11 @@ def test_search_json_then_export(tmp_path: Path) -> None:
 def test_search_with_progress_and_journal(tmp_path: Path) -> None:
     journal = tmp_path / "studies.journal"
     result = runner.invoke(
-        app, search(tmp_path, "--trials", "2", "--storage", f"journal:{journal}", "--sampler", "random")
+        app, search(tmp_path, "--trials", "2", "--storage", f"journal:{journal}", "--strategy", "random")
     )
     assert result.exit_code == 0, result.output
-    assert "trials/min" in result.stdout and "fused_recurrent_kda on cpu (fp32)" in result.stdout
+    assert "timed/min" in result.stdout and "fused_recurrent_kda on cpu (fp32)" in result.stdout
+    assert "strategy random" in " ".join(result.stdout.split())
     assert journal.exists() and not (tmp_path / "run" / "study.db").exists()
     doc = json.loads((tmp_path / "run" / "tuned.json").read_text())  # export found the journal through run.json
     assert len(doc["entries"]) == 1
@@ -67,13 +68,16 @@ def test_search_with_progress_and_journal(tmp_path: Path) -> None:
     [
         (["--seq-lens", "1,x"], "comma-separated positive integers"),
         (["--batch", "0"], "comma-separated positive integers"),
+        (["--strategy", "bayes"], "unknown strategy"),
         (["--sampler", "bayes"], "unknown sampler"),
+        (["--devices", "0,x"], "CUDA device indices"),
+        (["--transfer-from", "/nonexistent"], "not a run folder"),
         (["--dtype", "fp8"], "unknown dtype"),
         (["--gpu", "h900"], "unknown GPU 'h900'"),
         (["--gpu", "h100"], "labelled 'cpu'"),
         (["--space", "/nonexistent.toml"], "cannot read it"),
     ],
-    ids=["seq-lens", "batch", "sampler", "dtype", "gpu", "gpu-mismatch", "space"],
+    ids=["seq-lens", "batch", "strategy", "sampler", "devices", "transfer", "dtype", "gpu", "gpu-mismatch", "space"],
 )
 def test_bad_options(tmp_path: Path, args: list[str], match: str) -> None:
     result = runner.invoke(app, search(tmp_path, *args))

@@ -56,3 +56,19 @@ def test_rows_carry_default_time_and_params() -> None:
     assert list(frame.columns[: len(results.COLUMNS)]) == results.COLUMNS
     assert frame["default_time_ms"].tolist() == [2.0, 2.0]
     assert frame["p.num_warps"].tolist()[0] == 1 and frame["p.BV"].tolist() == [16, 16]
+
+
+def test_a_stage_local_result_is_never_the_winner() -> None:
+    """A stage-local move's value is an estimate (its stage timed alone): only whole trials may be exported."""
+    whole = trial(0, 2.0, is_default=True, kind="whole")
+    stage_only = trial(1, 1.5, kind="stage", stage="state")
+    legacy = trial(2, 1.8)  # a study of an older dtune: no kind recorded, timed as a whole
+    assert results.best_trial([whole, stage_only]) is whole
+    assert results.best_trial([whole, stage_only, legacy]) is legacy
+    assert not results.passed(stage_only) and results.passed(stage_only, allow_stage=True)
+
+
+def test_a_failed_trial_without_reason_was_interrupted() -> None:
+    stale = trial(0, None, TrialState.FAIL, gate_passed=None, reason=None)  # failed stale by a heartbeat reaper
+    assert results.reason_of(stale) == "interrupted"
+    assert results.failures_by_reason([stale]) == {"interrupted": 1}

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from dtune.gpu import get_profile
+from dtune.shape import Shape
 from dtune.tune import results
 from dtune.tune.search import INTERPRET_SHAPES, SearchConfig, run_search
 from dtune.tune.space import _parse_text, load_space
@@ -31,6 +32,8 @@ def config(kernel: str, out: Path, **kw: object) -> SearchConfig:
     space = kw.pop("space", None) or load_space(kernel)
     shapes = kw.pop("shapes", None) or INTERPRET_SHAPES.shapes()
     args = {"dtype": "fp32", "trials": 4, "interpret": True, "sampler": "tpe", **kw}
+    if args["sampler"] == "pattern":
+        args["strategy"], args["sampler"] = "pattern", None
     return SearchConfig(kernel=kernel, gpu=get_profile("cpu"), space=space, shapes=shapes, out=out, **args)  # type: ignore[arg-type]
 
 
@@ -136,7 +139,7 @@ batch = [1]
 
 
 def test_bad_search_config(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown sampler"):
+    with pytest.raises(ValueError, match="unknown strategy"):
         config("fused_recurrent_kda", tmp_path, sampler="bayes")
     with pytest.raises(ValueError, match="--trials must be at least 1"):
         config("fused_recurrent_kda", tmp_path, trials=0)
@@ -190,3 +193,81 @@ def test_ctrl_c_inside_ask_leaves_no_running_trial(
     assert not [t for t in asked if t.state == optuna.trial.TrialState.RUNNING]
     interrupted = [t for t in trials if t.user_attrs.get("message") == "interrupted before the trial finished"]
     assert calls[-1] in {t.number for t in interrupted}
+    assert {t.user_attrs.get("reason") for t in interrupted} == {"interrupted"}  # its own reason, not a crash
+
+
+def test_stage_wise_pattern_search_end_to_end(tmp_path: Path) -> None:
+    """chunk_kda under the interpreter, from the default alone: stage-local moves (one stage's parameters each,
+    timed on that stage), whole trials, and an export that only takes a whole trial."""
+    kernel = "chunk_kda"
+    shapes = [Shape(1, 5, 1, 2, 16, 32)]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=9, seeds=False, sampler=None))
+    assert run.strategy == "pattern"
+    rows = pd.read_csv(tmp_path / "trials.csv").sort_values("number")
+    assert rows["source"].iloc[0] == "default" and rows["is_default"].iloc[0]
+    assert not rows["source"].isin(["seed"]).any() and not rows["source"].str.startswith("transfer").any()
+    stage_rows = rows[rows["kind"] == "stage"]
+    assert len(stage_rows) >= 3 and set(stage_rows["stage"]) <= {"intra", "state", "output"}
+    space = load_space(kernel)
+    default = rows.iloc[0]
+    for _, r in stage_rows.iterrows():
+        changed = [p for p in space.params if r[f"p.{p}"] != default[f"p.{p}"]]
+        assert len(changed) == 1 and space.stages.stage_of(changed[0]) == r["stage"]  # one stage's parameter
+        assert not math.isnan(r[f"ms.{r['stage']}"]) and math.isnan(r["time_ms"])  # only its stage timed
+    assert (rows.loc[rows["kind"] == "whole", "ms.intra"].notna()).all()  # whole trials time every stage
+    tuned = json.loads((tmp_path / "tuned.json").read_text())
+    (entry,) = tuned["entries"]
+    winner = rows[(rows["kind"] == "whole") & (rows["state"] == "complete")].sort_values("time_ms").iloc[0]
+    assert math.isclose(entry["time_ms"], winner["time_ms"])
+
+
+def test_seeds_off_starts_from_the_default_and_transfer_seeds(tmp_path: Path) -> None:
+    """--no-seeds: the default alone; --transfer-from RUN: that run's winners of the nearest buckets come next."""
+    kernel = "fused_recurrent_delta_rule"
+    first = tmp_path / "first"
+    run_search(config(kernel, first, shapes=[Shape(2, 4, 2, 2, 32, 32)], trials=4, sampler="random", seed=3))
+    donor = json.loads((first / "tuned.json").read_text())["entries"][0]["config"]
+    cold = tmp_path / "cold"
+    run_search(config(kernel, cold, shapes=[Shape(2, 8, 2, 2, 32, 32)], trials=2, sampler="pattern", seeds=False))
+    assert pd.read_csv(cold / "trials.csv")["source"].tolist()[0] == "default"
+    assert not pd.read_csv(cold / "trials.csv")["source"].str.startswith("transfer").any()
+    warm = tmp_path / "warm"
+    cfg = config(kernel, warm, shapes=[Shape(2, 8, 2, 2, 32, 32)], trials=2, seeds=False, transfer_from=(first,))
+    run_search(cfg)
+    rows = pd.read_csv(warm / "trials.csv").sort_values("number")
+    assert rows["source"].iloc[0] == "default"
+    assert rows["source"].iloc[1].startswith("transfer:run ") and "T4-B2-H2-HV2-K32-V32" in rows["source"].iloc[1]
+    got = {p: rows.iloc[1][f"p.{p}"] for p in donor}
+    assert got == donor or rows.iloc[1]["reason"] == "constraint"
+
+
+def test_cancelled_trials_do_not_block_their_config_and_are_retried_on_resume(tmp_path: Path) -> None:
+    """A time budget cancels the trials compiled ahead: their configs stay open, and --resume runs them again."""
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=None, timeout=1.0, compile_ahead=3, seeds=True))
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.load_study(study_name=run.shapes[0].study, storage=storage)
+    cancelled = [t for t in study.get_trials() if t.user_attrs.get("reason") == "cancelled"]
+    assert cancelled
+    run_search(config(kernel, tmp_path, shapes=shapes, trials=len(cancelled) + 2, resume=True))
+    after = study.get_trials()
+    for t in cancelled:
+        again = [
+            u for u in after if u.number > t.number and u.params == t.params and u.user_attrs.get("reason") is None
+        ]
+        assert again, f"cancelled config {t.params} was not run again"
+        assert not again[0].user_attrs.get("duplicate_of")  # measured, not copied from the cancelled trial
+    assert any(u.user_attrs.get("source") == "retry" for u in after)
+
+
+def test_two_timing_workers_share_one_study(tmp_path: Path) -> None:
+    """--devices 0,1: one timing worker per device on one study (under the interpreter the devices are labels)."""
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=8, devices=("0", "1"), sampler="random"))
+    rows = pd.read_csv(tmp_path / "trials.csv")
+    assert len(rows) == 8 and rows["number"].is_unique and run.shapes[0].trials_run == 8
+    timed = rows[rows["state"] == "complete"]
+    assert set(timed["device"].astype(int)) == {0, 1}  # both workers timed trials
+    assert (tmp_path / "worker.log").exists() and (tmp_path / "worker-1.log").exists()

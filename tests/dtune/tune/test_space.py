@@ -138,3 +138,61 @@ def test_space_files(tmp_path: Path) -> None:
         load_space_file(tmp_path / "missing.toml")
     with pytest.raises(ValueError, match="unknown kernel"):
         load_space("nope")
+
+
+CHUNK = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda"]
+
+
+@pytest.mark.parametrize("kernel", CHUNK)
+def test_chunk_spaces_map_every_stage(kernel: str) -> None:
+    """The stage map is data: the chunk spaces name each stage's own parameters and its launches."""
+    space = load_space(kernel)
+    assert space.stages.names() == ["intra", "state", "output"]
+    assert space.stages.coupling(space.params)[:2] == ["BT", "BC"]
+    assert {"INTRA", "FUSE_OUTPUT", "STATE_LAYOUT"} <= set(space.stages.coupling(space.params))
+    assert space.stages.stage_of("h_BV") == "state" and space.stages.stage_of("o_num_warps") == "output"
+    assert space.stages.stage_of_launch("state+output") == "state"
+    assert space.stages.stage_of_launch("transitions") == "state"  # the sequence-parallel pass's phase 1
+    assert space.stages.stage_of_launch("a-new-launch") == "a-new-launch"  # unmapped: a stage of its own
+    assert space.stages.group(["intra", "state", "output"]) == {
+        "intra": ["intra"],
+        "state": ["state"],
+        "output": ["output"],
+    }
+    assert load_space("fused_recurrent_kda").stages.names() == []  # one launch: no stage map
+
+
+STAGED = (
+    GOOD
+    + """
+[stages]
+tiles = { params = ["BV"], launches = ["main"] }
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "match"),
+    [
+        ('params = ["BV"]', 'params = ["BQ"]', "not a parameter of the space"),
+        ('params = ["BV"]', "params = []", "non-empty list of parameter names"),
+        ('launches = ["main"]', "launches = []", "non-empty list of launch names"),
+        ('launches = ["main"] }', 'launches = ["main"], warps = 1 }', "must be a table with"),
+        (
+            'tiles = { params = ["BV"], launches = ["main"] }',
+            'a = { params = ["BV"] }\nb = { params = ["BV"] }',
+            "listed by both 'a' and 'b'",
+        ),
+        (
+            'tiles = { params = ["BV"], launches = ["main"] }',
+            'a = { params = ["BV"], launches = ["x"] }\nb = { params = ["num_warps"], launches = ["x"] }',
+            "launch 'x' is claimed by both",
+        ),
+    ],
+    ids=["unknown-param", "empty-params", "empty-launches", "unknown-key", "param-twice", "launch-twice"],
+)
+def test_bad_stage_maps(old: str, new: str, match: str) -> None:
+    assert parse(STAGED).stages.names() == ["tiles"]  # type: ignore[attr-defined]
+    assert old in STAGED
+    with pytest.raises(SpaceError, match=match):
+        parse(STAGED.replace(old, new))

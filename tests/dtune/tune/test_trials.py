@@ -107,3 +107,77 @@ def test_compile_only_also_builds_the_gate_edge_case(monkeypatch: pytest.MonkeyP
     out = evaluate(TrialJob("fused_recurrent_kda", SHAPE, "fp32", {"BV": 8}, 1e-4, device="cpu", compile_only=True))
     assert out.ok, out.message
     assert calls == [False, True]  # the timed problem, then the varlen edge case
+
+
+CHUNK_SHAPE = {"B": 1, "T": 5, "H": 1, "HV": 2, "K": 16, "V": 32}
+STAGE_MAP = {"intra": ["intra"], "state": ["state", "state+output"], "output": ["output"]}
+
+
+def chunk_job(config: dict[str, object], shape: dict[str, int] = CHUNK_SHAPE, **kw: object) -> TrialJob:
+    args: dict[str, object] = {"device": "cpu", "warmup": 1, "repeats": 2, "stage_launches": STAGE_MAP, **kw}
+    return TrialJob("chunk_gated_delta_rule", shape, "fp32", config, 2e-3, **args)  # type: ignore[arg-type]
+
+
+def test_whole_trial_times_the_call_and_every_stage() -> None:
+    out = evaluate(chunk_job({"FUSE_OUTPUT": False, "BT": 16}))
+    assert out.ok, out.message
+    assert out.time_ms is not None and set(out.stage_ms) == {"intra", "state", "output"}
+    assert set(out.stage_resources) == {"intra", "state", "output"}  # [None, None, None] each: the interpreter
+    assert out.built == 0  # nothing is compiled under the interpreter
+
+
+def test_stage_trial_times_only_its_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage-local move is gated on the tuned shape (no edge case) and only its stage is timed."""
+    import dtune.tune.trials as trials
+
+    timed: list[str] = []
+    real = trials.time_call
+
+    def spy(fn: object, *args: object, **kw: object) -> object:
+        timed.append(getattr(fn, "__qualname__", ""))
+        return real(fn, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trials, "time_call", spy)
+    out = evaluate(chunk_job({"FUSE_OUTPUT": True, "BT": 16}, kind="stage", stage="state", edge=False))
+    assert out.ok, out.message
+    assert out.time_ms is None and set(out.stage_ms) == {"state"}
+    assert timed == ["_group_call.<locals>.run"]  # the state pass alone, not the whole call
+    missing = evaluate(chunk_job({"FUSE_OUTPUT": True, "BT": 16}, kind="stage", stage="output", edge=False))
+    assert missing.reason == "runtime" and "no stage 'output'" in missing.message  # fused: no output launch
+
+
+def test_inputs_and_reference_are_kept_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drawing a real-size input set costs seconds: a worker draws the timed inputs and the gate's once per shape."""
+    import dtune.tune.gate as gate_mod
+    import dtune.tune.trials as trials
+
+    drawn: list[str] = []
+    real_run, real_ref = trials.op_run, gate_mod.chunk_reference
+    monkeypatch.setattr(trials, "op_run", lambda *a, **k: drawn.append("timed") or real_run(*a, **k))
+    monkeypatch.setattr(gate_mod, "chunk_reference", lambda *a, **k: drawn.append("ref") or real_ref(*a, **k))
+    trials._RUNS.clear()
+    gate_mod._CASES.clear()
+    for bt in (16, 32):
+        assert evaluate(chunk_job({"BT": bt}, reuse_inputs=True, gate_seed=7)).ok
+    assert drawn == ["timed", "ref", "ref"]  # once: the tuned shape's reference and the edge case's
+    assert evaluate(chunk_job({"BT": 16}, reuse_inputs=False, gate_seed=7)).ok
+    assert drawn[3:] == ["timed", "ref", "ref"]  # without reuse: drawn afresh
+
+
+def test_packed_batch_is_timed_and_gated_as_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--packed-seqs: the timed call and the gate both run the packed variable-length batch (cu_seqlens)."""
+    import dtune.ops
+
+    seen: list[tuple[int, ...] | None] = []
+    real = dtune.ops.run_kernel
+
+    def spy(*args: object, **kw: object) -> object:
+        cu = kw.get("cu_seqlens")
+        seen.append(None if cu is None else tuple(cu.tolist()))  # type: ignore[attr-defined]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dtune.ops, "run_kernel", spy)
+    bucket = {"B": 3, "T": 10, "H": 1, "HV": 2, "K": 16, "V": 32}
+    out = evaluate(chunk_job({"BT": 16}, seq_lens=[1, 17, 12], edge=False, shape=bucket))
+    assert out.ok, out.message
+    assert seen and set(seen) == {(0, 1, 18, 30)}  # every call, gate included, on the packed batch

@@ -1,0 +1,119 @@
+"""Where trials run: a compile pool ahead of one timing worker per GPU, all fed from one search.
+
+``dtune search --devices 0,1 --compile-ahead 12``: twelve compile workers build upcoming trials' kernels (Triton's
+on-disk cache carries the binaries over: every worker inherits the same environment, so the same cache
+directory), and two timing workers, one per GPU (``CUDA_VISIBLE_DEVICES`` set per worker), gate and time them
+as they come. A trial's compile job and its timing job run in the worker processes of
+:mod:`dtune.tune.worker`; here threads only wait on them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dtune.tune.trials import TrialJob, TrialOutcome
+from dtune.tune.worker import CompilePool, Worker, WorkerError
+
+
+@dataclass
+class Evaluated:
+    """A trial's outcome, with what the compile pool did for it and the device that timed it."""
+
+    outcome: TrialOutcome
+    built_ahead: int | None = None  # kernels the compile pool built for this trial (None: no pool, or unknown)
+    device: str | None = None
+
+
+def device_env(env: dict[str, str], device: str | None) -> dict[str, str]:
+    """``env`` for a worker pinned to ``device`` (a CUDA device index; None: as it is)."""
+    if device is None:
+        return dict(env)
+    return {**env, "CUDA_VISIBLE_DEVICES": device}
+
+
+class Evaluator:
+    """Runs trial jobs: compile ahead (``compile_workers`` processes, optional), then gate and time on whichever
+    timing worker (one per entry of ``devices``) is free. ``capacity`` is how many trials should be in flight to
+    keep every worker busy."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_dir: Path,
+        trial_timeout: float,
+        compile_workers: int = 0,
+        devices: list[str | None] | None = None,
+        pin: bool = True,
+    ) -> None:
+        """``devices``: one timing worker each (a label; with ``pin`` also its ``CUDA_VISIBLE_DEVICES``)."""
+        self.trial_timeout = trial_timeout
+        devices = devices or [None]
+        self.devices = devices
+        self.pool = CompilePool(compile_workers, env, log_dir, trial_timeout) if compile_workers > 0 else None
+        self.timers = [
+            Worker(
+                env=device_env(env, d if pin else None),
+                log_path=log_dir / ("worker.log" if i == 0 else f"worker-{i}.log"),
+            )
+            for i, d in enumerate(devices)
+        ]
+        self._idle: queue.Queue[int] = queue.Queue()
+        for i in range(len(self.timers)):
+            self._idle.put(i)
+        self._busy: set[int] = set()
+        self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(max_workers=self.capacity + 1, thread_name_prefix="dtune-trial")
+
+    @property
+    def capacity(self) -> int:
+        return (self.pool.size if self.pool is not None else 0) + len(self.timers)
+
+    @property
+    def restarts(self) -> int:
+        return sum(w.restarts for w in self.timers)
+
+    def submit(self, job: TrialJob) -> Future[Evaluated]:
+        return self._threads.submit(self._evaluate, job)
+
+    def _evaluate(self, job: TrialJob) -> Evaluated:
+        built_ahead = None
+        if self.pool is not None:
+            ahead = self.pool.submit(replace(job, compile_only=True)).result()
+            if not ahead.ok:
+                return Evaluated(ahead)
+            built_ahead = ahead.built
+        index = self._idle.get()
+        with self._lock:
+            self._busy.add(index)
+        try:
+            outcome = self.timers[index].run(job, self.trial_timeout)
+        except WorkerError as e:
+            outcome = TrialOutcome(reason="crash", message=str(e))
+        finally:
+            with self._lock:
+                self._busy.discard(index)
+            self._idle.put(index)
+        return Evaluated(outcome, built_ahead, self.devices[index])
+
+    def abort(self) -> None:
+        """Stop every job in flight now (their outcomes are discarded by the caller): kill the busy workers; each
+        restarts on its next job."""
+        if self.pool is not None:
+            self.pool.kill_busy()
+        with self._lock:
+            busy = list(self._busy)
+        for index in busy:
+            self.timers[index].close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        for w in self.timers:
+            w.close()
+        self._threads.shutdown(wait=True, cancel_futures=True)
+        for w in self.timers:
+            w.close()
