@@ -35,8 +35,10 @@ __all__ = [
     "NOMINAL_CHUNK",
     "Roofs",
     "Work",
+    "chunk_bwd_flops",
     "chunk_flops",
     "describe",
+    "grad_bytes",
     "io_bytes",
     "recurrent_flops",
     "work",
@@ -143,6 +145,27 @@ def io_bytes(
     return float(qk + vo + beta + g + state)
 
 
+def chunk_bwd_flops(p: Shape, chunk: int = NOMINAL_CHUNK) -> float:
+    """Nominal FLOPs of the chunkwise backward (given the forward's chunk states): ``tokens · HV · (8C(K + V) +
+    12KV)``. Per chunk of ``C`` tokens, counted as full ``C × C`` products like the forward's: the reverse state pass
+    ``dV_new = A_qkᵀ dO + k̃ X`` and ``X ← X + q̃ᵀ dO − Wᵀ dV_new`` (``CV + 3KV`` multiply-adds per token), the
+    ``V`` contractions ``dA_qk = dO V_newᵀ``, ``dVβ = Tᵀ dV_new``, ``dA_kk = dVβ V_newᵀ`` (``3CV``), the state
+    contractions ``dO S_cᵀ``, ``V_new Xᵀ``, ``dVβ S_cᵀ`` (``3KV``) and the pairwise terms ``dA_qk k``, ``dA_qkᵀ q``,
+    ``dA_kkᵀ (βk)``, ``dA_kk k`` (``4CK``)."""
+    return float(_tokens(p) * p.HV * (8 * chunk * (p.K + p.V) + 12 * p.K * p.V))
+
+
+def grad_bytes(p: Shape, dtype: torch.dtype, initial_state: bool = False, final_state: bool = False) -> float:
+    """Compulsory bytes of the backward: read q, k, v, beta, g and the output's gradient, write dq, dk, dv, dbeta, dg
+    (as :func:`io_bytes` counts them: the same sizes), read the final state's gradient and write the initial
+    state's (float32) when there are such states."""
+    return io_bytes(p, dtype, initial_state, final_state) + io_bytes(p, dtype) - _o_bytes(p, dtype)
+
+
+def _o_bytes(p: Shape, dtype: torch.dtype) -> float:
+    return float(_tokens(p) * p.HV * p.V * torch.tensor([], dtype=dtype).element_size())
+
+
 FLOP_MODELS = {"chunk": chunk_flops, "fused_recurrent": recurrent_flops}  # by kernel family
 
 
@@ -153,9 +176,20 @@ def work(
     initial_state: bool = False,
     final_state: bool = False,
 ) -> Work:
-    """The nominal work of one call of ``kernel`` (``chunk_*`` or ``fused_recurrent_*``) on shape ``p``."""
-    family = "chunk" if kernel.startswith("chunk") else "fused_recurrent"
-    return Work(FLOP_MODELS[family](p), io_bytes(p, dtype, initial_state, final_state))
+    """The nominal work of one call of ``kernel`` on shape ``p``; for a backward kernel (``chunk_*_bwd``) of its
+    measured call, the training step: the forward's work plus the backward's (:func:`chunk_bwd_flops`,
+    :func:`grad_bytes`)."""
+    from dtune.kernels import KERNELS
+
+    spec = KERNELS.get(kernel)
+    # a family without a model of its own (a plugin's, an unregistered name) is counted as its name says: chunk_*,
+    # else token by token
+    named = chunk_flops if kernel.startswith("chunk") else recurrent_flops
+    model = FLOP_MODELS.get(spec.family, named) if spec is not None else named
+    fwd = Work(model(p), io_bytes(p, dtype, initial_state, final_state))
+    if spec is None or not spec.backward:
+        return fwd
+    return fwd + Work(chunk_bwd_flops(p), grad_bytes(p, dtype, initial_state, final_state))
 
 
 def describe(ms: float, w: Work, roofs: Roofs | None) -> str:

@@ -115,6 +115,10 @@ def gate(
     from dtune.ops import run_kernel  # ops imports the store; keep the gate importable on its own
 
     spec = get_kernel(kernel) if isinstance(kernel, str) else kernel
+    if spec.backward:  # a backward family's configs are checked on every gradient of the op's training step
+        from dtune.tune.gate_bwd import gate_backward
+
+        return gate_backward(spec, problem, dtype, device, config, tolerance, seed=seed, determinism=determinism)
     x = gate_inputs(spec, problem, dtype, device, seed)
 
     def launch() -> tuple[torch.Tensor, torch.Tensor | None]:

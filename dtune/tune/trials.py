@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dtune.inputs import dtype_from_name
-from dtune.measure.harness import op_run
+from dtune.measure.harness import op_call, op_run
 from dtune.measure.inputs import Workload
 from dtune.measure.resources import capture_launches, resources_of
 from dtune.measure.timing import MAX_SECONDS, REPEATS, WARMUP, time_call
@@ -130,8 +130,6 @@ def evaluate(job: TrialJob) -> TrialOutcome:
     """Compile, gate and time one config; every failure becomes a typed outcome."""
     from dtune.kernels import get_kernel
 
-    from dtune.ops import run_kernel
-
     spec = get_kernel(job.kernel)
     dtype = dtype_from_name(job.dtype)
     device = torch.device(job.device)
@@ -152,7 +150,7 @@ def evaluate(job: TrialJob) -> TrialOutcome:
                 # the gate's packed variable-length edge case builds other specialisations (VARLEN): build them
                 # here too, or the timing worker compiles them serially (~10 s a trial for the chunk kernels)
                 edge = edge_inputs(spec, problem, dtype, device, job.gate_seed)
-                run_kernel(job.kernel, **edge, output_final_state=True, config=config)
+                op_call(job.kernel, {**edge, "output_final_state": True}, config)()
         except Exception as e:
             return TrialOutcome(reason=classify(e, first_launch=True), message=_message(e))
         return TrialOutcome(compile_s=time.perf_counter() - t0)

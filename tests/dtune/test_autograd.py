@@ -87,7 +87,7 @@ def test_backward_without_final_state() -> None:
 def test_backward_config_is_checked_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     x = inputs(Gate.CHANNEL)
     x["k"] = x["k"].requires_grad_()
-    with pytest.raises(ValueError, match="chunk_kda backward: unknown parameter"):
+    with pytest.raises(ValueError, match="chunk_kda_bwd: unknown parameter"):
         call(CHUNK[Gate.CHANNEL], Gate.CHANNEL, x, bwd_config={"nope": 1})
     with pytest.raises(ValueError, match="BC <= BT"):
         call(CHUNK[Gate.CHANNEL], Gate.CHANNEL, x, bwd_config={"BT": 16, "BC": 32})
