@@ -109,7 +109,7 @@ def stages_for(run: OpRun, config: dict[str, Any] | None) -> tuple[list[Stage], 
     spec = get_kernel(run.kernel)
     full = spec.check_config(run.shape.K, run.shape.V, config)
     whole = run.call(full)
-    if spec.family == "chunk":
+    if spec.family == "chunk" and not spec.backward:
         from dtune.kernels.chunk import plan
 
         x = run.inputs
