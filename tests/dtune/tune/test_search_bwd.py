@@ -27,7 +27,7 @@ from dtune.tune.space import load_space
 
 KERNEL = "chunk_delta_rule_bwd"
 PLUGIN = Path(__file__).parent.parent / "bwd_timing.py"
-SEED = {"SAVE": "all", "BT": 32, "dv_BV": 32, "dqk_BK": 32, "dqk_BV": 32}  # tiles: D = 32
+SEED = {"SAVE": "all", "BT": 64, "dqk_BK": 32, "dqk_BV": 32}  # tiles: D = 32
 
 
 def test_search_exports_a_backward_config_that_the_op_then_runs(

@@ -20,7 +20,7 @@ def test_backward_spaces_load_and_admit_the_default(kernel: str) -> None:
     assert get_kernel(spec.forward_kernel).backward_kernel == kernel
     space = load_space(kernel)
     assert space.kernel == kernel and space.size() > 1
-    assert ("di_BK" in space.params) == (spec.gate == "channel")
+    assert "FUSE_DV" in space.params
     for gpu in ("h100", "h200"):
         limits = get_profile(gpu).constraint_fields()
         for shape in space.shapes.shapes():
@@ -37,7 +37,7 @@ def _doc(config: dict) -> dict:
 
 
 def test_store_accepts_backward_entries_and_checks_their_rules() -> None:
-    configs = parse_configs(_doc({"SAVE": "all", "BT": 32, "di_BK": 32}), "test")
+    configs = parse_configs(_doc({"SAVE": "all", "BT": 32, "FUSE_DV": False}), "test")
     assert configs.entries[0].kernel == "chunk_kda_bwd"
     with pytest.raises(ConfigFileError, match="BC <= BT <= 4"):  # the backward family's cross-parameter rule
         parse_configs(_doc({"BT": 128, "BC": 16}), "test")
