@@ -345,7 +345,7 @@ def backward(
 
     # ---- 1. reverse state pass ----------------------------------------------------------------------------------
     dh = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-    dvn = new_output(tokens, HV, V, dtype=dt, device=dev)
+    dvn: Tensor | None = new_output(tokens, HV, V, dtype=dt, device=dev)
     dh0 = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
     dht = None if dht is None else dht.contiguous()
     dh_BV = _tile(bwd_config["dh_BV"], V)
@@ -385,8 +385,7 @@ def backward(
                 num_warps=bwd_config["dv_num_warps"], num_stages=bwd_config["dv_num_stages"],
             )  # fmt: skip
             inter.ai = None
-            del dvn  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
-            dvn = None
+            dvn = None  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
         elif GATE == 2:  # KDA's pairwise terms read dA by blocks: each key tile's program keeps a copy (scratch)
             daq = new_output(NK, tokens, HV, BT, dtype=dt, device=dev)
             dak = new_output(NK, tokens, HV, BT, dtype=dt, device=dev)
