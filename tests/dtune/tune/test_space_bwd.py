@@ -7,6 +7,7 @@ import pytest
 from dtune.kernels import get_kernel
 
 from dtune.gpu import get_profile
+from dtune.shape import Shape
 from dtune.store import ConfigFileError, parse_configs
 from dtune.tune.space import load_space
 
@@ -26,8 +27,10 @@ def test_backward_spaces_load_and_admit_the_default(kernel: str) -> None:
         for shape in space.shapes.shapes():
             default = spec.default_config(shape.K, shape.V)
             assert space.violations(default, shape, limits) == [], (gpu, shape.key)
-    for seed in space.seeds:  # seeds are legal backward configs (over the default)
-        spec.check_config(128, 128, seed)
+    shape = Shape(8, 4096, 16, 16, 128, 128, 8)
+    for seed in space.seeds:  # seeds are legal backward configs (over the default), and run at D = 128 on an H200
+        config = spec.check_config(128, 128, seed)
+        assert space.violations(config, shape, get_profile("h200").constraint_fields()) == [], seed
 
 
 def _doc(config: dict) -> dict:
