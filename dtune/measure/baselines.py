@@ -60,7 +60,7 @@ def fla_function(kernel: str) -> tuple[Callable[..., Any] | None, str]:
         return None, f"flash-linear-attention not importable ({type(exc).__name__}: {exc})"
 
 
-def _fla_forward(fn: Callable[..., Any], gated: bool, **extra: Any) -> Forward:
+def fla_forward(fn: Callable[..., Any], gated: bool, **extra: Any) -> Forward:
     """fla's op as a forward on inputs ``x`` (by keyword: fla's fused_recurrent_gated_delta_rule takes (q, k, v, g,
     gk, gv, beta, ...)); fla's own keywords (``safe_gate``) pass through, ``lower_bound`` too."""
 
@@ -85,7 +85,7 @@ def _fla(fn: Callable[..., Any], gated: bool, backward: bool = False, **extra: A
     grad, ``torch.autograd.grad`` of the output and final state: :func:`dtune.measure.grad.step_call`). With
     ``lower_bound`` the gates are clamped to it before the call (outside the timed region; the gate's inputs are drawn
     at or above -5, so the clamp changes nothing and its gradient is the identity)."""
-    forward = _fla_forward(fn, gated, **extra)
+    forward = fla_forward(fn, gated, **extra)
 
     def make(x: Inputs) -> Call:
         if "lower_bound" in extra and x["g"] is not None:
