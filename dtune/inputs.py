@@ -107,6 +107,7 @@ def check_inputs(
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
 
     N = B
+    offs: list[int] | None = None
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor):
             raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
@@ -152,7 +153,8 @@ def check_inputs(
         )
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"tensors on {q.device.type!r} are not supported; use a CUDA GPU")
-    return Shape(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None)
+    offsets = None if offs is None else tuple(offs)
+    return Shape(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None, seq_offsets=offsets)
 
 
 # Names this module had before the layers, for code that still imports them from here (tests/kernels/test_chunk.py):

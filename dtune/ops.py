@@ -79,7 +79,9 @@ def run_kernel(
         if grad:
             args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
             return chunk_with_grad(*args, full, bwd)
-    return spec.module.forward(q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens, full)
+    # the offsets check_inputs already read: the chunk tables are built from them (no second host copy)
+    args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
+    return spec.module.forward(*args, full, problem.seq_offsets)
 
 
 class UngatedOp(Protocol):

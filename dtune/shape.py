@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -44,6 +44,9 @@ class Shape:
     N: int = -1  # sequences (B, or len(cu_seqlens) - 1); -1: B
     gate: Gate = Gate.NONE
     varlen: bool = False
+    # cu_seqlens on the host as dtune.inputs.check_inputs read it (None without cu_seqlens, or while a CUDA graph is
+    # captured): the chunk kernels build their tables from it instead of copying cu_seqlens to the host again
+    seq_offsets: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.N == -1:

@@ -16,9 +16,18 @@ import torch
 
 Config = dict[str, Any]
 
-# The templates' gate modes as their GATE constexpr: no decay (DeltaNet), a scalar per value head (Gated DeltaNet),
-# one per key channel (KDA).
-GATE_CODES = {"none": 0, "scalar": 1, "channel": 2}
+# Gate modes of the templates, as the constexpr ``GATE`` the kernels branch on: no decay (DeltaNet), one log decay per
+# value head and token (Gated DeltaNet), one per key channel (KDA).
+GATE_CODES: dict[str, int] = {"none": 0, "scalar": 1, "channel": 2}
+
+# Log gates are clamped at load to this floor (forward and backward kernels, and the float64 backward reference). A gate
+# of −inf (a full forget) is valid input, but −inf − (−inf) inside a chunk's cumulative sums is NaN. At −20 nats a
+# decay factor is exp(−20) ≈ 2e-9: what crosses a clamped step is below float32's rounding of the terms it is added
+# to (relative 6e-8), so the result equals the reference's exact zero to rounding, and every cumulative gate of a
+# chunk stays finite (≥ −20 · BT). The floor is kept this shallow on purpose: the KDA diagonal blocks' middle-row
+# dot needs a block's half span below ~88 nats, and each clamped step adds 20 (a deeper floor would send every block
+# with a −inf gate to the guarded exact path, or overflow the unguarded one). The clamp's gradient is 0 below it.
+GATE_FLOOR = -20.0
 
 # Debug switch: launchers fill their outputs with NaN before launch, so elements a kernel fails to write show
 # up as NaN in the result instead of passing on leftover memory. Tests and the correctness gate turn it on.

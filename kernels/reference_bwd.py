@@ -30,19 +30,17 @@ final state's gradient, or 0):
   Gated DeltaNet sums ``dγ`` over the channels.
 
 Gates below :data:`GATE_FLOOR` (``-inf`` included: a full forget) are clamped to it, as the kernels do; their
-gradient is the clamp's, 0. ``exp(-100)`` is below float32's smallest normal number, so the clamped decay is a
-full forget to float32 precision, while cumulative gates stay small enough that their differences keep precision.
+gradient is the clamp's, 0 (``kernels/config.py`` says why −20 nats is a full forget to float32 precision).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .config import GATE_FLOOR
 from .reference import _expand_heads, _sequences
 
 Tensor = torch.Tensor
-
-GATE_FLOOR = -100.0
 
 
 def chunk_backward_reference(

@@ -20,10 +20,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from dtune.kernels import KERNELS
-from dtune.kernels.chunk import _tile
+from dtune.kernels.chunk.call import tile as _tile
 from dtune.kernels.chunk.intra import chunk_intra_kernel
 from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
+from dtune.kernels.chunk.segments import BKJ_COMBINE, BV_COMBINE, chunk_segment_starts_kernel
 from dtune.kernels.chunk.state import chunk_state_kernel
 from dtune.kernels.config import GATE_CODES
 
@@ -71,7 +72,8 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
 
 
 def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool) -> list[tuple]:
-    """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches."""
+    """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches
+    (with ``SEG_CHUNKS``: the segmented state pass's three launches)."""
     G = GATE_CODES[gate]
     p = f"*{dtype}"
     f32 = "*fp32"
@@ -82,22 +84,25 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     table = {"chunk_info": "*i32"} if varlen else {}
     i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
     safe = cfg.get("SAFE_DIAG", True)
-    diag = {"DIAG": int(G == 2 and safe)} if cfg["INTRA"] == "blocks" else {"SAFE_DIAG": safe}
+    diag = {"DIAG": int(G == 2 and safe)}  # both variants: 1 = dot and flag, then the exact second pass (2)
     intra = (
         "intra",
-        chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
+        chunk_intra_kernel if cfg["INTRA"] == "rows" else chunk_intra_blocks_kernel,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
-        | ({"flags": "*i32"} if G == 2 and cfg.get("SAFE_DIAG", True) and cfg["INTRA"] == "blocks" else {}),
+        | ({"flags": "*i32"} if G == 2 and safe else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
-        | diag,
+        | diag
+        | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] != "rows" else {}),
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
     state_ptrs = {"q": p, "k": p, "w": p, "u": p, "aqk": p, "h0": f32, "ht": f32, "o": p, **chan}
     state_ptrs |= {"gout": f32} if G else {}
     state_ptrs |= {} if fuse else {"hbuf": p, "vnew": p}
-    state_ptrs |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
+    seg = cfg.get("SEG_CHUNKS", 0) > 0
+    state_ptrs |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen or seg else {}
+    state_ptrs |= {"seg_last": "*i32"} if seg else {}
     state = (
         "state",
         chunk_state_kernel,
@@ -113,11 +118,28 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             GATE=G,
             USE_H0=True,
         )
-        | dict(STORE_HT=True, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk"),
+        | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
+        | dict(SEG=2 if seg else 0),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )
     out = [intra, state]
+    if seg:  # phase 1 (the state kernel's transition mode) and phase 2 (the segments' entering states)
+        trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")}
+        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1)
+        out.append(("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts, state[4], state[5]))
+        BK = _tile(triton.next_power_of_2(K), K)
+        starts = dict(HV=4, K=K, V=V, BK=BK, BKJ=min(BKJ_COMBINE, BK), BV=_tile(BV_COMBINE, V), USE_H0=True)
+        out.append(
+            (
+                "segment-starts",
+                chunk_segment_starts_kernel,
+                {"ext": f32, "h0": f32, "starts": f32, "ht": f32, "seq_segments": "*i32"},
+                starts | dict(STORE_HT=True, DOT_PREC=prec),
+                4,
+                1,
+            )
+        )
     if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
         out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
     if not fuse:

@@ -31,7 +31,7 @@ re-runs stages 1 and 2 of the forward. With ``"all"``/``"intra"`` the forward un
 the state layout) from the forward config.
 
 Gates: entries below :data:`GATE_FLOOR` (``-inf`` included, a full forget) are clamped to it: by the backward's
-kernels at load, and for the forward in :func:`forward_gate` (until the forward clamps at load itself); their
+kernels at load, as the forward's kernels do (``kernels/config.py``); their
 gradient is the clamp's, zero.
 
 Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`check_config`): ``BT``, ``BC``
@@ -47,18 +47,18 @@ from typing import Any
 import torch
 import triton
 
-from ..config import Config, new_output, next_power_of_2
+from ..config import GATE_CODES, GATE_FLOOR, Config, new_output, next_power_of_2
 from ..config import check_config as _check
-from ..reference_bwd import GATE_FLOOR
-from . import GATE_CODES, _chunk_table, _tile
-from . import forward as chunk_forward
 from .bwd_dqk import chunk_bwd_dqk_kernel
 from .bwd_dv import chunk_bwd_dv_kernel
 from .bwd_finish import chunk_bwd_finish_kernel
 from .bwd_state import chunk_bwd_state_kernel
+from .call import tile as _tile
 from .intra_blocks import chunk_intra_blocks_kernel
 from .output import chunk_output_kernel
+from .pipeline import forward as chunk_forward
 from .state import chunk_state_kernel
+from .tables import build_tables, host_offsets
 
 Tensor = torch.Tensor
 
@@ -124,13 +124,6 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
     return full
 
 
-def forward_gate(g: Tensor | None) -> Tensor | None:
-    """The gate the forward kernels see under autograd: clamped to :data:`GATE_FLOOR` (``-inf`` becomes finite).
-
-    Temporary: drop once the forward clamps at load."""
-    return None if g is None else g.clamp_min(GATE_FLOOR)
-
-
 @dataclass
 class Intermediates:
     """What the forward computes on the way and the backward needs (``None`` where a stage did not run)."""
@@ -161,8 +154,8 @@ class Tables:
 def chunk_tables(B: int, T: int, BT: int, cu_seqlens: Tensor | None, device: torch.device) -> Tables:
     if cu_seqlens is None:
         return Tables(None, None, B * triton.cdiv(T, BT))
-    info, offsets, NC = _chunk_table(cu_seqlens, BT, device)
-    return Tables(info, offsets, NC)
+    t = build_tables(host_offsets(cu_seqlens), B, T, BT, 0, device)
+    return Tables(t.chunk_info, t.chunk_offsets, t.NC)
 
 
 def forward_intermediates(
@@ -237,7 +230,7 @@ def forward_intermediates(
     h_BV = _tile(config["h_BV"], V)
     chunk_state_kernel[(triton.cdiv(V, h_BV), N * HV)](
         q, k, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout, h0, ht, inter.hbuf, inter.vnew, o,
-        cu_seqlens, tables.chunk_offsets, scale, T,
+        cu_seqlens, tables.chunk_offsets, None, None, scale, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=_tile(next_power_of_2(K), K), BV=h_BV, GATE=GATE, USE_H0=h0 is not None,
         STORE_HT=final_state, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=dot_prec,
         TRANS=config["STATE_LAYOUT"] == "vk", num_warps=config["h_num_warps"], num_stages=config["h_num_stages"],
@@ -277,8 +270,7 @@ def forward_for_training(
 ) -> tuple[Tensor, Tensor | None, Intermediates]:
     """The forward under autograd: ``(o, final state or None, what to save for the backward)`` by ``SAVE``."""
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    gf = forward_gate(g)
-    gf = None if gf is None else gf.contiguous()
+    gf = None if g is None else g.contiguous()  # the forward's kernels clamp it at load (GATE_FLOOR)
     save = bwd_config["SAVE"]
     if save == "none":
         o, ht = chunk_forward(q, k, v, gf, beta, gate, scale, initial_state, output_final_state, cu_seqlens, fwd_config)
@@ -336,7 +328,7 @@ def backward(
     if save == "all":
         inter = saved
     else:  # "intra": the state pass again; "none": stage 1 too (the only reader of the gate)
-        gf = forward_gate(g) if save == "none" else None
+        gf = g if save == "none" else None
         inter, _, _ = forward_intermediates(
             q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg,
             inter=saved if save == "intra" else None,

@@ -1,9 +1,14 @@
-"""Helpers shared by the chunk-parallel kernels (intra variants, output)."""
+"""Triton helpers shared by the chunk stage kernels: chunk bounds, the gate's load, the KDA diagonal blocks."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ..config import GATE_FLOOR as _GATE_FLOOR
+
+# Log gates are clamped at load to ``kernels.config.GATE_FLOOR`` (−inf is a full forget; the reasons are there).
+GATE_FLOOR: tl.constexpr = tl.constexpr(_GATE_FLOOR)
 
 
 @triton.jit
@@ -18,3 +23,40 @@ def chunk_bounds(chunk_info, i_c, T, BT: tl.constexpr, VARLEN: tl.constexpr):
         bos = i_b.to(tl.int64) * T + (i_c % NT) * BT
         eos = i_b.to(tl.int64) * T + T
     return bos, eos
+
+
+@triton.jit
+def load_gate(ptr, mask):
+    """Log gates as float32, clamped below at ``GATE_FLOOR`` (−inf → −20; masked elements read 0)."""
+    return tl.maximum(tl.load(ptr, mask=mask, other=0).to(tl.float32), GATE_FLOOR)
+
+
+@triton.jit
+def diag_exact(b_k, b_q, b_gam, BC: tl.constexpr):
+    """KDA diagonal block, element-wise: column c is Σ_d k_i[d] k_c[d] exp(min(γ_i[d] − γ_c[d], 0)) for A_kk and the
+    same with q_i for A_qk (rows i < c are masked by the caller). Exact for any gate; BC exp's per key channel per
+    row."""
+    o_c = tl.arange(0, BC)
+    b_D = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Dq = tl.zeros([BC, BC], dtype=tl.float32)
+    for c in range(BC):
+        sel = (o_c == c)[:, None]
+        b_kj = tl.sum(tl.where(sel, b_k, 0.0), 0)
+        b_gj = tl.sum(tl.where(sel, b_gam, 0.0), 0)
+        b_e = tl.exp(tl.minimum(b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
+        b_D += tl.where((o_c == c)[None, :], tl.sum(b_k * b_e, 1)[:, None], 0.0)
+        b_Dq += tl.where((o_c == c)[None, :], tl.sum(b_q * b_e, 1)[:, None], 0.0)
+    return b_D, b_Dq
+
+
+@triton.jit
+def diag_ref(b_k, b_q, b_gam, BC: tl.constexpr, DOT_PREC: tl.constexpr):
+    """KDA diagonal block as one dot around the middle row m: (k_i e^{γ_i − γ_m}) · (k_j e^{γ_m − γ_j}), float32
+    operands. Finite (and exact to rounding) while |γ_i − γ_m| < ~88 for every row; overflows to inf/NaN beyond."""
+    o_c = tl.arange(0, BC)
+    b_gm = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+    b_kR = b_k * tl.exp(b_gm[None, :] - b_gam)
+    b_eL = tl.exp(b_gam - b_gm[None, :])
+    b_D = tl.dot(b_k * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
+    b_Dq = tl.dot(b_q * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
+    return b_D, b_Dq

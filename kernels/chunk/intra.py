@@ -7,9 +7,13 @@ The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunk
    Per-channel gates (KDA) use the reference row ``r`` = first row of ``I`` for the off-diagonal part:
    ``k_i·exp(γ_i − γ_r)`` and ``k_j·exp(γ_r − γ_j)`` are both ≤ 1, so it is one tensor-core dot with no overflow
    at any distance. The diagonal block is one dot around the block's middle row ``m`` (exact to rounding while
-   every ``|γ_i − γ_m|`` stays below 80 nats); with ``SAFE_DIAG`` a block whose half span exceeds 80 (any key
-   tile) takes an element-wise loop over its ``BC`` columns instead (exponent clamped at 0: exact for any gate). Without
-   ``SAFE_DIAG`` such a block overflows to inf/NaN (see the package docstring).
+   every ``|γ_i − γ_m|`` stays below 80 nats). With ``SAFE_DIAG`` the kernel runs twice, as in :mod:`.intra_blocks`:
+   the first pass (``DIAG = 1``) flags every chunk where a diagonal block's half span exceeds 80 (any block, any key
+   tile); the second (``DIAG = 2``) redoes only those chunks with the element-wise loop over each block's ``BC``
+   columns (exponent clamped at 0: exact for any gate), the others return at once. The exact loop was once a
+   data-dependent branch inside the key loop: the configuration BT = BC = 64, 4 warps took it in rare chunks and hit
+   an illegal shared-memory access on the H200 (Triton 3.6; ``scripts/gpu_crash.py``). Without ``SAFE_DIAG``
+   (``DIAG = 0``) a too-steep block overflows to inf/NaN (see the package docstring).
 2. ``T_II = (I + A[I, I])⁻¹`` by forward substitution over the ``BC`` rows (registers, CUDA cores).
 3. Block forward substitution directly on W and U:
    ``W_I = T_II (β_I K_I exp(γ_I) − A[I, :I] W[:I])`` and ``U_I = T_II (β_I V_I − A[I, :I] U[:I])``, where
@@ -21,40 +25,14 @@ The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunk
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
-from .common import chunk_bounds
-
-
-@triton.jit
-def _diag_exact(b_k, b_q, b_gam, BC: tl.constexpr):
-    """Diagonal block, element-wise: column c is Σ_d k_i[d] k_c[d] exp(min(γ_i[d] − γ_c[d], 0)) (rows i < c masked
-    later). Exact for any gate; BC exp's per key channel per row."""
-    o_c = tl.arange(0, BC)
-    b_D = tl.zeros([BC, BC], dtype=tl.float32)
-    b_Dq = tl.zeros([BC, BC], dtype=tl.float32)
-    for c in range(BC):
-        sel = (o_c == c)[:, None]
-        b_kj = tl.sum(tl.where(sel, b_k, 0.0), 0)
-        b_gj = tl.sum(tl.where(sel, b_gam, 0.0), 0)
-        b_e = tl.exp(tl.minimum(b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
-        b_D += tl.where((o_c == c)[None, :], tl.sum(b_k * b_e, 1)[:, None], 0.0)
-        b_Dq += tl.where((o_c == c)[None, :], tl.sum(b_q * b_e, 1)[:, None], 0.0)
-    return b_D, b_Dq
-
-
-@triton.jit
-def _diag_ref(b_k, b_q, b_gam, BC: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Diagonal block as one dot around the middle row m: (k_i e^{γ_i − γ_m}) · (k_j e^{γ_m − γ_j}), float32 operands.
-    Finite (and exact to rounding) while |γ_i − γ_m| < ~88 for every row; overflows to inf/NaN beyond."""
-    o_c = tl.arange(0, BC)
-    b_gm = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
-    b_kR = b_k * tl.exp(b_gm[None, :] - b_gam)
-    b_eL = tl.exp(b_gam - b_gm[None, :])
-    b_D = tl.dot(b_k * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
-    b_Dq = tl.dot(b_q * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
-    return b_D, b_Dq
+from .buffers import Intermediates
+from .call import ChunkCall, intra_launch_options
+from .common import chunk_bounds, diag_exact, diag_ref, load_gate
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -71,6 +49,7 @@ def chunk_intra_kernel(
     kg,
     gout,
     chunk_info,
+    flags,
     scale,
     T,
     H: tl.constexpr,
@@ -82,7 +61,7 @@ def chunk_intra_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     GATE: tl.constexpr,
-    SAFE_DIAG: tl.constexpr,
+    DIAG: tl.constexpr,
     NB: tl.constexpr,
     NK: tl.constexpr,
     NV: tl.constexpr,
@@ -90,9 +69,16 @@ def chunk_intra_kernel(
     DOT_PREC: tl.constexpr,
 ):
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
+        if tl.load(flags + i_c * HV + i_hv) == 0:
+            return
     i_h = i_hv // (HV // H)
     bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
     L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
+    b_flag = tl.full(
+        [], 0.0, tl.float32
+    )  # DIAG == 1: the largest half span of a diagonal block (any row block, any key tile)
 
     DT = w.dtype.element_ty  # storage / dot-operand dtype of the intermediates
 
@@ -112,7 +98,7 @@ def chunk_intra_kernel(
 
     # Scalar gate: the whole chunk's cumulative gate, once (it is one number per row).
     if GATE == 1:
-        b_g_all = tl.load(g_b + o_t * HV, mask=m_t, other=0).to(tl.float32)
+        b_g_all = load_gate(g_b + o_t * HV, m_t)
         b_gam_all = tl.cumsum(b_g_all, 0)
         tl.store(gout + (bos * HV + i_hv) + o_t * HV, b_gam_all, mask=m_t)
 
@@ -139,12 +125,11 @@ def chunk_intra_kernel(
                     b_q = tl.load(p_qr, mask=m_rk, other=0).to(tl.float32)
                     b_kt = tl.load(p_kt, mask=m_tk, other=0).to(tl.float32)
                     p_gt = g_b + (o_t[:, None] * (HV * K) + o_k[None, :])
-                    b_gt = tl.load(p_gt, mask=m_t[:, None] & m_k[None, :], other=0).to(tl.float32)
+                    b_gt = load_gate(p_gt, m_t[:, None] & m_k[None, :])
                     b_gamt = tl.cumsum(b_gt, 0)  # γ of the whole chunk, this key tile
                     # γ_r: cumulative gate at the block's first row
                     b_gr = tl.sum(tl.where((o_t == r0)[:, None], b_gamt, 0.0), 0)
-                    b_gam = tl.load(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
-                    b_gam = tl.cumsum(b_gam, 0)
+                    b_gam = tl.cumsum(load_gate(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk), 0)
                     b_gam = b_gam - tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)[None, :] + b_gr[None, :]
                     # off-diagonal: rows scaled by exp(γ_i - γ_r) <= 1, columns (j < r) by exp(γ_r - γ_j) <= 1
                     b_er = tl.exp(b_gam - b_gr[None, :])
@@ -152,23 +137,20 @@ def chunk_intra_kernel(
                     b_kc = (b_kt * b_ec).to(DT)
                     b_A += tl.dot((b_k * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
                     b_Aq += tl.dot((b_q * b_er).to(DT), tl.trans(b_kc), input_precision=DOT_PREC)
-                    if SAFE_DIAG:
-                        # the block's half span around its middle row m (γ non-increasing): the middle-row dot's
-                        # factors exp(±(γ_i − γ_m)) stay finite while it is < 80
-                        b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
-                        b_half = tl.max(
-                            tl.maximum(
-                                tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0) - b_mid,
-                                b_mid - tl.sum(tl.where((o_c == BC - 1)[:, None], b_gam, 0.0), 0),
-                            ),
-                            0,
-                        )
-                        if b_half > 80.0:
-                            b_dD, b_dDq = _diag_exact(b_k, b_q, b_gam, BC)
-                        else:
-                            b_dD, b_dDq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                    if DIAG == 2:
+                        b_dD, b_dDq = diag_exact(b_k, b_q, b_gam, BC)
                     else:
-                        b_dD, b_dDq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                        b_dD, b_dDq = diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+                    if DIAG == 1:
+                        # the block's half span around its middle row m (γ non-increasing): the middle-row dot's
+                        # factors exp(±(γ_i − γ_m)) stay finite while it is < 80; above, the second pass redoes the
+                        # chunk (no data-dependent branch around the dots here: see scripts/gpu_crash.py)
+                        b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
+                        b_half = tl.maximum(
+                            tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0) - b_mid,
+                            b_mid - tl.sum(tl.where((o_c == BC - 1)[:, None], b_gam, 0.0), 0),
+                        )
+                        b_flag = tl.maximum(b_flag, tl.max(b_half, 0))
                     b_D += b_dD
                     b_Dq += b_dDq
                 else:
@@ -185,7 +167,7 @@ def chunk_intra_kernel(
             m_cau = (o_c[None, :] <= o_c[:, None]) & m_r[:, None]
             if GATE == 1:
                 b_gr1 = tl.sum(tl.where(o_t == r0 - 1, b_gam_all, 0.0), 0)  # γ before the block (0 for I = 0)
-                b_gam1 = tl.load(g_b + rows * HV, mask=m_r, other=0).to(tl.float32)
+                b_gam1 = load_gate(g_b + rows * HV, m_r)
                 b_gam1 = tl.cumsum(b_gam1, 0) + b_gr1
                 b_A *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
                 b_Aq *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
@@ -225,14 +207,10 @@ def chunk_intra_kernel(
                 if GATE == 1:
                     b_x = b_k * (b_beta * tl.exp(b_gam1))[:, None]
                 elif GATE == 2:
-                    b_gt = tl.load(
-                        g_b + (o_t[:, None] * (HV * K) + o_k[None, :]),
-                        mask=m_t[:, None] & m_k[None, :],
-                        other=0,
-                    ).to(tl.float32)
+                    b_gt = load_gate(g_b + (o_t[:, None] * (HV * K) + o_k[None, :]), m_t[:, None] & m_k[None, :])
                     b_gC = tl.sum(b_gt, 0)  # γ_C (rows past the end hold 0)
                     b_base = tl.sum(tl.where((o_t < r0)[:, None], b_gt, 0.0), 0)
-                    b_gam = tl.load(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
+                    b_gam = load_gate(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk)
                     b_gam = tl.cumsum(b_gam, 0) + b_base[None, :]
                     b_x = b_k * tl.exp(b_gam) * b_beta[:, None]
                     b_q = tl.load(q_b + (rows[:, None] * (H * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
@@ -284,3 +262,23 @@ def chunk_intra_kernel(
             if I + 1 < NB:
                 # the next blocks read W[:I+1], U[:I+1] back: make this block's stores visible to the whole CTA
                 tl.debug_barrier()
+    if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
+        tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
+
+
+def launch_intra_rows(call: ChunkCall, inter: Intermediates) -> Any:
+    """Stage 1, ``INTRA = "rows"``: one program per chunk and value head; with KDA's guarded diagonal, a second
+    launch redoes the flagged chunks exactly."""
+    if call.NC == 0:
+        return None
+    args = (
+        call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
+        call.tables.chunk_info, inter.flags, call.scale, call.T,
+    )  # fmt: skip
+    grid = (call.NC, call.HV)
+    kw = intra_launch_options(call)
+    two_pass = inter.flags is not None
+    first = chunk_intra_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
+    if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
+        chunk_intra_kernel[grid](*args, DIAG=2, **kw)
+    return first

@@ -18,17 +18,24 @@ of register tiles, so nothing is read back from memory and no barrier is needed:
    ``Ai[i, j] = −T_ii Σ_{j ≤ m < i} A[i, m] Ai[m, j]`` (float32 dots).
 3. ``W_i = Σ_{j ≤ i} Ai[i, j] (β K exp(γ))_j`` and ``U_i = Σ_{j ≤ i} Ai[i, j] (β V)_j`` per key / value tile.
 
+4. ``INTRA = "blocks_split"`` (constexpr ``SPLIT_QK``): step 1 accumulates ``A_kk`` only, and ``A_qk`` is computed
+   after step 3 by a second walk over the row blocks (same reference points), so that the q tiles and the ``A_qk``
+   accumulators are not live in the hottest loop.
+
 Register cost grows with ``NB · BC · BK`` (tiles of all blocks are live together): ``BT = 64`` as 4 × 16 or
 ``BT = 128`` as 4 × 32, not 8 blocks (use ``INTRA = "rows"`` there).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
-from .common import chunk_bounds
-from .intra import _diag_exact, _diag_ref
+from .buffers import Intermediates
+from .call import ChunkCall, intra_launch_options
+from .common import chunk_bounds, diag_exact, diag_ref, load_gate
 
 
 @triton.jit
@@ -63,9 +70,9 @@ def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT
     2: the exact element-wise loop (any gate)."""
     b_half = 0.0
     if DIAG == 2:
-        b_D, b_Dq = _diag_exact(b_k, b_q, b_gam, BC)
+        b_D, b_Dq = diag_exact(b_k, b_q, b_gam, BC)
     else:
-        b_D, b_Dq = _diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
+        b_D, b_Dq = diag_ref(b_k, b_q, b_gam, BC, DOT_PREC)
         if DIAG == 1:
             o_c = tl.arange(0, BC)
             b_first = tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)
@@ -75,36 +82,54 @@ def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT
 
 
 @triton.jit
-def _finish_diag(b_D, b_Dq, b_c, b_beta, a_col, rows, m_r, scale, SA, BC: tl.constexpr, GATE: tl.constexpr):
+def _finish_diag(
+    b_D, b_Dq, b_c, b_beta, a_col, rows, m_r, scale, SA, BC: tl.constexpr, GATE: tl.constexpr, STORE_QK: tl.constexpr
+):
     """A diagonal block after the key loop: the scalar gate's decay (``GATE == 1``, cumulative gate ``b_c``), store
-    the causal ``scale · A_qk`` block at ``a_col``, return the strictly lower ``β · A_kk`` block."""
+    the causal ``scale · A_qk`` block at ``a_col`` (if ``STORE_QK``), return the strictly lower ``β · A_kk`` block."""
     o_c = tl.arange(0, BC)
     m_cau = o_c[None, :] <= o_c[:, None]
     if GATE == 1:
         b_ed = tl.exp(tl.where(m_cau, b_c[:, None] - b_c[None, :], float("-inf")))
         b_D *= b_ed
         b_Dq *= b_ed
-    _store_rows(a_col, rows, SA, o_c, m_r, o_c < BC, tl.where(m_cau, b_Dq, 0.0) * scale)
+    if STORE_QK:
+        _store_rows(a_col, rows, SA, o_c, m_r, o_c < BC, tl.where(m_cau, b_Dq, 0.0) * scale)
     return tl.where(o_c[None, :] < o_c[:, None], b_D, 0.0) * b_beta[:, None]
 
 
 @triton.jit
-def _finish_off(b_A, b_Aq, b_ci, b_cj, b_beta, a_col, rows, m_r, scale, SA, BC: tl.constexpr, GATE: tl.constexpr):
+def _finish_off(
+    b_A,
+    b_Aq,
+    b_ci,
+    b_cj,
+    b_beta,
+    a_col,
+    rows,
+    m_r,
+    scale,
+    SA,
+    BC: tl.constexpr,
+    GATE: tl.constexpr,
+    STORE_QK: tl.constexpr,
+):
     """An off-diagonal block (row block i, column block j < i) after the key loop: the scalar gate's decay
-    ``exp(c_i − c_j) <= 1``, store ``scale · A_qk`` at ``a_col``, return ``β · A_kk``."""
+    ``exp(c_i − c_j) <= 1``, store ``scale · A_qk`` at ``a_col`` (if ``STORE_QK``), return ``β · A_kk``."""
     o_c = tl.arange(0, BC)
     if GATE == 1:
         b_ed = tl.exp(b_ci[:, None] - b_cj[None, :])
         b_A *= b_ed
         b_Aq *= b_ed
-    _store_rows(a_col, rows, SA, o_c, m_r, o_c < BC, b_Aq * scale)
+    if STORE_QK:
+        _store_rows(a_col, rows, SA, o_c, m_r, o_c < BC, b_Aq * scale)
     return b_A * b_beta[:, None]
 
 
 @triton.jit
 def _gam(g_b, rows, SG, o_k, m_r, m_k, b_base):
     """Cumulative per-channel gate of one row block on top of ``b_base`` (γ before the block), and γ at its end."""
-    b_g = _rows(g_b, rows, SG, o_k, m_r, m_k)
+    b_g = load_gate(g_b + (rows[:, None] * SG + o_k[None, :]), m_r[:, None] & m_k[None, :])
     return tl.cumsum(b_g, 0) + b_base[None, :], b_base + tl.sum(b_g, 0)
 
 
@@ -116,6 +141,29 @@ def _kda_gated_rows(b_k, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_be
     _store_rows(qg_b, rows, SG, o_k, m_r, m_k, b_q * b_e * scale)
     _store_rows(kg_b, rows, SG, o_k, m_r, m_k, b_k * tl.exp(b_gC[None, :] - b_gam))
     return b_k * b_e * b_beta[:, None]
+
+
+@triton.jit
+def _gate_rows(g_b, rows, SG, o_k, m_r, m_k):
+    """A [BC, BK] tile of per-channel log gates (clamped, see ``common.load_gate``)."""
+    return load_gate(g_b + (rows[:, None] * SG + o_k[None, :]), m_r[:, None] & m_k[None, :])
+
+
+@triton.jit
+def _w_operand(
+    k_b, q_b, g_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_beta, b_c, b_base, b_gC, scale, SK, SG, GATE: tl.constexpr
+):
+    """W's right operand for one row block and key tile, ``β k e^γ`` (float32): the scalar gate's ``γ`` is ``b_c``;
+    KDA builds ``γ`` on top of ``b_base`` (γ before the block) and stores q~ and k~ on the way (``b_gC`` = γ_C)."""
+    b_x = _rows(k_b, rows, SK, o_k, m_r, m_k)
+    if GATE == 2:
+        b_gam = tl.cumsum(_gate_rows(g_b, rows, SG, o_k, m_r, m_k), 0) + b_base[None, :]
+        b_x = _kda_gated_rows(b_x, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_beta, scale, SK, SG)
+    else:
+        b_x *= b_beta[:, None]
+        if GATE == 1:
+            b_x *= tl.exp(b_c)[:, None]
+    return b_x
 
 
 @triton.jit
@@ -248,6 +296,7 @@ def chunk_intra_blocks_kernel(
     NV: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    SPLIT_QK: tl.constexpr = False,
     ai=None,
     STORE_AI: tl.constexpr = False,
 ):
@@ -275,8 +324,12 @@ def chunk_intra_blocks_kernel(
         kg_b = kg + (bos * HV + i_hv) * K
     elif GATE == 1:
         g_b = g + (bos * HV + i_hv)
+        qg_b = q_b  # unused without KDA's per-channel gate
+        kg_b = q_b
     else:
         g_b = g
+        qg_b = q_b
+        kg_b = q_b
     be_b = beta + (bos * HV + i_hv)
     SK = H * K  # row stride of q, k
     SG = HV * K  # row stride of per-channel gates and of W, q~, k~
@@ -303,18 +356,18 @@ def chunk_intra_blocks_kernel(
     b_c3 = b_c1
     b_c4 = b_c1
     if GATE == 1:
-        b_gl = tl.load(g_b + r1 * HV, mask=m1, other=0).to(tl.float32)
+        b_gl = load_gate(g_b + r1 * HV, m1)
         b_c1 = tl.cumsum(b_gl, 0)
         tl.store(gout + (bos * HV + i_hv) + r1 * HV, b_c1, mask=m1)
         if NB >= 2:
-            b_gl = tl.load(g_b + r2 * HV, mask=m2, other=0).to(tl.float32)
+            b_gl = load_gate(g_b + r2 * HV, m2)
             b_c2 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c1, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r2 * HV, b_c2, mask=m2)
         if NB >= 4:
-            b_gl = tl.load(g_b + r3 * HV, mask=m3, other=0).to(tl.float32)
+            b_gl = load_gate(g_b + r3 * HV, m3)
             b_c3 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c2, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r3 * HV, b_c3, mask=m3)
-            b_gl = tl.load(g_b + r4 * HV, mask=m4, other=0).to(tl.float32)
+            b_gl = load_gate(g_b + r4 * HV, m4)
             b_c4 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c3, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r4 * HV, b_c4, mask=m4)
 
@@ -323,7 +376,7 @@ def chunk_intra_blocks_kernel(
         k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, DIAG, DOT_PREC
     )
     SA = HV * BT  # row stride of A_qk
-    b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE)
+    b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, not SPLIT_QK)
     if NB >= 2:
         b_zero = tl.zeros([BC, BC], dtype=tl.float32)
         for i_z in range(1, NB):
@@ -332,8 +385,8 @@ def chunk_intra_blocks_kernel(
             k_b, q_b, g_b, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE)
-        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE)
+        b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, not SPLIT_QK)
+        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE, not SPLIT_QK)
     if NB >= 4:
         for i_z in range(2, 4):
             _store_rows(a_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zero)
@@ -342,17 +395,17 @@ def chunk_intra_blocks_kernel(
             k_b, q_b, g_b, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE)
-        b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE)
-        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE)
+        b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, not SPLIT_QK)
+        b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, not SPLIT_QK)
+        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, not SPLIT_QK)
         b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, b_h = _row_blocks(
             k_b, q_b, g_b, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE)
-        b_A42 = _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE)
-        b_A43 = _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE)
-        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE)
+        b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
+        b_A42 = _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
+        b_A43 = _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
+        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
 
     if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
         tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
@@ -421,42 +474,35 @@ def chunk_intra_blocks_kernel(
     for i_k in range(NK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_x1 = _rows(k_b, r1, SK, o_k, m1, m_k)
-        if NB >= 2:
-            b_x2 = _rows(k_b, r2, SK, o_k, m2, m_k)
-        if NB >= 4:
-            b_x3 = _rows(k_b, r3, SK, o_k, m3, m_k)
-            b_x4 = _rows(k_b, r4, SK, o_k, m4, m_k)
-        if GATE != 2:
-            b_x1 *= b_be1[:, None]
+        b_gC = tl.zeros([BK], dtype=tl.float32)  # KDA: γ_C, and γ before each block (vectors)
+        b_s1 = b_gC
+        b_s2 = b_gC
+        b_s3 = b_gC
+        if GATE == 2:
+            # the gates' sums first, so that each block's γ tile is built, used and dropped on its own below (the
+            # γ tiles of four blocks live together made BT = 64 spill at the 255-register cap)
+            b_gC += tl.sum(_gate_rows(g_b, r1, SG, o_k, m1, m_k), 0)
             if NB >= 2:
-                b_x2 *= b_be2[:, None]
+                b_s1 = b_gC
+                b_gC += tl.sum(_gate_rows(g_b, r2, SG, o_k, m2, m_k), 0)
             if NB >= 4:
-                b_x3 *= b_be3[:, None]
-                b_x4 *= b_be4[:, None]
-        if GATE == 1:
-            b_x1 *= tl.exp(b_c1)[:, None]
-            if NB >= 2:
-                b_x2 *= tl.exp(b_c2)[:, None]
-            if NB >= 4:
-                b_x3 *= tl.exp(b_c3)[:, None]
-                b_x4 *= tl.exp(b_c4)[:, None]
-        elif GATE == 2:
-            # γ per block, then W's operand β k e^γ, q~ = scale q e^γ, k~ = k e^(γ_C − γ) and e^(γ_C)
-            b_gam1, b_gC = _gam(g_b, r1, SG, o_k, m1, m_k, tl.zeros([BK], dtype=tl.float32))
-            if NB >= 2:
-                b_gam2, b_gC = _gam(g_b, r2, SG, o_k, m2, m_k, b_gC)
-            if NB >= 4:
-                b_gam3, b_gC = _gam(g_b, r3, SG, o_k, m3, m_k, b_gC)
-                b_gam4, b_gC = _gam(g_b, r4, SG, o_k, m4, m_k, b_gC)
+                b_s2 = b_gC
+                b_gC += tl.sum(_gate_rows(g_b, r3, SG, o_k, m3, m_k), 0)
+                b_s3 = b_gC
+                b_gC += tl.sum(_gate_rows(g_b, r4, SG, o_k, m4, m_k), 0)
             tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
-            b_x1 = _kda_gated_rows(b_x1, q_b, qg_b, kg_b, r1, m1, o_k, m_k, b_gam1, b_gC, b_be1, scale, SK, SG)
-            if NB >= 2:
-                b_x2 = _kda_gated_rows(b_x2, q_b, qg_b, kg_b, r2, m2, o_k, m_k, b_gam2, b_gC, b_be2, scale, SK, SG)
-            if NB >= 4:
-                b_x3 = _kda_gated_rows(b_x3, q_b, qg_b, kg_b, r3, m3, o_k, m_k, b_gam3, b_gC, b_be3, scale, SK, SG)
-                b_x4 = _kda_gated_rows(b_x4, q_b, qg_b, kg_b, r4, m4, o_k, m_k, b_gam4, b_gC, b_be4, scale, SK, SG)
+        b_x1 = _w_operand(
+            k_b, q_b, g_b, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_c1, b_gC - b_gC, b_gC, scale, SK, SG, GATE
+        )
         b_x1 = b_x1.to(DT)
+        if NB >= 2:
+            b_x2 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_c2, b_s1, b_gC, scale, SK, SG, GATE)
+            b_x2 = b_x2.to(DT)
+        if NB >= 4:
+            b_x3 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_c3, b_s2, b_gC, scale, SK, SG, GATE)
+            b_x3 = b_x3.to(DT)
+            b_x4 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_c4, b_s3, b_gC, scale, SK, SG, GATE)
+            b_x4 = b_x4.to(DT)
         _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
         if NB >= 2:
             b_x2 = b_x2.to(DT)
@@ -464,8 +510,6 @@ def chunk_intra_blocks_kernel(
             b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
             _store_rows(w_b, r2, SG, o_k, m2, m_k, b_o)
         if NB >= 4:
-            b_x3 = b_x3.to(DT)
-            b_x4 = b_x4.to(DT)
             b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
             b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
             b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
@@ -498,3 +542,112 @@ def chunk_intra_blocks_kernel(
             b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
             b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
             _store_rows(u_b, r4, HV * V, o_v, m4, m_v, b_o)
+
+    if SPLIT_QK:
+        # ---- 4. A_qk in a pass of its own (INTRA = "blocks_split"): the first pass then holds only A_kk's
+        # accumulators and no q tiles (at BT = 64 the two together spill at the 255-register cap). The diagonal: the
+        # exact loop in the guard's second launch (DIAG = 2), else the middle-row dot ------------------------------
+        b_D1, b_Dq1, _a, _b, _c, _d, _e, _f, _h = _row_blocks(
+            k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, (DIAG // 2) * 2, DOT_PREC
+        )
+        _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, True)
+        if NB >= 2:
+            b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f, _h = _row_blocks(
+                k_b,
+                q_b,
+                g_b,
+                r2,
+                m2,
+                r1,
+                m1,
+                r1,
+                m1,
+                r1,
+                m1,
+                w,
+                SK,
+                SG,
+                K,
+                BK,
+                BC,
+                NK,
+                1,
+                GATE,
+                (DIAG // 2) * 2,
+                DOT_PREC,
+            )
+            _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, True)
+            _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE, True)
+        if NB >= 4:
+            b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, _h = _row_blocks(
+                k_b,
+                q_b,
+                g_b,
+                r3,
+                m3,
+                r1,
+                m1,
+                r2,
+                m2,
+                r1,
+                m1,
+                w,
+                SK,
+                SG,
+                K,
+                BK,
+                BC,
+                NK,
+                2,
+                GATE,
+                (DIAG // 2) * 2,
+                DOT_PREC,
+            )
+            _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, True)
+            _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, True)
+            _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, True)
+            b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, _h = _row_blocks(
+                k_b,
+                q_b,
+                g_b,
+                r4,
+                m4,
+                r1,
+                m1,
+                r2,
+                m2,
+                r3,
+                m3,
+                w,
+                SK,
+                SG,
+                K,
+                BK,
+                BC,
+                NK,
+                3,
+                GATE,
+                (DIAG // 2) * 2,
+                DOT_PREC,
+            )
+            _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, True)
+            _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE, True)
+            _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, True)
+            _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, True)
+
+
+def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
+    """Stage 1, ``INTRA = "blocks"``; with KDA's guarded diagonal, a second launch redoes the flagged chunks."""
+    if call.NC == 0:
+        return None
+    args = (
+        call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
+        call.tables.chunk_info, inter.flags, call.scale, call.T,
+    )  # fmt: skip
+    grid = (call.NC, call.HV)
+    kw = intra_launch_options(call) | {"SPLIT_QK": call.config["INTRA"] == "blocks_split"}
+    two_pass = inter.flags is not None
+    first = chunk_intra_blocks_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
+    if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
+        chunk_intra_blocks_kernel[grid](*args, DIAG=2, **kw)
+    return first

@@ -6,9 +6,13 @@ chunk-start state ``S_c`` and ``V_new`` stored by the state pass, the key dimens
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
+from .buffers import Intermediates, Outputs
+from .call import ChunkCall, tile
 from .common import chunk_bounds
 
 
@@ -75,3 +79,16 @@ def chunk_output_kernel(
     b_vn = tl.load(vnew + (bos * HV + i_hv) * V + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0)
     b_o += tl.dot(b_A, b_vn, input_precision=DOT_PREC)
     tl.store(o + (bos * HV + i_hv) * V + o_t[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+
+
+def launch_output(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
+    """Stage 3 (unfused only): one program per chunk, V tile and value head."""
+    if call.NC == 0:
+        return None
+    cfg = call.config
+    BK, BV = tile(cfg["o_BK"], call.K), tile(cfg["o_BV"], call.V)
+    return chunk_output_kernel[(call.NC, triton.cdiv(call.V, BV), call.HV)](
+        call.q, inter.aqk, inter.qg, inter.gout, inter.h, inter.v_new, out.o, call.tables.chunk_info, call.scale,
+        call.T, H=call.H, HV=call.HV, K=call.K, V=call.V, BT=call.BT, BK=BK, BV=BV, NK=triton.cdiv(call.K, BK),
+        GATE=call.gate, VARLEN=call.varlen, DOT_PREC=call.dot_prec, **call.warps("o"),
+    )  # fmt: skip

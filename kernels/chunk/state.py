@@ -13,12 +13,29 @@ Two layouts of the state tile (``STATE_LAYOUT``, the constexpr ``TRANS``):
   Hopper, with ``BV`` = 64 rows per warpgroup, both dots of the sequential chain are wgmma with that operand in
   registers, so the chain from one chunk's state to the next need not pass through shared memory (in ``"kv"``
   the state and ``V_new`` are right operands, a shared-memory round trip each). Same loads, same arithmetic.
+
+Sequence-parallel mode (``SEG_CHUNKS > 0``, constexpr ``SEG``; DESIGN.md §1): per chunk the update is affine,
+``S_{c+1} = M_c S_c + N_c`` with ``M_c = diag(exp(γ_C)) − k̃ᵀ W`` (K × K) and ``N_c = k̃ᵀ U``, so a segment of chunks
+maps its entering state as ``S_end = M_seg S_start + N_seg``.
+
+* ``SEG = 1`` (phase 1, transitions): programs run over segments (``bounds`` / ``chunk_offsets`` are the segment
+  table's) and over ``⌈V/BV⌉ + ⌈K/BV⌉`` column tiles of the extended state ``[K, V + K]``: the first tiles are the
+  ordinary pass from zero (giving ``N_seg``), the others start from the identity with ``U = 0`` (only the
+  ``− W X`` and decay terms act, giving ``M_seg``). No output; the result goes to ``ext`` (float32
+  ``[NS, HV, K, V + K]``). The last segment of each sequence is skipped (its transition is never needed).
+* ``SEG = 2`` (phase 3): the ordinary pass per segment from its true entering state (``h0`` is the per-segment
+  ``starts`` of phase 2); the final state is stored by the last segment of each sequence (``seg_last``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
+
+from .buffers import Intermediates, Outputs, SegmentScratch
+from .call import ChunkCall
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -36,8 +53,10 @@ def chunk_state_kernel(
     hbuf,
     vnew,
     o,
-    cu_seqlens,
+    bounds,
     chunk_offsets,
+    seg_last,
+    ext,
     scale,
     T,
     H: tl.constexpr,
@@ -54,13 +73,17 @@ def chunk_state_kernel(
     FUSE_OUTPUT: tl.constexpr,
     DOT_PREC: tl.constexpr,
     TRANS: tl.constexpr = False,
+    SEG: tl.constexpr = 0,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
+    if SEG == 1:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        if tl.load(seg_last + i_n) >= 0:
+            return
     if VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        bos = tl.load(bounds + i_n).to(tl.int64)
+        eos = tl.load(bounds + i_n + 1).to(tl.int64)
         c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     else:
         bos = i_n.to(tl.int64) * T
@@ -71,9 +94,19 @@ def chunk_state_kernel(
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < V
+    if SEG == 1:
+        # column tile i_v of the extended state [K, V + K]: V tiles of N, then K tiles of M (an identity start)
+        NVV = tl.cdiv(V, BV)
+        is_m = i_v >= NVV
+        o_v = tl.where(is_m, i_v - NVV, i_v) * BV + tl.arange(0, BV)
+        m_v = o_v < tl.where(is_m, K, V)
+        m_u = o_v < tl.where(is_m, 0, V)  # U = 0 in the M columns
+        o_e = o_v + tl.where(is_m, V, 0)  # column of the extended state
+    else:
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_u = m_v
 
     # Tile offsets inside one chunk (int32, loop-invariant); the chunk's base pointers are scalars (int64).
     off_wk = o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, BK] rows of [tokens, HV, K]
@@ -88,7 +121,12 @@ def chunk_state_kernel(
         off_h = o_k[:, None] * V + o_v[None, :]  # [BK, BV] of one [K, V] state
         off_v = o_t[:, None] * (HV * V) + o_v[None, :]  # [BT, BV] rows of [tokens, HV, V]
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
+    if SEG == 1:
+        if TRANS:
+            b_h = tl.where(is_m & (o_v[:, None] == o_k[None, :]), 1.0, b_h)
+        else:
+            b_h = tl.where(is_m & (o_k[:, None] == o_v[None, :]), 1.0, b_h)
+    elif USE_H0:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
 
     for i_t in range(NTn):
@@ -96,10 +134,11 @@ def chunk_state_kernel(
         m_t = o_t < eos - t0
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = (m_v[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_v[None, :])
+        m_tu = (m_u[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_u[None, :])
         row_hv = t0 * HV + i_hv  # scalar: first row of the chunk in [tokens, HV, ...]
         row_h = t0 * H + i_h
         b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
-        b_u = tl.load(u + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
+        b_u = tl.load(u + row_hv * V + off_v, mask=m_tu, other=0).to(tl.float32)
         b_hc = b_h.to(DT)
         if TRANS:
             b_vn = b_u - tl.dot(b_hc, tl.trans(b_w), input_precision=DOT_PREC)
@@ -109,7 +148,9 @@ def chunk_state_kernel(
         if GATE == 1:
             b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
             b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
-        if FUSE_OUTPUT:
+        if SEG == 1:
+            pass  # transitions only: no output, no chunk states
+        elif FUSE_OUTPUT:
             if GATE == 2:
                 b_q = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
             else:
@@ -146,5 +187,101 @@ def chunk_state_kernel(
         else:
             b_h += tl.dot(tl.trans(b_kg), b_vnc, input_precision=DOT_PREC)
 
-    if STORE_HT:
+    if SEG == 1:
+        # the extended state [K, V + K] of this segment: N_seg in columns :V, M_seg in columns V:
+        if TRANS:
+            off_e = o_k[None, :] * (V + K) + o_e[:, None]
+        else:
+            off_e = o_k[:, None] * (V + K) + o_e[None, :]
+        tl.store(ext + i_nh.to(tl.int64) * K * (V + K) + off_e, b_h, mask=m_h)
+    elif SEG == 2:
+        if STORE_HT:
+            i_out = tl.load(seg_last + i_n)
+            if i_out >= 0:  # the sequence's last segment: its end state is the final state
+                tl.store(ht + (i_out.to(tl.int64) * HV + i_hv) * K * V + off_h, b_h, mask=m_h)
+    elif STORE_HT:
         tl.store(ht + i_nh.to(tl.int64) * K * V + off_h, b_h, mask=m_h)
+
+
+def _launch(
+    call: ChunkCall,
+    inter: Intermediates,
+    grid: tuple[int, int],
+    h0: Any,
+    ht: Any,
+    o: Any,
+    bounds: Any,
+    chunk_offsets: Any,
+    seg_last: Any,
+    ext: Any,
+    seg: int,
+    fuse: bool,
+    store_ht: bool,
+) -> Any:
+    return chunk_state_kernel[grid](
+        call.q,
+        call.k,
+        inter.w,
+        inter.u,
+        inter.aqk,
+        inter.qg,
+        inter.kg,
+        inter.gout,
+        h0,
+        ht,
+        inter.h,
+        inter.v_new,
+        o,
+        bounds,
+        chunk_offsets,
+        seg_last,
+        ext,
+        call.scale,
+        call.T,
+        H=call.H,
+        HV=call.HV,
+        K=call.K,
+        V=call.V,
+        BT=call.BT,
+        BK=call.BK,
+        BV=call.h_BV,
+        GATE=call.gate,
+        USE_H0=h0 is not None,
+        STORE_HT=store_ht,
+        VARLEN=bounds is not None,
+        FUSE_OUTPUT=fuse,
+        DOT_PREC=call.dot_prec,
+        TRANS=call.config["STATE_LAYOUT"] == "vk",
+        SEG=seg,
+        **call.warps("h"),
+    )
+
+
+def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: SegmentScratch | None) -> Any:
+    """The state pass (with the output when ``FUSE_OUTPUT``): per sequence, or per segment from ``scratch.starts``."""
+    t = call.tables
+    if scratch is None:
+        grid = (triton.cdiv(call.V, call.h_BV), call.N * call.HV)
+        return _launch(
+            call, inter, grid, call.h0, out.final_state, out.o, t.seq_bounds, t.chunk_offsets, None, None, 0,
+            call.fuse, call.output_final_state,
+        )  # fmt: skip
+    seg = t.segments
+    assert seg is not None
+    grid = (triton.cdiv(call.V, call.h_BV), seg.NS * call.HV)
+    return _launch(
+        call, inter, grid, scratch.starts, out.final_state, out.o, seg.bounds, seg.chunk_offsets, seg.last, None, 2,
+        call.fuse, call.output_final_state,
+    )  # fmt: skip
+
+
+def launch_transitions(call: ChunkCall, inter: Intermediates, scratch: SegmentScratch) -> Any:
+    """Phase 1 of the sequence-parallel pass: ``N_seg`` and ``M_seg`` of every segment but the last of a sequence."""
+    seg = call.tables.segments
+    assert seg is not None
+    BV = call.h_BV
+    grid = (triton.cdiv(call.V, BV) + triton.cdiv(call.K, BV), seg.NS * call.HV)
+    return _launch(
+        call, inter, grid, None, None, None, seg.bounds, seg.chunk_offsets, seg.last, scratch.transitions, 1,
+        False, False,
+    )  # fmt: skip

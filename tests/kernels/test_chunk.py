@@ -95,6 +95,12 @@ for gate in Gate:
     add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=ROWS, extra="-rows")
     add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=ROWS, extra="-rows")
 add(Problem(1, 140, 1, 1, 16, 16, 1, Gate.CHANNEL), config={"BT": 128, "BC": 16, "INTRA": "rows"}, extra="-rows8")
+# "blocks" with A_qk in a pass of its own: 4, 2 and 1 sub-chunks, every gate, varlen
+SPLIT = {"BT": 64, "BC": 16, "INTRA": "blocks_split"}
+for gate in Gate:
+    add(Problem(1, 0, 1, 2, 32, 48, 3, gate, True), seq_lens=[70, 0, 45], config=SPLIT, extra="-split4")
+    add(Problem(2, 45, 2, 4, 32, 32, 2, gate), config={**SPLIT, "BT": 32}, extra="-split2")
+add(Problem(1, 40, 1, 1, 32, 32, 1, Gate.CHANNEL), config={**SPLIT, "BT": 32, "BC": 32}, extra="-split1")
 # the transposed state pass (STATE_LAYOUT = "vk"), fused and unfused, with every gate
 for gate in Gate:
     for fused in (False, True):
@@ -109,7 +115,7 @@ add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)
 add(Problem(1, 19, 1, 1, 8, 4, 1, Gate.NONE), config={"BT": 16, "BC": 16})
 
 
-@pytest.mark.parametrize("intra", ["blocks", "rows"])
+@pytest.mark.parametrize("intra", ["blocks", "rows", "blocks_split"])
 @pytest.mark.parametrize("BC", [16, 32])
 def test_kda_guarded_diagonal_under_extreme_decay(BC: int, intra: str) -> None:
     """Per-step log gates down to −60: diagonal blocks' half spans exceed 80 nats, so the guarded default takes the
@@ -152,7 +158,7 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
         cfg = {name: rng.choice(values) for name, values in legal.items()}
         if cfg["BC"] > cfg["BT"] or (cfg.get("SAFE_DIAG") is False and cfg["BC"] == 64):
             continue
-        if cfg["INTRA"] == "blocks" and cfg["BT"] // cfg["BC"] > 4:
+        if cfg["INTRA"] != "rows" and cfg["BT"] // cfg["BC"] > 4:
             continue
         out.append(cfg)
     return out
@@ -236,3 +242,98 @@ def test_bfloat16_gate(gate: Gate) -> None:
     x = make_inputs(p, seed=13)
     x["g"] = x["g"].to(torch.bfloat16)
     check(p, x, SMALL)
+
+
+def with_full_forgets(x: dict[str, Any], gate: Gate, dense: bool, seed: int) -> dict[str, Any]:
+    """Gates of −inf (full forgets): 10% of entries at random, the first token, and with ``dense`` a KDA key channel
+    that forgets at every token (or, for the scalar gate, a whole chunk of full forgets: tokens 32..63)."""
+    g = x["g"].clone()
+    gen = torch.Generator().manual_seed(seed)
+    g = g.masked_fill(torch.rand(g.shape, generator=gen) < 0.1, float("-inf"))
+    g[:, 0] = float("-inf")
+    if dense and gate is Gate.CHANNEL:
+        g[..., 3] = float("-inf")
+    elif dense:
+        g[:, 32:64] = float("-inf")
+    return {**x, "g": g}
+
+
+INF_CONFIGS = {
+    "blocks": {"BT": 32, "BC": 16},
+    "blocks-BT64-unfused": {"BT": 64, "BC": 16, "FUSE_OUTPUT": False},
+    "rows": {"BT": 32, "BC": 16, "INTRA": "rows"},
+    "rows-BC32-vk": {"BT": 64, "BC": 32, "INTRA": "rows", "STATE_LAYOUT": "vk", "h_BV": 16},
+    "segments": {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16, "FUSE_OUTPUT": False},
+    "blocks_split-BT64": {"BT": 64, "BC": 16, "INTRA": "blocks_split"},
+}
+
+
+@pytest.mark.parametrize("name", list(INF_CONFIGS))
+@pytest.mark.parametrize("gate", [Gate.SCALAR, Gate.CHANNEL], ids=["scalar", "channel"])
+def test_full_forget_gates(gate: Gate, name: str) -> None:
+    """A log gate of −inf is a valid full forget: every path gives the float64 loop's result (no NaN from
+    −inf − (−inf) in the cumulative gates; the guarded KDA diagonal sees a finite span)."""
+    p = Problem(1, 0, 1, 2, 32, 16, 3, gate, True)
+    x = with_full_forgets(make_inputs(p, seed=41, seq_lens=[70, 0, 41], gate_min=-3.0), gate, True, seed=42)
+    check(p, x, INF_CONFIGS[name])
+
+
+@pytest.mark.parametrize("intra", ["blocks", "rows"])
+def test_full_forgets_unguarded_diagonal(intra: str) -> None:
+    """SAFE_DIAG = False (one dot per diagonal block): each −inf step counts as 20 nats of the block's half span, so
+    isolated full forgets stay exact at BC = 16 (a key channel forgetting at every token does not: see the docs)."""
+    p = Problem(1, 70, 1, 1, 32, 16, 1, Gate.CHANNEL)
+    x = with_full_forgets(make_inputs(p, seed=43, gate_min=-3.0), Gate.CHANNEL, False, seed=44)
+    check(p, x, {"BT": 32, "BC": 16, "SAFE_DIAG": False, "INTRA": intra})
+
+
+def test_cu_seqlens_read_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op validates cu_seqlens on the host once (check_inputs) and the chunk tables reuse that copy: the
+    launcher's own device-to-host read never runs on the op's path (it serves direct plan() callers)."""
+    import dtune.kernels.chunk.call as call_mod
+
+    def no_second_copy(cu_seqlens: torch.Tensor) -> list[int]:
+        raise AssertionError("cu_seqlens copied to the host a second time")
+
+    p = Problem(1, 0, 1, 1, 16, 16, 3, Gate.SCALAR, True)
+    x = make_inputs(p, seed=45, seq_lens=[40, 0, 9])
+    monkeypatch.setattr(call_mod, "host_offsets", no_second_copy)
+    check(p, x, {"BT": 16, "BC": 16, "SEG_CHUNKS": 1, "h_BV": 16})
+    with pytest.raises(AssertionError, match="second time"):
+        cfg = KERNELS["chunk_gated_delta_rule"].check_config(16, 16, None)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], "scalar", 0.25, None, True, x["cu_seqlens"], cfg)
+        chunk_mod.plan(*args)
+
+
+@pytest.mark.parametrize("intra", ["blocks", "blocks_split", "rows"])
+@pytest.mark.parametrize("gate", [Gate.SCALAR, Gate.CHANNEL], ids=["scalar", "channel"])
+def test_mild_gates_reach_far_blocks(gate: Gate, intra: str) -> None:
+    """Log gates down to −0.1: the blocks far below the diagonal (4 sub-chunks of 16) carry weight, which under the
+    usual strong gates (−5 per step, e^-35 across a sub-chunk) they do not, so errors there would not show."""
+    p = Problem(1, 0, 1, 2, 32, 16, 2, gate, True)
+    x = make_inputs(p, seed=46, seq_lens=[70, 45], gate_min=-0.1)
+    check(p, x, {"BT": 64, "BC": 16, "INTRA": intra})
+
+
+def test_forward_with_intermediates_documented_layouts() -> None:
+    """The intermediates a backward pass recomputes from have the documented shapes and meaning: per chunk,
+    O = q̃ S_c + A_qk V_new rebuilt from them alone gives the op's output (KDA, unfused, varlen)."""
+    p = Problem(1, 0, 1, 2, 32, 16, 2, Gate.CHANNEL, True)
+    x = make_inputs(p, seed=47, seq_lens=[40, 21], gate_min=-1.0)
+    cfg = KERNELS["chunk_kda"].check_config(32, 16, {"BT": 16, "BC": 16, "FUSE_OUTPUT": False})
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], "channel", 32**-0.5, x["initial_state"], True)
+    res = chunk_mod.forward_with_intermediates(*args, x["cu_seqlens"], cfg)
+    it, tabs = res.intermediates, res.call.tables
+    NC, tokens = 3 + 2, 61
+    assert it.w.shape == (tokens, 2, 32) and it.u.shape == (tokens, 2, 16) and it.aqk.shape == (tokens, 2, 16)
+    assert it.qg is not None and it.kg is not None and it.gout is not None and it.gout.shape == (NC, 2, 32)
+    assert it.h is not None and it.h.shape == (NC, 2, 32, 16) and it.v_new is not None
+    assert tabs.chunk_info is not None
+    o = torch.empty_like(res.o)
+    for c, (start, end) in enumerate(tabs.chunk_info.tolist()):
+        rows = slice(start, min(start + 16, end))
+        n = rows.stop - rows.start
+        for hv in range(2):
+            qg, aqk = it.qg[rows, hv].float(), it.aqk[rows, hv, :n].float()
+            o[0, rows, hv] = qg @ it.h[c, hv].float() + aqk @ it.v_new[rows, hv].float()
+    assert rel_err(o, res.o) < 1e-5

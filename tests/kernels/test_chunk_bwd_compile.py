@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 import triton
-from dtune.kernels.chunk import GATE_CODES, _tile
 from dtune.kernels.chunk import backward as chunk_bwd
 from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel
 from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel
 from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel
 from dtune.kernels.chunk.bwd_state import chunk_bwd_state_kernel
+from dtune.kernels.chunk.call import tile as _tile
+from dtune.kernels.config import GATE_CODES
 from dtune.kernels.reference_bwd import GATE_FLOOR
 
 try:

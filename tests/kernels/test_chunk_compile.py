@@ -15,123 +15,14 @@ import sys
 from typing import Any
 
 import pytest
-import triton
 from dtune.kernels import KERNELS
-from dtune.kernels.chunk import GATE_CODES
-from dtune.kernels.chunk.intra import chunk_intra_kernel
-from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
-from dtune.kernels.chunk.output import chunk_output_kernel
-from dtune.kernels.chunk.state import chunk_state_kernel
 
 try:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from dtune.measure.sm90 import H100_SMEM, NoToolchain, compile_sm90, stage_kernels
 except ImportError:  # pragma: no cover
     pytest.skip("this Triton has no AOT compile API", allow_module_level=True)
 
-SM90 = GPUTarget("cuda", 90, 32)
 SKIP_CODE = 77
-
-
-class _NoToolchain(RuntimeError):
-    pass
-
-
-H100_SMEM = 232448  # bytes of shared memory per block on sm_90
-
-
-def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int) -> Any:
-    sig: dict[str, str] = {}
-    consts: dict[tuple[int, ...], Any] = {}
-    for i, name in enumerate(fn.arg_names):
-        if name in ptrs:
-            sig[name] = ptrs[name]
-        elif name == "scale":
-            sig[name] = "fp32"
-        elif name == "T":
-            sig[name] = "i32"
-        else:  # constexprs, and pointers the launch passes as None
-            sig[name] = "constexpr"
-            consts[(i,)] = constexprs.get(name)
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    try:
-        return triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
-    except RuntimeError as e:  # no CUDA toolchain in this Triton build
-        if "ptxas" in str(e).lower():
-            raise _NoToolchain(f"cannot build CUDA code here: {e}") from None
-        raise
-
-
-def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool) -> list[tuple]:
-    """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches."""
-    from dtune.kernels.chunk import _tile
-
-    G = GATE_CODES[gate]
-    p = f"*{dtype}"
-    f32 = "*fp32"
-    prec = cfg["F32_DOT"] if dtype == "fp32" else "tf32"
-    BT, BC, fuse = cfg["BT"], cfg["BC"], cfg["FUSE_OUTPUT"]
-    gated = {"g": f32, "gout": f32} if G else {}
-    chan = {"qg": p, "kg": p} if G == 2 else {}
-    table = {"chunk_info": "*i32"} if varlen else {}
-    i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
-    safe = cfg.get("SAFE_DIAG", True)
-    diag = {"DIAG": int(G == 2 and safe)} if cfg["INTRA"] == "blocks" else {"SAFE_DIAG": safe}
-    intra = (
-        "intra",
-        chunk_intra_blocks_kernel if cfg["INTRA"] == "blocks" else chunk_intra_kernel,
-        {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
-        | ({"flags": "*i32"} if G == 2 and cfg.get("SAFE_DIAG", True) and cfg["INTRA"] == "blocks" else {}),
-        dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
-        | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
-        | diag,
-        cfg["intra_num_warps"],
-        cfg["intra_num_stages"],
-    )
-    state_ptrs = {"q": p, "k": p, "w": p, "u": p, "aqk": p, "h0": f32, "ht": f32, "o": p, **chan}
-    state_ptrs |= {"gout": f32} if G else {}
-    state_ptrs |= {} if fuse else {"hbuf": p, "vnew": p}
-    state_ptrs |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
-    state = (
-        "state",
-        chunk_state_kernel,
-        state_ptrs,
-        dict(
-            H=2,
-            HV=4,
-            K=K,
-            V=V,
-            BT=BT,
-            BK=_tile(triton.next_power_of_2(K), K),
-            BV=_tile(cfg["h_BV"], V),
-            GATE=G,
-            USE_H0=True,
-        )
-        | dict(STORE_HT=True, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk"),
-        cfg["h_num_warps"],
-        cfg["h_num_stages"],
-    )
-    out = [intra, state]
-    if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
-        out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
-    if not fuse:
-        o_BK = _tile(cfg["o_BK"], K)
-        out_ptrs = {"q": p, "aqk": p, "hbuf": p, "vnew": p, "o": p, **table}
-        out_ptrs |= {"gout": f32} if G else {}
-        out_ptrs |= {"qg": p} if G == 2 else {}
-        out.append(
-            (
-                "output",
-                chunk_output_kernel,
-                out_ptrs,
-                dict(H=2, HV=4, K=K, V=V, BT=BT, BK=o_BK, BV=_tile(cfg["o_BV"], V), NK=triton.cdiv(K, o_BK), GATE=G)
-                | dict(VARLEN=varlen, DOT_PREC=prec),
-                cfg["o_num_warps"],
-                cfg["o_num_stages"],
-            )
-        )
-    return out
 
 
 CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
@@ -153,6 +44,13 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64}, True),
     ("none", "bf16", 256, {"STATE_LAYOUT": "vk", "h_BV": 64, "h_num_warps": 8, "h_num_stages": 1}, False),
     ("channel", "fp32", 64, {"STATE_LAYOUT": "vk", "FUSE_OUTPUT": False}, True),
+    # "blocks" with A_qk in its own pass: KDA at BT = 64 (4 sub-chunks), the scalar gate at 2
+    ("channel", "bf16", 128, {"INTRA": "blocks_split", "BT": 64, "intra_BK": 32}, True),
+    ("scalar", "fp16", 64, {"INTRA": "blocks_split"}, False),
+    # the sequence-parallel state pass (segments): both layouts, fused and not, K = 256
+    ("scalar", "bf16", 128, {"SEG_CHUNKS": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "BT": 64}, False),
+    ("channel", "bf16", 128, {"SEG_CHUNKS": 8, "FUSE_OUTPUT": False}, True),
+    ("none", "bf16", 256, {"SEG_CHUNKS": 32, "h_BV": 16, "h_num_warps": 8, "h_num_stages": 1}, False),
 ]
 
 
@@ -192,6 +90,6 @@ def test_stages_compile_for_sm90(index: int) -> None:
 if __name__ == "__main__":
     try:
         print(json.dumps(compile_case(int(sys.argv[1]))))
-    except _NoToolchain as e:
+    except NoToolchain as e:
         print(e)
         raise SystemExit(SKIP_CODE) from None

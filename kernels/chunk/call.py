@@ -1,0 +1,159 @@
+"""One call of the chunk forward, checked and prepared once: inputs, shape, precision, config and index tables.
+
+Every stage launcher takes a :class:`ChunkCall`; nothing about the call is recomputed per stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import GATE_CODES, Config, next_power_of_2
+from .tables import ChunkTables, build_tables, host_offsets
+
+Tensor = torch.Tensor
+
+
+def tile(choice: int, dim: int) -> int:
+    """A tile of at most ``choice`` channels, at least 16 (tl.dot's minimum), no larger than the padded dim."""
+    return max(16, min(choice, next_power_of_2(dim)))
+
+
+def check_structure(config: Config) -> None:
+    """The config rules that are not a per-parameter choice: ValueError naming them."""
+    BT, BC = config["BT"], config["BC"]
+    if BC > BT:
+        raise ValueError(f"chunk config: BC={BC} must be <= BT={BT}")
+    if config["INTRA"] != "rows" and BT // BC not in (1, 2, 4):
+        raise ValueError(f"chunk config: INTRA='{config['INTRA']}' holds 1, 2 or 4 sub-chunks, got BT={BT}, BC={BC}")
+
+
+@dataclass(frozen=True)
+class ChunkCall:
+    """Contiguous inputs, shape, gate code, precision, the full config and the tables of one call."""
+
+    q: Tensor  # [B, T, H, K]
+    k: Tensor  # [B, T, H, K]
+    v: Tensor  # [B, T, HV, V]
+    g: Tensor | None  # [B, T, HV] or [B, T, HV, K] log gates
+    beta: Tensor  # [B, T, HV]
+    h0: Tensor | None  # [N, HV, K, V]
+    gate: int  # GATE_CODES
+    scale: float
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    N: int
+    dt: torch.dtype  # dtype of the intermediates and of the dots' operands
+    dot_prec: str  # tl.dot input_precision for float32 operands
+    output_final_state: bool
+    config: Config
+    tables: ChunkTables
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def varlen(self) -> bool:
+        return self.tables.seq_bounds is not None
+
+    @property
+    def BT(self) -> int:
+        return int(self.config["BT"])
+
+    @property
+    def NC(self) -> int:
+        return self.tables.NC
+
+    @property
+    def tokens(self) -> int:
+        return self.B * self.T
+
+    @property
+    def fuse(self) -> bool:
+        return bool(self.config["FUSE_OUTPUT"])
+
+    @property
+    def BK(self) -> int:
+        """The padded key dimension: the state pass holds every key channel."""
+        return tile(next_power_of_2(self.K), self.K)
+
+    @property
+    def h_BV(self) -> int:
+        return tile(self.config["h_BV"], self.V)
+
+    def warps(self, stage: str) -> dict[str, Any]:
+        """Launch options of a stage (``intra``, ``h`` or ``o``)."""
+        return {"num_warps": self.config[f"{stage}_num_warps"], "num_stages": self.config[f"{stage}_num_stages"]}
+
+
+def intra_launch_options(call: ChunkCall) -> dict[str, Any]:
+    """Constexprs and launch options of stage 1 that both variants (``intra``, ``intra_blocks``) take."""
+    cfg = call.config
+    BK, BV = tile(cfg["intra_BK"], call.K), tile(cfg["intra_BV"], call.V)
+    return dict(
+        H=call.H, HV=call.HV, K=call.K, V=call.V, BT=call.BT, BC=cfg["BC"], BK=BK, BV=BV, GATE=call.gate,
+        NB=call.BT // cfg["BC"], NK=-(-call.K // BK), NV=-(-call.V // BV), VARLEN=call.varlen,
+        DOT_PREC=call.dot_prec, **call.warps("intra"),
+    )  # fmt: skip
+
+
+def prepare_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    config: Config,
+    seq_offsets: Sequence[int] | None = None,
+) -> ChunkCall:
+    """Check the config's structure, make the inputs contiguous and build the tables (inputs already validated).
+
+    ``seq_offsets``: ``cu_seqlens`` on the host when the caller already has it (``dtune.inputs.check_inputs``
+    returns it): then the tables cost no device-to-host copy. Without it ``cu_seqlens`` is read once here.
+    """
+    if gate not in GATE_CODES:
+        raise ValueError(f"unknown gate mode {gate!r}")
+    check_structure(config)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    offsets: Sequence[int] | None = None
+    if cu_seqlens is not None:
+        offsets = seq_offsets if seq_offsets is not None else host_offsets(cu_seqlens)
+    N = B if offsets is None else len(offsets) - 1
+    dt = torch.promote_types(q.dtype, v.dtype)
+    tables = build_tables(offsets, B, T, int(config["BT"]), int(config.get("SEG_CHUNKS", 0)), q.device)
+    return ChunkCall(
+        q=q.contiguous(),
+        k=k.contiguous(),
+        v=v.contiguous(),
+        g=None if g is None else g.contiguous(),
+        beta=beta.contiguous(),
+        h0=None if initial_state is None else initial_state.contiguous(),
+        gate=GATE_CODES[gate],
+        scale=float(scale),
+        B=B,
+        T=T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        N=N,
+        dt=dt,
+        dot_prec=config["F32_DOT"] if dt == torch.float32 else "tf32",
+        output_final_state=output_final_state,
+        config=config,
+        tables=tables,
+    )

@@ -1,0 +1,72 @@
+"""The chunk templates' tunable parameters, their legal values and the default config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import GATE_CODES, Config, next_power_of_2
+
+_COMMON: dict[str, tuple[Any, ...]] = {
+    "BT": (16, 32, 64, 128),
+    "BC": (16, 32, 64),
+    "intra_BK": (32, 64, 128, 256),
+    "intra_BV": (32, 64, 128, 256),
+    "intra_num_warps": (1, 2, 4, 8),
+    "intra_num_stages": (1, 2, 3),
+    "h_BV": (16, 32, 64, 128),
+    "h_num_warps": (1, 2, 4, 8, 16),
+    "h_num_stages": (1, 2, 3, 4),
+    "FUSE_OUTPUT": (False, True),
+    "o_BK": (32, 64, 128, 256),
+    "o_BV": (32, 64, 128, 256),
+    "o_num_warps": (1, 2, 4, 8),
+    "o_num_stages": (1, 2, 3, 4),
+    "F32_DOT": ("ieee", "tf32"),
+    # stage 1: every sub-chunk in registers ("blocks"; "blocks_split": A_qk in a pass of its own, fewer live
+    # registers at BT / BC = 4), or one sub-chunk after the other through memory ("rows")
+    "INTRA": ("blocks", "rows", "blocks_split"),
+    "STATE_LAYOUT": ("kv", "vk"),
+    # sequence-parallel state pass: segments of this many chunks (0: off, one program walks the whole sequence)
+    "SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+}
+
+
+def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
+    """Every tunable parameter and all values the templates can be built with (``BC <= BT`` is also required)."""
+    if gate not in GATE_CODES:
+        raise ValueError(f"unknown gate mode {gate!r}")
+    params = dict(_COMMON)
+    if gate == "channel":
+        params["SAFE_DIAG"] = (True, False)
+    return params
+
+
+def default_config(K: int, V: int, gate: str) -> Config:
+    """Correct for every supported shape (K, V <= 256) and for strong decays (exact KDA diagonal blocks)."""
+    BK = next_power_of_2(K)
+    # Shared-memory budgets checked by compiling for sm_90 (Triton 3.9): at K = 256 the state pass keeps one pipeline
+    # stage (float32 W/k~ tiles would overflow smem). The blocks intra stage runs at the 255-register cap with small
+    # spills at BT = 64 (ptxas); on the H200 it is still 1.4-2.1x faster than INTRA = "rows" there.
+    cfg: Config = {
+        "BT": 32,  # H200 searches (2026-11-29): BT = 32 won for all three gates at D = 64 and 128
+        "BC": 16,
+        "intra_BK": min(64, max(32, BK)),  # 64, or the padded head dim below it (the search spaces' tile rule)
+        "intra_BV": min(64, max(32, next_power_of_2(V))),
+        "intra_num_warps": 2,  # INTRA = "blocks": 16-row tiles, more warps only replicate them (H200: 1.6-3x slower)
+        "intra_num_stages": 1,
+        "h_BV": 32 if BK <= 128 else 16,
+        "h_num_warps": 4 if BK <= 128 else 8,
+        "h_num_stages": 2 if BK <= 128 else 1,
+        "FUSE_OUTPUT": BK <= 128,  # the output inside the state pass: no chunk states in memory (same searches)
+        "o_BK": 64,
+        "o_BV": 64,
+        "o_num_warps": 4,
+        "o_num_stages": 2,
+        "F32_DOT": "ieee",
+        "INTRA": "blocks",
+        "STATE_LAYOUT": "kv",  # "vk" is not yet timed on a GPU (2026-11-29): the searches will decide
+        "SEG_CHUNKS": 0,  # the tuned configs turn it on where few long sequences under-fill the GPU
+    }
+    if gate == "channel":
+        cfg["SAFE_DIAG"] = True
+    return cfg

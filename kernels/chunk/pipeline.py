@@ -1,0 +1,143 @@
+"""The chunk forward, orchestrated: prepare the call, allocate, launch the stages in order.
+
+``intra`` → [``transitions`` → ``segment-starts``, only with ``SEG_CHUNKS``] → ``state`` (or ``state+output``) →
+[``output``, only without ``FUSE_OUTPUT``]. Each stage's launcher lives beside its kernel; the buffers in
+:mod:`.buffers`; the work model in :mod:`.cost`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..config import Config
+from .buffers import Intermediates, Outputs, allocate, allocate_segments
+from .call import ChunkCall, prepare_call
+from .cost import stage_costs
+from .intra import launch_intra_rows
+from .intra_blocks import launch_intra_blocks
+from .output import launch_output
+from .segments import launch_segment_starts
+from .state import launch_state, launch_transitions
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Stage:
+    """One kernel launch of the pipeline, for the profiler: ``run()`` launches it and returns the compiled kernel."""
+
+    name: str
+    run: Callable[[], Any]
+    flops: float
+    bytes: float
+
+
+@dataclass
+class ForwardResult:
+    """What :func:`forward_with_intermediates` returns: the outputs and every intermediate of the forward."""
+
+    o: Tensor  # [B, T, HV, V], v's dtype
+    final_state: Tensor | None  # [N, HV, K, V] float32, or None unless asked for
+    intermediates: Intermediates
+    call: ChunkCall  # the prepared call: shape, config, chunk tables (chunk_info, chunk_offsets) for the backward
+
+
+def build_stages(call: ChunkCall) -> tuple[list[Stage], Intermediates, Outputs]:
+    """Allocate every buffer of ``call`` and return its stages (to run in order) with the buffers they fill."""
+    inter, out = allocate(call)
+    scratch = allocate_segments(call)
+    costs = stage_costs(call)
+    intra = launch_intra_rows if call.config["INTRA"] == "rows" else launch_intra_blocks
+    stages = [Stage("intra", partial(intra, call, inter), *costs["intra"])]
+    if scratch is not None:
+        stages.append(Stage("transitions", partial(launch_transitions, call, inter, scratch), *costs["transitions"]))
+        stages.append(
+            Stage("segment-starts", partial(launch_segment_starts, call, out, scratch), *costs["segment-starts"])
+        )
+    name = "state+output" if call.fuse else "state"
+    stages.append(Stage(name, partial(launch_state, call, inter, out, scratch), *costs[name]))
+    if not call.fuse:
+        stages.append(Stage("output", partial(launch_output, call, inter, out), *costs["output"]))
+    return stages, inter, out
+
+
+def plan(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    config: Config,
+    seq_offsets: Sequence[int] | None = None,
+) -> tuple[list[Stage], tuple[Tensor, Tensor | None]]:
+    """Allocate every buffer and return the stages (run in order) and the outputs ``(o, final_state)`` they fill."""
+    call = prepare_call(
+        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets
+    )
+    stages, _, out = build_stages(call)
+    return stages, (out.o, out.final_state)
+
+
+def forward_with_intermediates(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    config: Config,
+    seq_offsets: Sequence[int] | None = None,
+) -> ForwardResult:
+    """Run the forward and keep its intermediates (for a backward pass that recomputes from them).
+
+    Same arguments as :func:`forward` (validated inputs, a full checked config: ``KERNELS[name].check_config``).
+    The intermediates are documented on :class:`~.buffers.Intermediates`; with ``FUSE_OUTPUT = False`` they
+    include the chunk-start states ``h`` and ``V_new``, so pass a config with ``FUSE_OUTPUT = False`` when the
+    backward needs them (the fused pass never writes them).
+    """
+    call = prepare_call(
+        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets
+    )
+    stages, inter, out = build_stages(call)
+    for stage in stages:
+        stage.run()
+    return ForwardResult(out.o, out.final_state, inter, call)
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    config: Config,
+    seq_offsets: Sequence[int] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Launch the pipeline on validated inputs with a checked, complete config; same contract as fused_recurrent.
+
+    ``seq_offsets``: ``cu_seqlens`` already copied to the host (``dtune.inputs.Problem.seq_offsets``), so that the
+    call reads it from the device no second time.
+    """
+    res = forward_with_intermediates(
+        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets
+    )
+    return res.o, res.final_state

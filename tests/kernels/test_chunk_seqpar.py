@@ -1,0 +1,116 @@
+"""The sequence-parallel state pass (``SEG_CHUNKS``) against the float64 loop, under Triton's interpreter (fp32).
+
+Small chunks (BT = 16) and short segments (2 chunks) so that a 70-token sequence has three segments: phase 1
+(transitions), phase 2 (entering states) and phase 3 (the pass per segment) all take part. Gates are mild here (log
+decay down to −0.1 per step): under the usual strong gates (down to −5) a segment's transition M decays to ~e^-70,
+and a wrong M could not show; the strong gates have cases of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from dtune.kernels import KERNELS
+from dtune.kernels import chunk as chunk_mod
+from dtune.kernels.chunk.tables import build_tables
+from dtune.kernels.reference import naive_recurrent
+
+from dtune.inputs import Gate, Problem, make_inputs
+from tests.conftest import rel_err
+from tests.kernels.test_chunk import CHUNK, run
+
+TOL = 1e-4
+SEG = {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16}
+
+
+def check_loop(problem: Problem, x: dict[str, Any], config: dict[str, Any], final: bool = True) -> None:
+    o, s = run(CHUNK[problem.gate], x, config, final=final)
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    o_ref, s_ref = naive_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    assert rel_err(o, o_ref) < TOL, f"output rel err {rel_err(o, o_ref):.3g}"
+    if final:
+        assert s is not None and s_ref is not None
+        assert rel_err(s, s_ref) < TOL, f"final state rel err {rel_err(s, s_ref):.3g}"
+    else:
+        assert s is None
+
+
+CASES: list[tuple[str, Problem, list[int] | None, bool, dict[str, Any]]] = []
+for gate in Gate:
+    op = {"none": "dn", "scalar": "gdn", "channel": "kda"}[gate.value]
+    for layout in ("kv", "vk"):
+        for fused in (False, True):
+            cfg = {**SEG, "STATE_LAYOUT": layout, "FUSE_OUTPUT": fused}
+            tag = f"{op}-{layout}{'-fused' if fused else ''}"
+            # odd T (5 chunks: segments of 2, 2, 1 chunks), grouped value heads, K != V
+            CASES.append((f"B2-T70-H1-HV2-K16-V32-{tag}", Problem(2, 70, 1, 2, 16, 32, 2, gate), None, True, cfg))
+            # packed: long and short sequences, an empty one, a 1-token one; K > V
+            p = Problem(1, 0, 1, 2, 32, 16, 5, gate, True)
+            CASES.append((f"varlen70-5-0-33-1-K32-V16-{tag}", p, [70, 5, 0, 33, 1], True, cfg))
+    CASES.append(
+        (f"B1-T70-{op}-noh0-seg1", Problem(1, 70, 1, 1, 16, 16, 1, gate), None, False, {**SEG, "SEG_CHUNKS": 1})
+    )
+    CASES.append((f"B2-T1-{op}", Problem(2, 1, 1, 1, 16, 16, 2, gate), None, True, SEG))  # one segment: plain pass
+# the rows intra variant, BT = 32 and K = V = 48 (padded tiles; M columns over two V-sized tiles)
+CASES.append(("B1-T150-K48-V48-kda-rows", Problem(1, 150, 1, 1, 48, 48, 1, Gate.CHANNEL), None, True,
+              {"BT": 32, "BC": 16, "INTRA": "rows", "SEG_CHUNKS": 2, "h_BV": 32}))  # fmt: skip
+
+
+@pytest.mark.parametrize(("problem", "seq_lens", "h0", "config"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_segmented_state_pass_matches_loop(
+    problem: Problem, seq_lens: list[int] | None, h0: bool, config: dict[str, Any]
+) -> None:
+    x = make_inputs(problem, seed=31, seq_lens=seq_lens, initial_state=h0, gate_min=-0.1)
+    check_loop(problem, x, config)
+
+
+@pytest.mark.parametrize("gate", [Gate.SCALAR, Gate.CHANNEL], ids=["scalar", "channel"])
+def test_segmented_under_strong_gates(gate: Gate) -> None:
+    p = Problem(1, 0, 1, 2, 32, 16, 3, gate, True)
+    x = make_inputs(p, seed=34, seq_lens=[70, 0, 41], gate_min=-5.0)
+    check_loop(p, x, {**SEG, "STATE_LAYOUT": "vk"})
+
+
+@pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
+def test_segmented_without_final_state(gate: Gate) -> None:
+    p = Problem(1, 70, 1, 1, 16, 16, 1, gate)
+    x = make_inputs(p, seed=32, gate_min=-0.1)
+    check_loop(p, x, SEG, final=False)
+
+
+def test_segmented_plan_has_the_phases() -> None:
+    """Three segments: the transitions and segment-starts launches appear, and the stages alone give the result."""
+    p = Problem(1, 70, 1, 2, 16, 32, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=33, gate_min=-0.1)
+    cfg = KERNELS["chunk_kda"].check_config(16, 32, {**SEG, "FUSE_OUTPUT": False})
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], "channel", 16**-0.5, x["initial_state"], True, None, cfg)
+    stages, (o, s) = chunk_mod.plan(*args)
+    assert [st.name for st in stages] == ["intra", "transitions", "segment-starts", "state", "output"]
+    assert all(st.flops > 0 and st.bytes > 0 for st in stages)
+    for st in stages:
+        st.run()
+    kw = {"initial_state": x["initial_state"], "output_final_state": True}
+    o_ref, s_ref = naive_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    assert s is not None and s_ref is not None
+    assert rel_err(o, o_ref) < TOL and rel_err(s, s_ref) < TOL
+
+
+def test_segment_table() -> None:
+    """Segments never cross sequences, start on chunk boundaries and keep the global chunk numbering."""
+    t = build_tables([0, 70, 75, 75, 108, 109], 1, 109, 16, 2, torch.device("cpu"))
+    seg = t.segments
+    assert seg is not None and t.NC == 5 + 1 + 0 + 3 + 1
+    assert seg.bounds.tolist() == [0, 32, 64, 70, 75, 107, 108, 109]
+    assert seg.chunk_offsets.tolist() == [0, 2, 4, 5, 6, 8, 9, 10]
+    assert seg.last.tolist() == [-1, -1, 0, 1, -1, 3, 4]
+    assert seg.seq_segments.tolist() == [0, 3, 4, 4, 6, 7]
+    assert seg.inner_tokens == 32 + 32 + 32
+    assert t.chunk_info is not None and t.chunk_info[5].tolist() == [70, 75]
+    # no sequence longer than one segment: the plain pass (no segment table)
+    assert build_tables([0, 20, 40], 1, 40, 16, 2, torch.device("cpu")).segments is None
+    assert build_tables(None, 2, 70, 16, 0, torch.device("cpu")).segments is None
+    fixed = build_tables(None, 2, 70, 16, 2, torch.device("cpu")).segments
+    assert fixed is not None and fixed.bounds.tolist() == [0, 32, 64, 70, 102, 134, 140]
+    assert fixed.chunk_offsets.tolist() == [0, 2, 4, 5, 7, 9, 10]
