@@ -101,8 +101,87 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
-def shape(gate: Gate, dim: int, interpret: bool) -> Shape:
-    return Shape(2, 40, 2, 2, 16, 16, 2, gate) if interpret else Shape(8, 4096, 16, 16, dim, dim, 8, gate)
+def shape(gate: Gate, dim: int, interpret: bool, batch: int = 8) -> Shape:
+    """The benchmark's shape (B·T = 32768 at B = 8); the errors step runs B = 2 (the float64 reference's graph)."""
+    if interpret:
+        return Shape(2, 40, 2, 2, 16, 16, 2, gate)
+    return Shape(batch, 4096, 16, 16, dim, dim, batch, gate)
+
+
+def step_inputs(p: Shape, dtype: torch.dtype, device: str, seq: list[int] | None = None) -> dict[str, Any]:
+    x = make_inputs(p, dtype=dtype, device=device, seed=1, seq_lens=seq, gate_min=-5.0)
+    return with_output_grads({**x, "scale": p.K**-0.5, "output_final_state": True}, seed=2)
+
+
+def fla_steps(gate: Gate, x: dict[str, Any]) -> tuple[list[tuple[str, Callable[[], StepResult]]], str]:
+    """fla's training steps on ``x`` (KDA: also safe_gate), or ``([], why not)``."""
+    fn, why = fla_function(OPS[gate])
+    if fn is None:
+        return [], why
+    gated = gate is not Gate.NONE
+    steps = [("fla", step_call(fla_forward(fn, gated), x))]
+    if gate is Gate.CHANNEL:
+        xf = {**x, "g": x["g"].clamp(min=KDA_LOWER_BOUND)}
+        steps.append(
+            ("fla safe_gate", step_call(fla_forward(fn, gated, safe_gate=True, lower_bound=KDA_LOWER_BOUND), xf))
+        )
+    return steps, ""
+
+
+# ---- 0. warm-up: compile in parallel ---------------------------------------------------------------------------------
+
+
+def warm(what: str, dim: int) -> None:
+    """(Child process.) ``dtune:GATE``: build, without launching, every kernel of dtune's training step with the
+    default backward config at the benchmark shape, its plain forward and the search gate's packed edge case (Triton's
+    on-disk cache keeps them for the main process and the searches); ``fla``: run fla's steps once per gate (its
+    compiles and autotuning land in the same cache)."""
+    from dtune.ops import run_kernel
+    from dtune.tune.gate import edge_inputs
+    from dtune.tune.trials import compile_without_launch
+
+    t0 = time.monotonic()
+    if what.startswith("fla:"):
+        for gate in [Gate(v) for v in what.split(":")[1].split(",")]:
+            x = step_inputs(shape(gate, dim, False), torch.bfloat16, "cuda")
+            steps, why = fla_steps(gate, x)
+            for name, step in steps:
+                try:
+                    step()
+                    torch.cuda.synchronize()
+                except Exception as exc:
+                    print(f"warm {name} {OPS[gate]}: {first_line(exc)}", flush=True)
+            print(f"warm fla {OPS[gate]}: {time.monotonic() - t0:.0f} s {why}", flush=True)
+        return
+    gate = Gate(what.split(":")[1])
+    op = OPS[gate]
+    p = shape(gate, dim, False)
+    x = step_inputs(p, torch.bfloat16, "cuda")
+    edge = with_output_grads({**edge_inputs(get_kernel(op), p, torch.bfloat16, "cuda", 0), "output_final_state": True})
+    with compile_without_launch():
+        op_step(op, x, None)()
+        op_step(op, edge, None)()
+        with torch.no_grad():
+            run_kernel(
+                op, **{n: x[n] for n in ("q", "k", "v", "g", "beta", "scale", "initial_state")}, output_final_state=True
+            )
+    print(f"warm dtune {op}: {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def start_warm(gates: list[Gate], dim: int) -> list[subprocess.Popen[bytes]]:
+    kinds = [f"dtune:{g.value}" for g in gates] + ["fla:" + ",".join(g.value for g in gates)]
+    return [subprocess.Popen([sys.executable, __file__, "--warm", w, "--dim", str(dim)], cwd=ROOT) for w in kinds]
+
+
+def wait_warm(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    end = time.monotonic() + max(0.0, seconds)
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"warm-up {proc.args[-3]} still running: stopped (its compiles so far stay cached)", flush=True)
+            proc.kill()
+            proc.wait()
 
 
 # ---- 1. errors -------------------------------------------------------------------------------------------------------
@@ -116,51 +195,67 @@ def _errors_of(got: StepResult, ref: StepResult, x: dict[str, Any]) -> dict[str,
     return row
 
 
-def errors(gates: list[Gate], dim: int, interpret: bool, budget: Budget, rows: list[dict[str, Any]]) -> None:
+def errors(
+    gates: list[Gate],
+    dim: int,
+    interpret: bool,
+    budget: Budget,
+    rows: list[dict[str, Any]],
+    varlen: bool,
+    warming: list[subprocess.Popen[bytes]],
+) -> None:
+    """References first (while the warm-up compiles), then dtune's and fla's steps against them."""
     dev = "cpu" if interpret else "cuda"
     dtype = torch.float32 if interpret else torch.bfloat16  # bf16 dots are garbage under the interpreter
+    cases: list[tuple[Gate, str, Shape, list[int] | None]] = []
     for gate in gates:
+        cases.append((gate, "dense B=2", shape(gate, dim, interpret, batch=2), None))
+        if varlen or interpret:
+            lens = [1, 23, 0, 17] if interpret else [1, 700, 0, 2048, 129]
+            h, hv, d = (2, 4, 16) if interpret else (4, 8, dim)
+            cases.append((gate, "varlen HV=2H", Shape(1, 0, h, hv, d, d, len(lens), gate, True), lens))
+    refs: list[tuple[dict[str, Any], StepResult | None, float]] = []
+    for gate, case, p, seq in cases:
+        x = step_inputs(p, dtype, dev, seq)
+        t0 = time.monotonic()
+        try:
+            ref: StepResult | None = reference_step(x)
+        except Exception as exc:
+            print(f"reference {OPS[gate]} {case}: {first_line(exc)}", flush=True)
+            ref = None
+        refs.append((x, ref, time.monotonic() - t0))
+        print(f"reference {OPS[gate]} {case} (float64 autograd): {refs[-1][2]:.1f} s", flush=True)
+    wait_warm(warming, budget.left() - RESERVE_S - len(gates) * SEARCH_MIN_S)
+    for (gate, case, p, _), (x, ref, ref_s) in zip(cases, refs):
         op = OPS[gate]
-        cases: list[tuple[str, Shape, list[int] | None]] = [("dense", shape(gate, dim, interpret), None)]
-        lens = [1, 23, 0, 17] if interpret else [1, 700, 0, 2048, 129]
-        heads = (2, 4, 16) if interpret else (4, 8, dim)
-        cases.append(("varlen HV=2H", Shape(1, 0, heads[0], heads[1], heads[2], heads[2], len(lens), gate, True), lens))
-        for case, p, seq in cases:
-            if budget.left() < RESERVE_S + len(gates) * SEARCH_MIN_S:
-                print(f"budget: skipping errors of {op} {case}", flush=True)
-                continue
-            t0 = time.monotonic()
-            x = make_inputs(p, dtype=dtype, device=dev, seed=1, seq_lens=seq, gate_min=-5.0)
-            x = with_output_grads({**x, "scale": p.K**-0.5, "output_final_state": True}, seed=2)
-            ref = reference_step(x)
-            impls: list[tuple[str, Callable[[], StepResult]]] = [("dtune", op_step(op, x, None))]
-            fn, why = fla_function(op)
-            fla_ok = budget.left() > RESERVE_S + len(gates) * SEARCH_MIN_S + 60  # fla compiles and autotunes (~1 min)
-            if case == "dense" and fn is not None and not interpret and not fla_ok:
-                rows.append({"op": op, "case": case, "impl": "fla", "note": "skipped: budget"})
-            elif case == "dense" and fn is not None and not interpret:
-                gated = gate is not Gate.NONE
-                impls.append(("fla", step_call(fla_forward(fn, gated), x)))
-                if gate is Gate.CHANNEL:
-                    xf = {**x, "g": x["g"].clamp(min=KDA_LOWER_BOUND)}
-                    fast = fla_forward(fn, gated, safe_gate=True, lower_bound=KDA_LOWER_BOUND)
-                    impls.append(("fla safe_gate", step_call(fast, xf)))
-            elif case == "dense" and not interpret:
+        if budget.left() < RESERVE_S + len(gates) * SEARCH_MIN_S / 2:
+            rows.append({"op": op, "case": case, "impl": "dtune", "note": "skipped: budget"})
+            continue
+        if ref is None:
+            rows.append({"op": op, "case": case, "impl": "reference", "note": "failed"})
+            continue
+        impls: list[tuple[str, Callable[[], StepResult]]] = [("dtune", op_step(op, x, None))]
+        if case.startswith("dense") and not interpret:
+            steps, why = fla_steps(gate, x)
+            impls += steps
+            if why:
                 rows.append({"op": op, "case": case, "impl": "fla", "note": why})
-            for impl, step in impls:
-                row: dict[str, Any] = {"op": op, "case": case, "D": p.K, "impl": impl}
-                try:
-                    row |= _errors_of(step(), ref, x)
-                    row["note"] = ""
-                except Exception as exc:  # e.g. fla's backward refusing to compile: reported, not skipped
-                    row["note"] = first_line(exc)
-                    traceback.print_exc()
-                rows.append(row)
-                write_csv("bwd_errors.csv", rows)
-            del ref, x
-            if not interpret:
-                torch.cuda.empty_cache()
-            print(f"errors {op} {case}: {time.monotonic() - t0:.1f} s", flush=True)
+        for impl, step in impls:
+            row: dict[str, Any] = {"op": op, "case": case, "D": p.K, "impl": impl, "ref_s": f"{ref_s:.1f}"}
+            t0 = time.monotonic()
+            try:
+                row |= _errors_of(step(), ref, x)
+                row["note"] = ""
+            except Exception as exc:  # e.g. fla's backward refusing to compile: reported, not skipped
+                row["note"] = first_line(exc)
+                traceback.print_exc()
+            row["first_s"] = f"{time.monotonic() - t0:.1f}"
+            rows.append(row)
+            write_csv("bwd_errors.csv", rows)
+            print(f"errors {op} {case} {impl}: {row['first_s']} s", flush=True)
+    refs.clear()
+    if not interpret:
+        torch.cuda.empty_cache()
 
 
 # ---- 2. search -------------------------------------------------------------------------------------------------------
@@ -355,7 +450,12 @@ def main() -> None:
         "--tuned", type=Path, default=None, help="backward configs for bench and stages (default: $OUT/bwd_tuned.json)"
     )
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton's interpreter, tiny shapes (a dry run)")
+    ap.add_argument("--varlen", action="store_true", help="errors also on a packed varlen batch (HV = 2H)")
+    ap.add_argument("--warm", help=argparse.SUPPRESS)  # child process: compile ahead (see warm())
     a = ap.parse_args()
+    if a.warm:
+        warm(a.warm, a.dim)
+        return
     if not a.interpret and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --interpret for a dry run on the CPU)")
     budget = Budget(a.budget_s)
@@ -367,9 +467,11 @@ def main() -> None:
     tim: list[dict[str, Any]] = []
     stg: list[dict[str, Any]] = []
     runs = Path(tempfile.mkdtemp(prefix="dtune_bwd_runs_"))
+    warming = [] if a.interpret or "warm" in skip else start_warm(gates, a.dim)
     try:
         if "errors" not in skip:
-            errors(gates, a.dim, a.interpret, budget, err)
+            errors(gates, a.dim, a.interpret, budget, err, a.varlen, warming)
+        wait_warm(warming, budget.left() - RESERVE_S - len(gates) * SEARCH_MIN_S)
         if "search" not in skip:
             found = searches(gates, a.dim, a.interpret, budget, a.search_s, a.compile_ahead, runs)
         tuned = a.tuned or out_dir() / "bwd_tuned.json"
@@ -378,11 +480,12 @@ def main() -> None:
         if "stages" not in skip and not a.interpret:
             stages(gates, a.dim, budget, tuned, stg)
     finally:
+        wait_warm(warming, 0)
         shutil.rmtree(runs, ignore_errors=True)
         grads = [f"err_{label}" for label in GRADS.values()]
         text = "\n".join([
             "== gradient errors, relative RMS vs float64 autograd (bf16 inputs, gates down to -5) ==",
-            table(err, ["op", "case", "impl", "err_o", *grads, "note"]),
+            table(err, ["op", "case", "impl", "err_o", *grads, "ref_s", "first_s", "note"]),
             f"\n== backward search (D = {a.dim}, T = 4096, H = 16; export: bwd_tuned.json, merged: h200.json) ==",
             table(found, ["kernel", "trials", "failures", "default_ms", "best_ms", "best", "note"]),
             "\n== forward + backward (fwd+bwd) and forward alone (eager): median ms, peak MiB ==",

@@ -39,7 +39,7 @@ from dtune.kernels import get_kernel
 from dtune.measure.baselines import BASELINES, Impl, build_impls
 from dtune.measure.configs import ConfigSource
 from dtune.measure.error import rel_rms_error
-from dtune.measure.grad import StepResult, reference_step
+from dtune.measure.grad import REFERENCE_MAX_BYTES, StepResult, reference_bytes, reference_step
 from dtune.measure.grids import bench_shapes
 from dtune.measure.harness import OpRun, op_run
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
@@ -113,6 +113,8 @@ def _truth(run: OpRun) -> torch.Tensor | StepResult | None:
     x = run.inputs
     try:
         if get_kernel(run.kernel).backward:
+            if reference_bytes(run.shape) > REFERENCE_MAX_BYTES:
+                return None  # run_bench notes it
             return reference_step(x)
         o, _ = chunk_reference(
             x["q"], x["k"], x["v"], x["g"], x["beta"], x["scale"], x["initial_state"], False, x["cu_seqlens"],
@@ -286,6 +288,12 @@ def run_bench(
         if progress:
             progress(f"{kernel} B={p.B} T={p.T} H={p.H} D={p.K}")
         run = op_run(kernel, p, dtype, device, workload)
+        if spec.backward and reference_bytes(run.shape) > REFERENCE_MAX_BYTES:
+            note = (
+                f"no output or gradient errors at B={p.B} T={p.T}: float64 autograd through the reference would hold "
+                f"~{reference_bytes(run.shape) / 2**30:.0f} GiB (scripts/gpu_bwd.py checks them at B = 2)"
+            )
+            notes.append(note)
         config, where = source.resolve(kernel, run.shape, dtype, device)
         impls, impl_notes = build_impls(kernel, baselines, config, where, on_gpu)
         notes.extend(n for n in impl_notes if n not in notes)

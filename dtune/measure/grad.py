@@ -23,6 +23,8 @@ Tensor = torch.Tensor
 DIFF_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")  # the op's differentiable inputs, in the ops' order
 OP_ARGS = ("q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state", "cu_seqlens")
 GRAD_SEED = 4321  # the output gradients every timed step uses
+REFERENCE_CHUNK = 32  # chunk_reference's default chunk
+REFERENCE_MAX_BYTES = 4 * 2**30  # the float64 reference's autograd graph beyond which a measurement skips or shrinks it
 
 
 class StepResult(NamedTuple):
@@ -113,6 +115,13 @@ def op_step(
         return run_kernel(kernel, **op_kwargs(xs), config=config, bwd_config=bwd_config)
 
     return step_call(forward, x)
+
+
+def reference_bytes(p: Any) -> float:
+    """Rough float64 bytes of autograd through the chunked reference on shape ``p`` (a :class:`dtune.shape.Shape`):
+    ~3 saved states per chunk and ~16 token-sized tensors."""
+    chunks = -(-p.T // REFERENCE_CHUNK)
+    return 8.0 * (3 * chunks * p.B * p.HV * p.K * p.V + 16 * p.B * p.T * p.HV * max(p.K, p.V))
 
 
 def reference_step(x: dict[str, Any], loop: bool = False) -> StepResult:

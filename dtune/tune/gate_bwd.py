@@ -13,9 +13,9 @@ its input's shape and dtype, and within the space's tolerance (``[tolerance]`` o
 :class:`~dtune.tune.gate.GateResult`'s ``error_o`` is the forward's larger error (o, final state), ``error_s`` the
 largest gradient error; a failure's reason names the gradient and lists every error.
 
-At the tuned shape the float64 reference keeps its autograd graph (per-chunk states) in device memory: a shape
-whose estimate exceeds :data:`REFERENCE_BUDGET` of the device is checked with fewer batch rows (same T, heads and
-head dims: what a config specialises on).
+At the tuned shape the float64 reference keeps its autograd graph (per-chunk states) in device memory and takes its
+time: a shape whose graph would exceed :data:`~dtune.measure.grad.REFERENCE_MAX_BYTES` (4 GiB) is checked with fewer
+batch rows (B = 2 at T = 4096, H = 16, D = 128): the same T, heads and head dims, which is what a config specialises on.
 """
 
 from __future__ import annotations
@@ -29,29 +29,28 @@ from dtune.kernels import KernelSpec
 
 from dtune.inputs import dtype_name
 from dtune.measure.error import rel_rms_error
-from dtune.measure.grad import StepResult, op_step, reference_step, with_output_grads
+from dtune.measure.grad import (
+    REFERENCE_MAX_BYTES,
+    StepResult,
+    op_step,
+    reference_bytes,
+    reference_step,
+    with_output_grads,
+)
 from dtune.shape import Shape
 from dtune.tune.gate import EDGE_SEQ_LENS, GateResult, edge_inputs, gate_inputs, poisoned_outputs
 
 GRADS = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "initial_state": "dh0"}
-REFERENCE_BUDGET = 0.25  # share of the device's memory the float64 reference's autograd graph may take
-REFERENCE_CHUNK = 32  # chunk_reference's default chunk
-
-
-def reference_bytes(p: Shape) -> float:
-    """Rough float64 bytes of autograd through the chunked reference: ~3 saved states per chunk, ~16 token tensors."""
-    chunks = -(-p.T // REFERENCE_CHUNK)
-    return 8.0 * (3 * chunks * p.B * p.HV * p.K * p.V + 16 * p.B * p.T * p.HV * max(p.K, p.V))
 
 
 def gate_shape(problem: Shape, device: torch.device | str) -> Shape:
-    """``problem``, with B halved until the reference fits :data:`REFERENCE_BUDGET` of the device (CUDA only)."""
-    device = torch.device(device)
-    if device.type != "cuda":
+    """``problem`` with B halved until the float64 reference's autograd graph is at most
+    :data:`~dtune.measure.grad.REFERENCE_MAX_BYTES` (on a GPU; the interpreter's shapes are tiny): T, the heads and
+    the head dims, what a config specialises on, stay."""
+    if torch.device(device).type != "cuda":
         return problem
-    budget = REFERENCE_BUDGET * torch.cuda.get_device_properties(device).total_memory
     p = problem
-    while p.B > 1 and reference_bytes(p) > budget:
+    while p.B > 1 and reference_bytes(p) > REFERENCE_MAX_BYTES:
         p = dataclasses.replace(p, B=p.B // 2, N=max(1, p.B // 2))
     return p
 
