@@ -8,28 +8,31 @@ Usage (one CUDA GPU, from the checkout's root):
 Shape: bf16, B·T = 32768, T = 4096, H = 16, K = V = --dim (the issue's target). Steps, each writing under $OUT
 (default ./out; at most 8 files, the device's limit) before the next starts:
 
-1. errors -> bwd_errors.csv: every gradient (q, k, v, g, beta, initial state) and the output of dtune's training
-   step (tuned/default backward config) and of fla's (fla.ops.*.chunk_* with requires_grad inputs, and for KDA its
-   safe_gate mode) against float64 autograd through the chunked reference, on inputs with strong decays (log gates
-   down to -5), random output and final-state gradients; dtune also on a packed varlen batch with an empty sequence
-   and grouped value heads (HV = 2H). A contestant that fails (fla's chunk_gated_delta_rule backward on triton 3.6)
-   gets a row with its error's first line.
-2. search -> bwd_runs.tgz, bwd_tuned.json, h200.json: `dtune search --kernel chunk_*_bwd --seq-lens 4096
-   --head-dims D --heads 16 --timeout S` per kernel (S shrinks to fit the budget), the exports merged
-   (bwd_tuned.json) and merged into a copy of dtune/configs/h200.json (h200.json: commit it as the shipped file).
+0. warm-up (child processes, in parallel with the float64 references of step 1): dtune's default training step, its
+   plain forward and the search gate's packed edge case are compiled without launching, one process per kernel, and
+   fla's steps run once (its compiles and autotuning): Triton's on-disk cache then serves every later step. Cold, each
+   dtune step compiles ~6 kernels (10-20 s each on one core of the H200 host).
+1. errors -> bwd_errors.csv: every gradient (q, k, v, g, beta, initial state) and the output of dtune's training step
+   (tuned/default backward config; B = 2 of the target shape, for the reference's sake) and of fla's (fla.ops.*.chunk_*
+   with requires_grad inputs, and for KDA its safe_gate mode) against float64 autograd through the chunked reference, on
+   inputs with strong decays (log gates down to -5), random output and final-state gradients; with --varlen dtune also
+   on a packed varlen batch with an empty sequence and grouped value heads (HV = 2H). A contestant that fails (fla's
+   chunk_gated_delta_rule backward on triton 3.6) gets a row with its error's first line.
+2. search -> bwd_runs.tgz, bwd_tuned.json, h200.json: `dtune search --kernel chunk_*_bwd --seq-lens 4096 --head-dims D
+   --heads 16 --timeout S` per kernel (S shrinks to fit the budget), the exports merged (bwd_tuned.json) and merged into
+   a copy of dtune/configs/h200.json (h200.json: commit it as the shipped file).
 3. bench -> bwd_bench.csv: `dtune bench`'s forward + backward mode with bwd_tuned.json (or --tuned FILE): the tuned
-   backward config, the default, fla (and fla's safe_gate for KDA): median ms (CUDA events, L2 flushed), peak
-   memory, output and gradient errors; dtune's forward alone for scale.
-4. stages -> bwd_stages.csv: CUDA time per Triton kernel of dtune's tuned step (torch.profiler) against the floors
-   of dtune.measure.work.backward_stages (bytes at the measured copy bandwidth, FLOPs at the bf16 matmul rate).
+   backward config, the default, fla (and fla's safe_gate for KDA): median ms (CUDA events, L2 flushed), peak memory,
+   output and gradient errors; dtune's forward alone for scale.
+4. stages -> bwd_stages.csv: CUDA time per Triton kernel of dtune's tuned step (torch.profiler) against the floors of
+   dtune.measure.work.backward_stages (bytes at the measured copy bandwidth, FLOPs at the bf16 matmul rate).
 
---skip STEP[,STEP] leaves steps out (errors, search, bench, stages). Budget: the errors step stops short of leaving
-three searches SEARCH_MIN_S each and RESERVE_S for bench and stages (fla's first call compiles and autotunes: about a
-minute per op on a cold cache, paid once per process); each search gets an equal share of what is left (at most
---search-s); bench and stages take what remains (one timing round each when short). If fla's compiles eat the
-searches, split the sitting: `--skip bench,stages`, then, with the bwd_tuned.json that came back committed or
-carried, `--skip errors,search --tuned bwd_tuned.json`.
-"""
+--skip STEP[,STEP] leaves steps out (warm, errors, search, bench, stages). Budget: the errors step stops short of
+leaving three searches SEARCH_MIN_S each and RESERVE_S for bench and stages (fla's first call compiles and autotunes:
+about a minute per op on a cold cache, paid once per process); each search gets an equal share of what is left (at most
+--search-s); bench and stages take what remains (one timing round each when short). If fla's compiles eat the searches,
+split the sitting: `--skip bench,stages`, then, with the bwd_tuned.json that came back committed or carried, `--skip
+errors,search --tuned bwd_tuned.json`."""
 
 from __future__ import annotations
 
@@ -131,7 +134,7 @@ def fla_steps(gate: Gate, x: dict[str, Any]) -> tuple[list[tuple[str, Callable[[
 # ---- 0. warm-up: compile in parallel ---------------------------------------------------------------------------------
 
 
-def warm(what: str, dim: int) -> None:
+def warm(what: str, dim: int, interpret: bool) -> None:
     """(Child process.) ``dtune:GATE``: build, without launching, every kernel of dtune's training step with the
     default backward config at the benchmark shape, its plain forward and the search gate's packed edge case (Triton's
     on-disk cache keeps them for the main process and the searches); ``fla``: run fla's steps once per gate (its
@@ -141,23 +144,24 @@ def warm(what: str, dim: int) -> None:
     from dtune.tune.trials import compile_without_launch
 
     t0 = time.monotonic()
+    dev, dtype = ("cpu", torch.float32) if interpret else ("cuda", torch.bfloat16)
     if what.startswith("fla:"):
         for gate in [Gate(v) for v in what.split(":")[1].split(",")]:
-            x = step_inputs(shape(gate, dim, False), torch.bfloat16, "cuda")
+            x = step_inputs(shape(gate, dim, interpret), dtype, dev)
             steps, why = fla_steps(gate, x)
             for name, step in steps:
                 try:
                     step()
                     torch.cuda.synchronize()
-                except Exception as exc:
+                except Exception as exc:  # reported again, with its row, by the errors step
                     print(f"warm {name} {OPS[gate]}: {first_line(exc)}", flush=True)
             print(f"warm fla {OPS[gate]}: {time.monotonic() - t0:.0f} s {why}", flush=True)
         return
     gate = Gate(what.split(":")[1])
     op = OPS[gate]
-    p = shape(gate, dim, False)
-    x = step_inputs(p, torch.bfloat16, "cuda")
-    edge = with_output_grads({**edge_inputs(get_kernel(op), p, torch.bfloat16, "cuda", 0), "output_final_state": True})
+    p = shape(gate, dim, interpret)
+    x = step_inputs(p, dtype, dev)
+    edge = with_output_grads({**edge_inputs(get_kernel(op), p, dtype, dev, 0), "output_final_state": True})
     with compile_without_launch():
         op_step(op, x, None)()
         op_step(op, edge, None)()
@@ -168,9 +172,11 @@ def warm(what: str, dim: int) -> None:
     print(f"warm dtune {op}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def start_warm(gates: list[Gate], dim: int) -> list[subprocess.Popen[bytes]]:
+def start_warm(gates: list[Gate], dim: int, interpret: bool) -> list[subprocess.Popen[bytes]]:
     kinds = [f"dtune:{g.value}" for g in gates] + ["fla:" + ",".join(g.value for g in gates)]
-    return [subprocess.Popen([sys.executable, __file__, "--warm", w, "--dim", str(dim)], cwd=ROOT) for w in kinds]
+    extra = ["--interpret"] if interpret else []
+    cmd = [sys.executable, __file__, "--dim", str(dim), *extra, "--warm"]
+    return [subprocess.Popen([*cmd, w], cwd=ROOT) for w in kinds]
 
 
 def wait_warm(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
@@ -179,7 +185,7 @@ def wait_warm(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
         try:
             proc.wait(timeout=max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            print(f"warm-up {proc.args[-3]} still running: stopped (its compiles so far stay cached)", flush=True)
+            print(f"warm-up {proc.args[-1]} still running: stopped (its compiles so far stay cached)", flush=True)
             proc.kill()
             proc.wait()
 
@@ -445,7 +451,8 @@ def main() -> None:
     ap.add_argument("--gates", default="none,scalar,channel")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("-j", "--compile-ahead", type=int, default=min(6, max(1, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--skip", default="", help="comma-separated steps to leave out: errors, search, bench, stages")
+    steps = "warm, errors, search, bench, stages"
+    ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {steps}")
     ap.add_argument(
         "--tuned", type=Path, default=None, help="backward configs for bench and stages (default: $OUT/bwd_tuned.json)"
     )
@@ -454,7 +461,7 @@ def main() -> None:
     ap.add_argument("--warm", help=argparse.SUPPRESS)  # child process: compile ahead (see warm())
     a = ap.parse_args()
     if a.warm:
-        warm(a.warm, a.dim)
+        warm(a.warm, a.dim, a.interpret)
         return
     if not a.interpret and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --interpret for a dry run on the CPU)")
@@ -467,7 +474,7 @@ def main() -> None:
     tim: list[dict[str, Any]] = []
     stg: list[dict[str, Any]] = []
     runs = Path(tempfile.mkdtemp(prefix="dtune_bwd_runs_"))
-    warming = [] if a.interpret or "warm" in skip else start_warm(gates, a.dim)
+    warming = [] if "warm" in skip else start_warm(gates, a.dim, a.interpret)
     try:
         if "errors" not in skip:
             errors(gates, a.dim, a.interpret, budget, err, a.varlen, warming)
