@@ -256,7 +256,7 @@ def profile(
 def verify(
     kernels: Annotated[
         str | None,
-        typer.Option("--kernel", "-k", help="Comma-separated kernels to check (default: all six)."),
+        typer.Option("--kernel", "-k", help="Comma-separated kernels to check (default: the six forward kernels)."),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer cases (the sizes most worth a GPU's time).")] = False,
     sweep: Annotated[
