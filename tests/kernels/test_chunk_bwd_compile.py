@@ -101,6 +101,7 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("none", "bf16", 128, {}, False),
     ("channel", "bf16", 128, {"FUSE_DV": False}, False),
     ("channel", "bf16", 64, {"BT": 32, "BC": 32}, True),
+    ("channel", "bf16", 128, {"BT": 64, "dqk_BK": 16}, False),  # four pairwise blocks (_block's 4-way split)
     ("scalar", "fp32", 64, {"BT": 32, "FUSE_DV": False}, False),
     ("none", "bf16", 256, {}, True),
 ]
