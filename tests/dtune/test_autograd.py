@@ -101,3 +101,9 @@ def test_needs_grad() -> None:
     assert not dtune.autograd.needs_grad(None, torch.zeros(2))
     with torch.no_grad():
         assert not dtune.autograd.needs_grad(t)
+
+
+def test_a_backward_kernel_is_not_an_op() -> None:
+    x = inputs(Gate.CHANNEL)
+    with pytest.raises(ValueError, match="chunk_kda_bwd is the backward of chunk_kda: call chunk_kda"):
+        ops.run_kernel("chunk_kda_bwd", x["q"], x["k"], x["v"], x["g"], x["beta"])
