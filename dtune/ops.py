@@ -79,9 +79,10 @@ def run_kernel(
         if grad:
             args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
             return chunk_with_grad(*args, full, bwd)
-    # the offsets check_inputs already read: the chunk tables are built from them (no second host copy)
     args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
-    return spec.module.forward(*args, full, problem.seq_offsets)
+    if spec.family == "chunk":  # its chunk tables come from the offsets check_inputs already read (no second copy)
+        return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
+    return spec.module.forward(*args, full)
 
 
 class UngatedOp(Protocol):

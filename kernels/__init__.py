@@ -20,7 +20,6 @@ into the forward (``SAVE = "all"``) for free. The step is what a training loop p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
@@ -60,10 +59,9 @@ class KernelFamily(TemplateParams, Protocol):
         output_final_state: bool,
         cu_seqlens: torch.Tensor | None,
         config: Config,
-        seq_offsets: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Launch the template on validated inputs with a checked, complete config: ``(o, final_state)``.
-        ``seq_offsets``: cu_seqlens already read on the host (dtune.inputs.check_inputs), so no second copy."""
+        (The chunk family's ``forward`` also takes ``seq_offsets``, cu_seqlens as check_inputs read it on the host.)"""
         ...
 
 

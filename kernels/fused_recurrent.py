@@ -10,8 +10,6 @@ Tunable: ``BV`` (value tile), ``num_warps``, ``num_stages`` (software pipelining
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import triton
 import triton.language as tl
@@ -132,10 +130,8 @@ def forward(
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
     config: Config,
-    seq_offsets: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Launch the template on validated inputs with a checked, complete config (``seq_offsets``, cu_seqlens read on
-    the host by the caller, is not needed: the kernel reads cu_seqlens on the device)."""
+    """Launch the template on validated inputs with a checked, complete config."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
