@@ -15,7 +15,6 @@ import torch
 from dtune.autograd import chunk_with_grad, needs_grad
 from dtune.inputs import check_inputs
 from dtune.kernels import get_kernel
-from dtune.kernels.chunk import backward as chunk_bwd
 from dtune.shape import Gate
 from dtune.store import tuned_config
 
@@ -53,9 +52,15 @@ def run_kernel(
     (:mod:`dtune.autograd`; ``bwd_config`` overrides the backward's tuned/default config) and the fused-recurrent
     ones raise (they have no backward)."""
     spec = get_kernel(kernel)
+    if spec.backward:
+        raise ValueError(
+            f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
+            f"grad (its bwd_config= sets {kernel}'s parameters)"
+        )
     problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens)
     grad = needs_grad(q, k, v, g, beta, initial_state)
-    if spec.family != "chunk" and (grad or bwd_config is not None):
+    bwd_name = spec.backward_kernel
+    if bwd_name is None and (grad or bwd_config is not None):
         raise NotImplementedError(
             f"{kernel} has no backward (it serves inference: decoding and short prompts), but "
             + ("an input requires grad" if grad else "a bwd_config was given")
@@ -66,14 +71,14 @@ def run_kernel(
         config = tuned_config(spec.name, problem, v.dtype, v.device)
     full = spec.check_config(problem.K, problem.V, config)
     scale = problem.K**-0.5 if scale is None else float(scale)
-    if grad:
-        if bwd_config is None:
-            bwd_config = tuned_config(spec.name + "_bwd", problem, v.dtype, v.device)
-        bwd = chunk_bwd.check_config(problem.K, problem.V, spec.gate, bwd_config, spec.name + " backward")
-        args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
-        return chunk_with_grad(*args, full, bwd)
-    if bwd_config is not None:
-        chunk_bwd.check_config(problem.K, problem.V, spec.gate, bwd_config, spec.name + " backward")
+    if bwd_name is not None and (grad or bwd_config is not None):
+        bwd_spec = get_kernel(bwd_name)
+        if grad and bwd_config is None:
+            bwd_config = tuned_config(bwd_name, problem, v.dtype, v.device)
+        bwd = bwd_spec.check_config(problem.K, problem.V, bwd_config)  # checked even when not needed: fail early
+        if grad:
+            args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
+            return chunk_with_grad(*args, full, bwd)
     args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
     if spec.family == "chunk":  # its chunk tables come from the offsets check_inputs already read (no second copy)
         return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)

@@ -196,21 +196,28 @@ def _configs_for(gpu: str) -> TunedConfigs | None:
     return found
 
 
+def gpu_key(device: torch.device) -> str | None:
+    """The GPU profile key of a CUDA ``device``; None when dtune has no profile for it, and for the CPU (Triton's
+    interpreter: nothing is tuned for it)."""
+    from dtune.gpu import detect
+
+    if device.type != "cuda":
+        return None
+
+    return detect(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
     """The tuned config for this kernel, GPU, dtype and nearest shape bucket, or None for the default.
 
     Called on every op call: a dict hit after the first call per (kernel, problem, dtype, device).
     """
-    if device.type != "cuda":
-        return None  # CPU tensors: Triton's interpreter, nothing was tuned for it
-    key = (kernel, problem, dtype, device.index)
+    key = (kernel, problem, dtype, device.type, device.index)
     try:
         return _cache[key]
     except KeyError:
         pass
-    from dtune.gpu import detect
-
-    gpu = detect(device.index if device.index is not None else torch.cuda.current_device())
+    gpu = gpu_key(device)
     configs = _configs_for(gpu) if gpu is not None else None
     found = configs.lookup(kernel, dtype_name(dtype), problem) if configs is not None else None
     _cache[key] = found

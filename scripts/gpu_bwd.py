@@ -1,61 +1,75 @@
-"""GPU sitting for the chunk backward: bf16 gradient errors, forward + backward time and peak memory, dtune vs fla.
+"""GPU sitting for the chunk backward, one command: correctness, a short backward search per kernel, forward + backward
+time and peak memory against fla, and where the time goes, stage by stage. Budget-aware; tables printed last.
 
-Usage (one CUDA GPU):  python scripts/gpu_bwd.py [--budget-s 540] [--gates none,scalar,channel] [--dims 128,64]
-                       python scripts/gpu_bwd.py --interpret        (CPU, Triton's interpreter, tiny shapes: a dry run)
+Usage (one CUDA GPU, from the checkout's root):
+    python scripts/gpu_bwd.py [--budget-s 540] [--search-s 75] [--gates none,scalar,channel] [--dim 128] [-j 6]
+    python scripts/gpu_bwd.py --interpret          (CPU, Triton's interpreter, tiny shapes: a dry run of every step)
 
-1. Errors (not a test): bf16 inputs with strong decays (log gates down to −5), a random output and final-state
-   gradient; every gradient (q, k, v, g, beta, initial state) of dtune (default backward config, and SAVE = "all")
-   and of fla (when it imports) against float64 autograd through the chunked reference; at the benchmark shape
-   (B·T = 32768, H = 16, D = 128) and on a packed varlen batch with grouped value heads (HV = 2H). fla refusing to run
-   (its chunk_gated_delta_rule backward on triton 3.6 / Hopper) is caught and reported. -> $OUT/bwd_errors.csv
-2. Timing: forward + backward (torch.autograd.grad of o and the final state), median ms over CUDA events with the
-   L2 flushed (dtune.measure.time_fn), and peak memory (torch.cuda.max_memory_allocated above the inputs) of:
-   dtune's forward alone, dtune fwd+bwd for SAVE = "intra" (default), "all", "none" and BT = 32, fla fwd+bwd (and
-   for KDA fla's safe_gate mode), at B·T = 32768, H = 16, T = 4096, D in --dims. -> $OUT/bwd_timing.csv
-3. Stage breakdown of dtune's default fwd+bwd (torch.profiler, CUDA time per kernel, mean per call); with --sweep
-   for a list of backward variants (SWEEP: state-pass tiles and stages, dq/dk tiles, BT = 32), at the first of
-   --dims. -> $OUT/bwd_stages.csv (--skip-errors / --skip-timing / --skip-stages leave a part out)
+Shape: bf16, B·T = 32768, T = 4096, H = 16, K = V = --dim (the issue's target). Steps, each writing under $OUT
+(default ./out; at most 8 files, the device's limit) before the next starts:
 
-Rows are written after each measurement, so a sitting cut short keeps what it measured; the tables print last.
-"""
+0. warm-up (child processes, in parallel with the float64 references of step 1): dtune's default training step, its
+   plain forward and the search gate's packed edge case are compiled without launching, one process per kernel, and
+   fla's steps run once (its compiles and autotuning): Triton's on-disk cache then serves every later step. Cold, each
+   dtune step compiles ~6 kernels (10-20 s each on one core of the H200 host).
+1. errors -> bwd_errors.csv: every gradient (q, k, v, g, beta, initial state) and the output of dtune's training step
+   (tuned/default backward config; B = 2 of the target shape, for the reference's sake) and of fla's (fla.ops.*.chunk_*
+   with requires_grad inputs, and for KDA its safe_gate mode) against float64 autograd through the chunked reference, on
+   inputs with strong decays (log gates down to -5), random output and final-state gradients; with --varlen dtune also
+   on a packed varlen batch with an empty sequence and grouped value heads (HV = 2H). A contestant that fails (fla's
+   chunk_gated_delta_rule backward on triton 3.6) gets a row with its error's first line.
+2. search -> bwd_runs.tgz, bwd_tuned.json, h200.json: `dtune search --kernel chunk_*_bwd --seq-lens 4096 --head-dims D
+   --heads 16 --timeout S` per kernel (S shrinks to fit the budget), the exports merged (bwd_tuned.json) and merged into
+   a copy of dtune/configs/h200.json (h200.json: commit it as the shipped file).
+3. bench -> bwd_bench.csv: `dtune bench`'s forward + backward mode with bwd_tuned.json (or --tuned FILE): the tuned
+   backward config, the default, fla (and fla's safe_gate for KDA): median ms (CUDA events, L2 flushed), peak memory,
+   output and gradient errors; dtune's forward alone for scale.
+4. stages -> bwd_stages.csv: CUDA time per Triton kernel of dtune's tuned step (torch.profiler) against the floors of
+   dtune.measure.work.backward_stages (bytes at the measured copy bandwidth, FLOPs at the bf16 matmul rate).
+
+--skip STEP[,STEP] leaves steps out (warm, errors, search, bench, stages). Budget: the errors step stops short of
+leaving three searches SEARCH_MIN_S each and RESERVE_S for bench and stages (fla's first call compiles and autotunes:
+about a minute per op on a cold cache, paid once per process); each search gets an equal share of what is left (at most
+--search-s); bench and stages take what remains (one timing round each when short). If fla's compiles eat the searches,
+split the sitting: `--skip bench,stages`, then, with the bwd_tuned.json that came back committed or carried, `--skip
+errors,search --tuned bwd_tuned.json`."""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import math
 import os
+import shutil
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's dtune, installed or not
 if "--interpret" in sys.argv:  # before triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch
-from dtune.kernels.reference import chunk_reference
+import torch  # noqa: E402
+from dtune.kernels import get_kernel  # noqa: E402
 
-from dtune import ops
-from dtune.measure.inputs import make_inputs
-from dtune.measure.timing import time_fn
-from dtune.shape import Gate, Shape
+from dtune.measure.baselines import KDA_LOWER_BOUND, fla_forward, fla_function  # noqa: E402
+from dtune.measure.error import rel_rms_error  # noqa: E402
+from dtune.measure.grad import StepResult, op_step, reference_step, step_call, with_output_grads  # noqa: E402
+from dtune.measure.inputs import make_inputs  # noqa: E402
+from dtune.shape import Gate, Shape, ShapeGrid  # noqa: E402
 
-Tensor = torch.Tensor
 OPS = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
-FLA = {
-    Gate.NONE: ("fla.ops.delta_rule", "chunk_delta_rule"),
-    Gate.SCALAR: ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
-    Gate.CHANNEL: ("fla.ops.kda", "chunk_kda"),
-}
-NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-VARIANTS: list[tuple[str, dict[str, Any]]] = [
-    ("dtune", {}),  # the default backward config (SAVE = "intra")
-    ("dtune SAVE=all", {"SAVE": "all"}),
-    ("dtune SAVE=none", {"SAVE": "none"}),
-    ("dtune BT=32", {"BT": 32}),
-]
+GRADS = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "initial_state": "dh0"}
+RESERVE_S = 150.0  # kept for bench + stages after the searches (fla's first fwd+bwd call compiles and autotunes)
+SEARCH_MIN_S = 60.0  # a search's least time, startup and wind-down included (the errors step leaves three of them)
 
 
 class Budget:
@@ -72,324 +86,422 @@ def out_dir() -> Path:
     return path
 
 
-def append_row(name: str, row: dict[str, Any]) -> None:
-    path = out_dir() / name
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(row))
-        if new:
-            w.writeheader()
-        w.writerow(row)
+def write_csv(name: str, rows: list[dict[str, Any]]) -> None:
+    """All rows so far (rewritten after each measurement: a sitting cut short keeps what it measured)."""
+    if not rows:
+        return
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with (out_dir() / name).open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
 
 
-def rel(x: Tensor | None, ref: Tensor | None) -> float:
-    if x is None or ref is None:
-        return float("nan")
-    x, ref = x.detach().double(), ref.detach().double()
-    if not torch.isfinite(x).all():
-        return float("inf")
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
-def fla_op(gate: Gate) -> tuple[Callable[..., Any] | None, str]:
-    module, name = FLA[gate]
-    try:
-        import importlib
-
-        return getattr(importlib.import_module(module), name), ""
-    except Exception as exc:  # not installed, or broken on this triton
-        return None, f"fla not importable ({type(exc).__name__}: {exc})"
+def shape(gate: Gate, dim: int, interpret: bool, batch: int = 8) -> Shape:
+    """The benchmark's shape (B·T = 32768 at B = 8); the errors step runs B = 2 (the float64 reference's graph)."""
+    if interpret:
+        return Shape(2, 40, 2, 2, 16, 16, 2, gate)
+    return Shape(batch, 4096, 16, 16, dim, dim, batch, gate)
 
 
-def dtune_call(gate: Gate, bwd_config: dict[str, Any] | None) -> Callable[..., tuple[Tensor, Tensor | None]]:
-    def call(x: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
-        return ops.run_kernel(
-            OPS[gate], *(x[n] for n in ("q", "k", "v", "g", "beta")), initial_state=x["initial_state"],
-            output_final_state=True, cu_seqlens=x["cu_seqlens"], bwd_config=bwd_config,
-        )  # fmt: skip
-
-    return call
+def step_inputs(p: Shape, dtype: torch.dtype, device: str, seq: list[int] | None = None) -> dict[str, Any]:
+    x = make_inputs(p, dtype=dtype, device=device, seed=1, seq_lens=seq, gate_min=-5.0)
+    return with_output_grads({**x, "scale": p.K**-0.5, "output_final_state": True}, seed=2)
 
 
-def fla_call(gate: Gate, fn: Callable[..., Any], **extra: Any) -> Callable[..., tuple[Tensor, Tensor | None]]:
-    def call(x: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
-        g = x["g"]
-        if "lower_bound" in extra and g is not None:
-            g = g.clamp(min=extra["lower_bound"])
-        gates = {"g": g, "beta": x["beta"]} if gate is not Gate.NONE else {"beta": x["beta"]}
-        cu = x["cu_seqlens"]
-        return fn(
-            x["q"], x["k"], x["v"], **gates, initial_state=x["initial_state"], output_final_state=True,
-            cu_seqlens=None if cu is None else cu.long(), **extra,
-        )  # fmt: skip
-
-    return call
-
-
-def leaves(x: dict[str, Any], dtype: torch.dtype | None = None) -> dict[str, Any]:
-    """Copies of the inputs that require grad (``dtype``: cast first, e.g. float64 for the reference)."""
-    out = dict(x)
-    for n in NAMES:
-        if x[n] is not None:
-            t = x[n].detach().clone() if dtype is None else x[n].detach().to(dtype)
-            out[n] = t.requires_grad_()
-    return out
+def fla_steps(gate: Gate, x: dict[str, Any]) -> tuple[list[tuple[str, Callable[[], StepResult]]], str]:
+    """fla's training steps on ``x`` (KDA: also safe_gate), or ``([], why not)``."""
+    fn, why = fla_function(OPS[gate])
+    if fn is None:
+        return [], why
+    gated = gate is not Gate.NONE
+    steps = [("fla", step_call(fla_forward(fn, gated), x))]
+    if gate is Gate.CHANNEL:
+        xf = {**x, "g": x["g"].clamp(min=KDA_LOWER_BOUND)}
+        steps.append(
+            ("fla safe_gate", step_call(fla_forward(fn, gated, safe_gate=True, lower_bound=KDA_LOWER_BOUND), xf))
+        )
+    return steps, ""
 
 
-def gradients(call: Callable[..., Any], x: dict[str, Any], do: Tensor, dht: Tensor) -> dict[str, Tensor | None]:
-    xs = leaves(x)
-    o, s = call(xs)
-    inputs = [xs[n] for n in NAMES if xs[n] is not None]
-    grads = torch.autograd.grad((o, s), inputs, (do.to(o.dtype), dht.to(s.dtype)), allow_unused=True)
-    found = dict(zip([n for n in NAMES if xs[n] is not None], grads))
-    found["o"] = o.detach()
-    return found
+# ---- 0. warm-up: compile in parallel ---------------------------------------------------------------------------------
 
 
-def errors(gates: list[Gate], dim: int, interpret: bool, budget: Budget) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def warm(what: str, dim: int, interpret: bool) -> None:
+    """(Child process.) ``dtune:GATE``: build, without launching, every kernel of dtune's training step with the
+    default backward config at the benchmark shape, its plain forward and the search gate's packed edge case (Triton's
+    on-disk cache keeps them for the main process and the searches); ``fla``: run fla's steps once per gate (its
+    compiles and autotuning land in the same cache)."""
+    from dtune.ops import run_kernel
+    from dtune.tune.gate import edge_inputs
+    from dtune.tune.trials import compile_without_launch
+
+    t0 = time.monotonic()
+    dev, dtype = ("cpu", torch.float32) if interpret else ("cuda", torch.bfloat16)
+    if what.startswith("fla:"):
+        for gate in [Gate(v) for v in what.split(":")[1].split(",")]:
+            x = step_inputs(shape(gate, dim, interpret), dtype, dev)
+            steps, why = fla_steps(gate, x)
+            for name, step in steps:
+                try:
+                    step()
+                    torch.cuda.synchronize()
+                except Exception as exc:  # reported again, with its row, by the errors step
+                    print(f"warm {name} {OPS[gate]}: {first_line(exc)}", flush=True)
+            print(f"warm fla {OPS[gate]}: {time.monotonic() - t0:.0f} s {why}", flush=True)
+        return
+    gate = Gate(what.split(":")[1])
+    op = OPS[gate]
+    p = shape(gate, dim, interpret)
+    x = step_inputs(p, dtype, dev)
+    edge = with_output_grads({**edge_inputs(get_kernel(op), p, dtype, dev, 0), "output_final_state": True})
+    with compile_without_launch():
+        op_step(op, x, None)()
+        op_step(op, edge, None)()
+        with torch.no_grad():
+            run_kernel(
+                op, **{n: x[n] for n in ("q", "k", "v", "g", "beta", "scale", "initial_state")}, output_final_state=True
+            )
+    print(f"warm dtune {op}: {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def start_warm(gates: list[Gate], dim: int, interpret: bool) -> list[subprocess.Popen[bytes]]:
+    kinds = [f"dtune:{g.value}" for g in gates] + ["fla:" + ",".join(g.value for g in gates)]
+    extra = ["--interpret"] if interpret else []
+    cmd = [sys.executable, __file__, "--dim", str(dim), *extra, "--warm"]
+    return [subprocess.Popen([*cmd, w], cwd=ROOT) for w in kinds]
+
+
+def wait_warm(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    end = time.monotonic() + max(0.0, seconds)
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"warm-up {proc.args[-1]} still running: stopped (its compiles so far stay cached)", flush=True)
+            proc.kill()
+            proc.wait()
+
+
+# ---- 1. errors -------------------------------------------------------------------------------------------------------
+
+
+def _errors_of(got: StepResult, ref: StepResult, x: dict[str, Any]) -> dict[str, str]:
+    row = {"err_o": f"{rel_rms_error(got.o, ref.o):.3e}"}
+    for name, label in GRADS.items():
+        a, b = got.grads.get(name), ref.grads.get(name)
+        row[f"err_{label}"] = f"{rel_rms_error(a, b):.3e}" if a is not None and b is not None else ""
+    return row
+
+
+def errors(
+    gates: list[Gate],
+    dim: int,
+    interpret: bool,
+    budget: Budget,
+    rows: list[dict[str, Any]],
+    varlen: bool,
+    warming: list[subprocess.Popen[bytes]],
+) -> None:
+    """References first (while the warm-up compiles), then dtune's and fla's steps against them."""
     dev = "cpu" if interpret else "cuda"
     dtype = torch.float32 if interpret else torch.bfloat16  # bf16 dots are garbage under the interpreter
+    cases: list[tuple[Gate, str, Shape, list[int] | None]] = []
     for gate in gates:
-        cases = (
-            (
-                "dense",
-                Shape(2, 40, 2, 2, 16, 16, 2, gate) if interpret else Shape(8, 4096, 16, 16, dim, dim, 8, gate),
-                None,
-            ),
-            ("varlen-HV2H", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), [1, 23, 0, 17])
-            if interpret
-            else ("varlen-HV2H", Shape(1, 0, 4, 8, dim, dim, 5, gate, True), [1, 700, 0, 2048, 129]),
-        )
-        for case, p, lens in cases:
-            if budget.left() < 60:
-                print(f"budget: skipping errors {OPS[gate]} {case}")
-                continue
-            x = make_inputs(p, dtype=dtype, device=dev, seed=1, seq_lens=lens, gate_min=-5.0)
-            gen = torch.Generator(device="cpu").manual_seed(2)
-            B, T = x["v"].shape[:2]
-            N = x["initial_state"].shape[0]
-            do = torch.randn(B, T, p.HV, p.V, generator=gen).to(dev)
-            dht = torch.randn(N, p.HV, p.K, p.V, generator=gen).to(dev)
+        cases.append((gate, "dense B=2", shape(gate, dim, interpret, batch=2), None))
+        if varlen or interpret:
+            lens = [1, 23, 0, 17] if interpret else [1, 700, 0, 2048, 129]
+            h, hv, d = (2, 4, 16) if interpret else (4, 8, dim)
+            cases.append((gate, "varlen HV=2H", Shape(1, 0, h, hv, d, d, len(lens), gate, True), lens))
+    refs: list[tuple[dict[str, Any], StepResult | None, float]] = []
+    for gate, case, p, seq in cases:
+        x = step_inputs(p, dtype, dev, seq)
+        t0 = time.monotonic()
+        try:
+            ref: StepResult | None = reference_step(x)
+        except Exception as exc:
+            print(f"reference {OPS[gate]} {case}: {first_line(exc)}", flush=True)
+            ref = None
+        refs.append((x, ref, time.monotonic() - t0))
+        print(f"reference {OPS[gate]} {case} (float64 autograd): {refs[-1][2]:.1f} s", flush=True)
+    wait_warm(warming, budget.left() - RESERVE_S - len(gates) * SEARCH_MIN_S)
+    for (gate, case, p, _), (x, ref, ref_s) in zip(cases, refs):
+        op = OPS[gate]
+        if budget.left() < RESERVE_S + len(gates) * SEARCH_MIN_S / 2:
+            rows.append({"op": op, "case": case, "impl": "dtune", "note": "skipped: budget"})
+            continue
+        if ref is None:
+            rows.append({"op": op, "case": case, "impl": "reference", "note": "failed"})
+            continue
+        impls: list[tuple[str, Callable[[], StepResult]]] = [("dtune", op_step(op, x, None))]
+        if case.startswith("dense") and not interpret:
+            steps, why = fla_steps(gate, x)
+            impls += steps
+            if why:
+                rows.append({"op": op, "case": case, "impl": "fla", "note": why})
+        for impl, step in impls:
+            row: dict[str, Any] = {"op": op, "case": case, "D": p.K, "impl": impl, "ref_s": f"{ref_s:.1f}"}
             t0 = time.monotonic()
-
-            def reference(xs: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
-                return chunk_reference(
-                    *(xs[n] for n in ("q", "k", "v", "g", "beta")), initial_state=xs["initial_state"],
-                    output_final_state=True, cu_seqlens=xs["cu_seqlens"], chunk_size=32,
-                )  # fmt: skip
-
-            ref = gradients(reference, leaves(x, torch.float64), do.double(), dht.double())
-            impls: list[tuple[str, Callable[..., Any]]] = [
-                ("dtune", dtune_call(gate, None)),
-                ("dtune SAVE=all", dtune_call(gate, {"SAVE": "all"})),
-            ]
-            fn, why = fla_op(gate)
-            if fn is not None and not interpret:
-                impls.append(("fla", fla_call(gate, fn)))
-            for impl, call in impls:
-                row: dict[str, Any] = {"op": OPS[gate], "case": case, "D": p.K, "impl": impl}
-                try:
-                    got = gradients(call, x, do, dht)
-                    row.update({f"err_{n}": f"{rel(got.get(n), ref.get(n)):.3e}" for n in ("o", *NAMES)})
-                    row["note"] = ""
-                except Exception as exc:
-                    row.update({f"err_{n}": "" for n in ("o", *NAMES)})
-                    row["note"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                    traceback.print_exc()
-                append_row("bwd_errors.csv", row)
-                rows.append(row)
-            if fn is None:
-                rows.append({"op": OPS[gate], "case": case, "D": p.K, "impl": "fla", "note": why})
-                append_row("bwd_errors.csv", rows[-1] | {f"err_{n}": "" for n in ("o", *NAMES)})
-            del ref
-            print(f"errors {OPS[gate]} {case}: {time.monotonic() - t0:.1f}s", flush=True)
-            if not interpret:
-                torch.cuda.empty_cache()
-    return rows
+            try:
+                row |= _errors_of(step(), ref, x)
+                row["note"] = ""
+            except Exception as exc:  # e.g. fla's backward refusing to compile: reported, not skipped
+                row["note"] = first_line(exc)
+                traceback.print_exc()
+            row["first_s"] = f"{time.monotonic() - t0:.1f}"
+            rows.append(row)
+            write_csv("bwd_errors.csv", rows)
+            print(f"errors {op} {case} {impl}: {row['first_s']} s", flush=True)
+    refs.clear()
+    if not interpret:
+        torch.cuda.empty_cache()
 
 
-def fwd_bwd(call: Callable[..., Any], x: dict[str, Any], do: Tensor, dht: Tensor) -> Callable[[], Any]:
-    xs = leaves(x)
-    inputs = [xs[n] for n in NAMES if xs[n] is not None]
-
-    def step() -> Any:
-        o, s = call(xs)
-        return torch.autograd.grad((o, s), inputs, (do, dht))
-
-    return step
+# ---- 2. search -------------------------------------------------------------------------------------------------------
 
 
-def peak_mb(fn: Callable[[], Any], device: str) -> float:
-    if device != "cuda":
-        fn()
-        return float("nan")
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def timing(gates: list[Gate], dims: list[int], interpret: bool, budget: Budget) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    dev = "cpu" if interpret else "cuda"
-    dtype = torch.float32 if interpret else torch.bfloat16
-    for dim in dims:
-        for gate in gates:
-            p = Shape(2, 40, 2, 2, 16, 16, 2, gate) if interpret else Shape(8, 4096, 16, 16, dim, dim, 8, gate)
-            x = make_inputs(p, dtype=dtype, device=dev, seed=3, gate_min=-5.0)
-            do = torch.randn_like(x["v"])
-            dht = torch.randn_like(x["initial_state"])
-            impls: list[tuple[str, Callable[[], Any]]] = []
-
-            def fwd_only(xx: dict[str, Any] = x, call: Callable[..., Any] = dtune_call(gate, None)) -> Any:
-                with torch.no_grad():
-                    return call(xx)
-
-            impls.append(("dtune fwd only", fwd_only))
-            impls += [(name, fwd_bwd(dtune_call(gate, cfg), x, do, dht)) for name, cfg in VARIANTS]
-            fn, why = fla_op(gate)
-            if fn is not None and not interpret:
-                impls.append(("fla", fwd_bwd(fla_call(gate, fn), x, do, dht)))
-                if gate is Gate.CHANNEL:
-                    fast = fla_call(gate, fn, safe_gate=True, lower_bound=-5.0)
-                    impls.append(("fla safe_gate", fwd_bwd(fast, x, do, dht)))
-            elif fn is None:
-                print(f"fla: {why}")
-            for name, step in impls:
-                if budget.left() < 30:
-                    print(f"budget: skipping {OPS[gate]} D={dim} {name}")
-                    continue
-                row: dict[str, Any] = {"op": OPS[gate], "D": p.K, "T": p.T, "B": p.B, "impl": name}
-                try:
-                    t0 = time.monotonic()
-                    step()  # compile (and fla's autotune) outside the timing
-                    first = time.monotonic() - t0
-                    mb = peak_mb(step, dev)
-                    t = time_fn(step, device=dev, warmup=3, repeats=30, max_seconds=min(8.0, budget.left() / 4))
-                    row.update(median_ms=f"{t.median_ms:.3f}", peak_mb=f"{mb:.0f}", first_s=f"{first:.1f}", note="")
-                except Exception as exc:
-                    row.update(median_ms="", peak_mb="", first_s="", note=f"{type(exc).__name__}: {str(exc)[:300]}")
-                    traceback.print_exc()
-                append_row("bwd_timing.csv", row)
-                rows.append(row)
-                print(row, flush=True)
-            if not interpret:
-                torch.cuda.empty_cache()
-    return rows
-
-
-# --sweep: backward variants on top of the default, each profiled per kernel (the stage that moves shows)
-SWEEP: list[dict[str, Any]] = [
-    {},
-    {"dh_num_stages": 1},  # the reverse state pass: more programs resident per SM (smem, registers)
-    {"dh_BV": 16},
-    {"dh_BV": 64, "dh_num_warps": 8},
-    {"dh_BV": 128, "dh_num_warps": 8},  # one program per sequence and head: B·HV = 128 programs, one round
-    {"dqk_BK": 32, "dqk_num_warps": 4},
-    {"dqk_BV": 32},
-    {"dv_BV": 32, "dv_num_warps": 8},
-    {"BT": 32, "dh_num_stages": 2},
-]
-
-
-def stages(
-    gates: list[Gate], dim: int, interpret: bool, budget: Budget, variants: list[dict[str, Any]]
+def searches(
+    gates: list[Gate], dim: int, interpret: bool, budget: Budget, search_s: float, jobs: int, runs: Path
 ) -> list[dict[str, Any]]:
-    """CUDA time per kernel of dtune's forward + backward (mean over the profiled calls), per backward variant."""
-    rows: list[dict[str, Any]] = []
-    if interpret:
-        return rows
+    summary: list[dict[str, Any]] = []
+    for i, gate in enumerate(gates):
+        kernel = OPS[gate] + "_bwd"
+        per = (budget.left() - RESERVE_S) / (len(gates) - i) - 30  # startup and wind-down of one search
+        seconds = min(search_s, per)
+        if seconds < 20:
+            print(f"budget: skipping the search of {kernel} ({seconds:.0f} s left for it)", flush=True)
+            summary.append({"kernel": kernel, "note": "skipped: budget"})
+            continue
+        cmd = [sys.executable, "-m", "dtune", "search", "--kernel", kernel, "--dtype", "fp32" if interpret else "bf16"]
+        if interpret:
+            cmd += ["--interpret", "--trials", "2", "--seq-lens", "8", "--head-dims", "16"]
+        else:
+            cmd += ["--gpu", "auto", "--seq-lens", "4096", "--head-dims", str(dim), "--heads", "16"]
+            cmd += ["--timeout", f"{seconds:.0f}", "--compile-ahead", str(jobs), "--trial-timeout", "60"]
+        cmd += ["--out", str(runs / kernel), "--json"]
+        print(f"=== {' '.join(cmd[1:])}", flush=True)
+        row: dict[str, Any] = {"kernel": kernel}
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=seconds + 120, cwd=ROOT, env=dict(os.environ)
+            )
+            sys.stderr.write(done.stderr[-3000:])
+            if done.returncode != 0:
+                row["note"] = f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
+            else:
+                result = json.loads(done.stdout[done.stdout.index("{") :])
+                s = result["shapes"][0]
+                row |= {
+                    "trials": s.get("trials_run"),
+                    "failures": json.dumps(s.get("failures") or {}, sort_keys=True),
+                    "default_ms": s.get("default_ms"),
+                    "best_ms": s.get("best_ms"),
+                    "best": json.dumps(s.get("best_config"), sort_keys=True),
+                }
+        except Exception as exc:
+            row["note"] = first_line(exc)
+        summary.append(row)
+        with tarfile.open(out_dir() / "bwd_runs.tgz", "w:gz") as tar:  # after every search: a cut keeps the runs
+            tar.add(runs, arcname="bwd_runs")
+    exported = [d for d in sorted(runs.iterdir()) if (d / "tuned.json").exists()] if runs.exists() else []
+    if exported:
+        from dtune.store import parse_configs
+        from dtune.tune.export import merge_exports, supersede
+
+        docs = [json.loads((d / "tuned.json").read_text()) for d in exported]
+        merged = merge_exports(docs) if len(docs) > 1 else docs[0]
+        (out_dir() / "bwd_tuned.json").write_text(json.dumps(merged, indent=2) + "\n")
+        shipped_path = ROOT / "dtune" / "configs" / "h200.json"
+        if not interpret and merged["gpu"] == "h200" and shipped_path.exists():
+            note = f"chunk backward searches (scripts/gpu_bwd.py, {time.strftime('%Y-%m-%d')})"
+            new, changes = supersede(json.loads(shipped_path.read_text()), [merged], note)
+            parse_configs(new, "h200.json")  # checked as at run time
+            (out_dir() / "h200.json").write_text(json.dumps(new, indent=2) + "\n")
+            print("h200.json:", *changes, sep="\n  ", flush=True)
+    return summary
+
+
+# ---- 3. bench --------------------------------------------------------------------------------------------------------
+
+
+def bench(
+    gates: list[Gate], dim: int, interpret: bool, budget: Budget, tuned: Path, rows: list[dict[str, Any]]
+) -> None:
+    from dtune.measure.bench import run_bench
+
+    config = str(tuned) if tuned.exists() else None
+    dtype = torch.float32 if interpret else torch.bfloat16
+    for i, gate in enumerate(gates):
+        if budget.left() < 25:
+            print(f"budget: skipping the bench of {OPS[gate]}", flush=True)
+            continue
+        p = shape(gate, dim, interpret)
+        grid = ShapeGrid(explicit=(p,))
+        rounds = 3 if not interpret and budget.left() > 50 * (len(gates) - i) else 1
+        try:
+            fwd = run_bench(OPS[gate], grid, dtype, [], rounds=rounds).frame
+            step = run_bench(OPS[gate] + "_bwd", grid, dtype, ["default", "fla"], config, rounds=rounds)
+            for frame in (fwd, step.frame):
+                for r in frame.to_dict("records"):
+                    rows.append({"op": OPS[gate], "D": p.K, **{k: r[k] for k in BENCH_COLS}})
+            for note in step.notes:
+                print(f"note ({OPS[gate]}): {note}", flush=True)
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append({"op": OPS[gate], "D": p.K, "impl": "dtune", "note": first_line(exc)})
+        write_csv("bwd_bench.csv", rows)
+
+
+BENCH_SHOWN = ["peak_mb", "error_o", "error_grad", "note"]
+BENCH_COLS = ["impl", "mode", "median_ms", "speedup_vs_fla", "peak_mb", "error_o", "error_grad", "config", "note"]
+
+
+# ---- 4. stages -------------------------------------------------------------------------------------------------------
+
+
+def stages(gates: list[Gate], dim: int, budget: Budget, tuned: Path, rows: list[dict[str, Any]]) -> None:
     from torch.profiler import ProfilerActivity, profile
 
+    from dtune.measure.configs import ConfigSource
+    from dtune.measure.timing import ceilings
+    from dtune.measure.work import Roofs, backward_stages
+    from dtune.store import tuned_config
+
+    roofs = Roofs.from_ceilings(ceilings(torch.device("cuda")))
+    source = ConfigSource.load(tuned if tuned.exists() else None)
     for gate in gates:
-        p = Shape(8, 4096, 16, 16, dim, dim, 8, gate)
+        if budget.left() < 15:
+            print(f"budget: skipping the stages of {OPS[gate]}", flush=True)
+            continue
+        op = OPS[gate]
+        p = shape(gate, dim, False)
         x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=3, gate_min=-5.0)
-        do, dht = torch.randn_like(x["v"]), torch.randn_like(x["initial_state"])
-        for variant in variants:
-            if budget.left() < 30:
-                print(f"budget: skipping stages {OPS[gate]} {variant}")
-                continue
-            name = ",".join(f"{k}={v}" for k, v in variant.items()) or "default"
-            try:
-                step = fwd_bwd(dtune_call(gate, variant or None), x, do, dht)
-                step()
+        x = with_output_grads({**x, "scale": p.K**-0.5, "output_final_state": True})
+        bwd_cfg, where = source.resolve(op + "_bwd", p, torch.bfloat16, torch.device("cuda"))
+        bwd = get_kernel(op + "_bwd").check_config(p.K, p.V, bwd_cfg)
+        fwd = get_kernel(op).check_config(p.K, p.V, tuned_config(op, p, torch.bfloat16, torch.device("cuda")))
+        floors: dict[str, list[Any]] = {}
+        for st in backward_stages(p, torch.bfloat16, fwd, bwd):
+            floors.setdefault(st.kernel, []).append(st)
+        step = op_step(op, x, bwd)
+        try:
+            step()
+            torch.cuda.synchronize()
+            calls = 5
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    step()
                 torch.cuda.synchronize()
-                calls = 5
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(calls):
-                        step()
-                    torch.cuda.synchronize()
-            except Exception as exc:
-                print(f"stages {OPS[gate]} {name}: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            rows.append({"op": op, "kernel": "(step)", "note": first_line(exc)})
+            continue
+        total = floor_total = 0.0
+        for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+            if ev.device_time_total <= 0:
                 continue
-            total = 0.0
-            for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
-                if ev.device_time_total <= 0:
-                    continue
-                total += ev.device_time_total / 1e3 / calls
-                row = {
-                    "op": OPS[gate],
-                    "D": dim,
-                    "variant": name,
-                    "kernel": ev.key[:48],
-                    "ms_per_call": f"{ev.device_time_total / 1e3 / calls:.3f}",
-                    "launches_per_call": ev.count // calls,
-                }
-                append_row("bwd_stages.csv", row)
-                rows.append(row)
-            rows.append(
-                {
-                    "op": OPS[gate],
-                    "D": dim,
-                    "variant": name,
-                    "kernel": "(sum of kernels)",
-                    "ms_per_call": f"{total:.3f}",
-                }
-            )
-            append_row("bwd_stages.csv", rows[-1] | {"launches_per_call": ""})
-    return rows
+            ms = ev.device_time_total / 1e3 / calls
+            total += ms
+            mine = floors.get(ev.key, [])
+            floor = sum(roofs.floor_ms(s.work) for s in mine) if mine else math.nan
+            floor_total += 0.0 if math.isnan(floor) else floor
+            rows.append({
+                "op": op, "D": p.K, "kernel": ev.key[:40], "launches": ev.count // calls, "ms": f"{ms:.3f}",
+                "floor_ms": f"{floor:.3f}", "x_floor": f"{ms / floor:.1f}" if floor > 0 else "",
+                "stages": "; ".join(s.name for s in mine), "config": where,
+            })  # fmt: skip
+        x_total = f"{total / floor_total:.1f}" if floor_total else ""
+        rows.append({
+            "op": op, "D": p.K, "kernel": "(all kernels)", "ms": f"{total:.3f}", "floor_ms": f"{floor_total:.3f}",
+            "x_floor": x_total,
+        })  # fmt: skip
+        write_csv("bwd_stages.csv", rows)
+        del x
+        torch.cuda.empty_cache()
+
+
+# ---- tables ----------------------------------------------------------------------------------------------------------
 
 
 def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     if not rows:
         return "(no rows)"
-    width = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if math.isnan(v) else f"{v:.4g}"
+        return str(v if v is not None else "")
+
+    width = {c: min(70, max(len(c), *(len(cell(r.get(c))) for r in rows))) for c in cols}
     lines = ["  ".join(c.ljust(width[c]) for c in cols)]
-    lines += ["  ".join(str(r.get(c, "")).ljust(width[c]) for c in cols) for r in rows]
+    lines += ["  ".join(cell(r.get(c))[: width[c]].ljust(width[c]) for c in cols) for r in rows]
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="all steps together (the device allows 10 min)")
+    ap.add_argument("--search-s", type=float, default=75.0, help="search time per kernel (shrinks to fit)")
     ap.add_argument("--gates", default="none,scalar,channel")
-    ap.add_argument("--dims", default="128,64")
-    ap.add_argument("--skip-errors", action="store_true")
-    ap.add_argument("--skip-stages", action="store_true")
-    ap.add_argument("--skip-timing", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="profile a list of backward variants per kernel (SWEEP)")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("-j", "--compile-ahead", type=int, default=min(6, max(1, (os.cpu_count() or 2) - 2)))
+    steps = "warm, errors, search, bench, stages"
+    ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {steps}")
+    ap.add_argument(
+        "--tuned", type=Path, default=None, help="backward configs for bench and stages (default: $OUT/bwd_tuned.json)"
+    )
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton's interpreter, tiny shapes (a dry run)")
+    ap.add_argument("--varlen", action="store_true", help="errors also on a packed varlen batch (HV = 2H)")
+    ap.add_argument("--warm", help=argparse.SUPPRESS)  # child process: compile ahead (see warm())
     a = ap.parse_args()
+    if a.warm:
+        warm(a.warm, a.dim, a.interpret)
+        return
     if not a.interpret and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --interpret for a dry run on the CPU)")
     budget = Budget(a.budget_s)
     gates = [Gate(s) for s in a.gates.split(",")]
-    dims = [int(d) for d in a.dims.split(",")][: 1 if a.interpret else None]  # the dry run: one (tiny) shape
-    print(f"torch {torch.__version__}, OUT={out_dir()}", flush=True)
-    err = [] if a.skip_errors else errors(gates, dims[0], a.interpret, budget)
-    tim = [] if a.skip_timing else timing(gates, dims, a.interpret, budget)
-    stg = [] if a.skip_stages else stages(gates, dims[0], a.interpret, budget, SWEEP if a.sweep else [{}])
-    print("\n== gradient errors (relative RMS vs float64 autograd) ==")
-    print(table(err, ["op", "case", "D", "impl", "err_o", *[f"err_{n}" for n in NAMES], "note"]))
-    print("\n== forward + backward ==")
-    print(table(tim, ["op", "D", "impl", "median_ms", "peak_mb", "first_s", "note"]))
-    if stg:
-        print("\n== kernels of dtune's fwd+bwd (CUDA ms per call) ==")
-        print(table(stg, ["op", "D", "variant", "kernel", "ms_per_call", "launches_per_call"]))
+    skip = {s.strip() for s in a.skip.split(",") if s.strip()}
+    print(f"torch {torch.__version__}, OUT={out_dir()}, budget {a.budget_s:.0f} s", flush=True)
+    err: list[dict[str, Any]] = []
+    found: list[dict[str, Any]] = []
+    tim: list[dict[str, Any]] = []
+    stg: list[dict[str, Any]] = []
+    runs = Path(tempfile.mkdtemp(prefix="dtune_bwd_runs_"))
+    warming = [] if "warm" in skip else start_warm(gates, a.dim, a.interpret)
+    try:
+        if "errors" not in skip:
+            errors(gates, a.dim, a.interpret, budget, err, a.varlen, warming)
+        wait_warm(warming, budget.left() - RESERVE_S - len(gates) * SEARCH_MIN_S)
+        if "search" not in skip:
+            found = searches(gates, a.dim, a.interpret, budget, a.search_s, a.compile_ahead, runs)
+        tuned = a.tuned or out_dir() / "bwd_tuned.json"
+        if "bench" not in skip:
+            bench(gates, a.dim, a.interpret, budget, tuned, tim)
+        if "stages" not in skip and not a.interpret:
+            stages(gates, a.dim, budget, tuned, stg)
+    finally:
+        wait_warm(warming, 0)
+        shutil.rmtree(runs, ignore_errors=True)
+        grads = [f"err_{label}" for label in GRADS.values()]
+        text = "\n".join([
+            "== gradient errors, relative RMS vs float64 autograd (bf16 inputs, gates down to -5) ==",
+            table(err, ["op", "case", "impl", "err_o", *grads, "ref_s", "first_s", "note"]),
+            f"\n== backward search (D = {a.dim}, T = 4096, H = 16; export: bwd_tuned.json, merged: h200.json) ==",
+            table(found, ["kernel", "trials", "failures", "default_ms", "best_ms", "best", "note"]),
+            "\n== forward + backward (fwd+bwd) and forward alone (eager): median ms, peak MiB ==",
+            table(tim, ["op", "impl", "mode", "median_ms", "speedup_vs_fla", *BENCH_SHOWN]),
+            "\n== dtune's step per Triton kernel (CUDA ms per step) vs the stage floors of dtune.measure.work ==",
+            table(stg, ["op", "kernel", "launches", "ms", "floor_ms", "x_floor", "stages"]),
+        ])  # fmt: skip
+        (out_dir() / "bwd_summary.txt").write_text(text + "\n")
+        print("\n" + text, flush=True)
 
 
 if __name__ == "__main__":

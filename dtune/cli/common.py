@@ -18,7 +18,8 @@ KernelOpt = Annotated[
     typer.Option(
         "--kernel",
         "-k",
-        help="Kernel: {chunk,fused_recurrent}_{delta_rule,gated_delta_rule,kda}, e.g. chunk_kda.",
+        help="Kernel: {chunk,fused_recurrent}_{delta_rule,gated_delta_rule,kda}, e.g. chunk_kda, or a chunk backward "
+        "(chunk_kda_bwd: timed as the op's forward + backward).",
     ),
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Input dtype: bf16, fp16 or fp32.")]

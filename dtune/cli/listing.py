@@ -1,4 +1,5 @@
-"""``dtune list``: kernels and their search spaces, GPU profiles, shipped tuned configs."""
+"""``dtune list``: kernels (forward and backward) and their search spaces, GPU profiles, shipped tuned configs (entries
+per kernel, e.g. ``chunk_kda_bwd``'s, which the chunk ops' backward reads at run time)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,27 @@ def inventory() -> dict[str, Any]:
     from dtune.tune.space import SpaceError, load_space, shipped_spaces
 
     spaces = set(shipped_spaces())
+    shipped: dict[str, int] = {}  # shipped tuned-config entries per kernel, all files
+    configs = []
+    for ref in resources.files("dtune.configs").iterdir():
+        if ref.name.endswith(".json"):
+            try:
+                c = read_configs(str(ref))
+                configs.append({"file": ref.name, "gpu": c.gpu, "entries": len(c.entries)})
+                for e in c.entries:
+                    shipped[e.kernel] = shipped.get(e.kernel, 0) + 1
+            except ConfigFileError as e:
+                configs.append({"file": ref.name, "error": str(e)})
     kernels = []
     for name, spec in KERNELS.items():
-        row: dict[str, Any] = {"kernel": name, "family": spec.family, "gate": spec.gate, "space": None}
+        row: dict[str, Any] = {
+            "kernel": name,
+            "family": spec.family,
+            "gate": spec.gate,
+            "backward_of": spec.forward_kernel if spec.backward else None,
+            "shipped_entries": shipped.get(name, 0),
+            "space": None,
+        }
         if name in spaces:
             try:
                 s = load_space(name)
@@ -29,14 +48,6 @@ def inventory() -> dict[str, Any]:
             except SpaceError as e:
                 row["space"] = {"error": str(e)}
         kernels.append(row)
-    configs = []
-    for ref in resources.files("dtune.configs").iterdir():
-        if ref.name.endswith(".json"):
-            try:
-                c = read_configs(str(ref))
-                configs.append({"file": ref.name, "gpu": c.gpu, "entries": len(c.entries)})
-            except ConfigFileError as e:
-                configs.append({"file": ref.name, "error": str(e)})
     gpus = [p.as_dict() for p in profiles().values()]
     return {"kernels": kernels, "gpus": gpus, "configs": sorted(configs, key=lambda c: c["file"])}
 
@@ -50,12 +61,14 @@ def list_(
         typer.echo(json.dumps(inv, indent=2))
         return
     t = Table(title="kernels")
-    for col in ("kernel", "family", "gate", "search space"):
+    t.add_column("kernel", no_wrap=True, min_width=max(len(k["kernel"]) for k in inv["kernels"]))
+    for col in ("family", "gate", "shipped", "search space"):
         t.add_column(col)
     for k in inv["kernels"]:
         s = k["space"]
         desc = "-" if s is None else s.get("error") or f"{s['size']} configs: " + ", ".join(s["params"])
-        t.add_row(k["kernel"], k["family"], k["gate"], desc)
+        family = k["family"] + (" backward" if k["backward_of"] else "")
+        t.add_row(k["kernel"], family, k["gate"], str(k["shipped_entries"]), desc)
     out.print(t)
     g = Table(title="GPU profiles (--gpu)")
     for col in ("key", "name", "cc", "SMs", "smem/block", "L2 MB", "HBM GB/s", "bf16 TF/s", "fp32 TF/s"):

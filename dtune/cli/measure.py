@@ -57,6 +57,14 @@ def bench(
     rounds: Annotated[
         int | None, typer.Option("--rounds", help="Interleaved rounds per shape (default 3 on a GPU, 1 on the CPU).")
     ] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="fwd: the op's forward; fwd+bwd: its training step (forward with inputs that require grad, then the "
+            "gradients), for the tuned backward config (the same as -k <kernel>_bwd).",
+        ),
+    ] = "fwd",
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
     interpret: InterpretOpt = False,
@@ -79,6 +87,13 @@ def bench(
         dt = dtype_from_name(dtype)
         want = [s.strip() for s in baselines.split(",") if s.strip()]
         spec = get_kernel(kernel)  # an unknown name fails here, listing the known ones
+        if mode not in ("fwd", "fwd+bwd"):
+            raise ValueError(f"--mode must be fwd or fwd+bwd, got {mode!r}")
+        if mode == "fwd+bwd" and not spec.backward:
+            if spec.backward_kernel is None:
+                raise ValueError(f"{kernel} has no backward: --mode fwd+bwd needs a chunk kernel")
+            kernel = spec.backward_kernel  # the training step, timed for the backward's tuned config
+            spec = get_kernel(kernel)
         on_gpu = b.default_device().type == "cuda"
         grid = make_grid(kernel, on_gpu, lens, dims, nheads, batches, batch_tokens)
         if config is not None and not any((seq_lens, head_dims, heads, batch, batch_tokens)):
@@ -109,11 +124,15 @@ def bench(
         rows = json.loads(result.frame.to_json(orient="records"))
         typer.echo(json.dumps({"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}))
         return
-    table = Table(title=f"dtune bench: {kernel} ({dtype})")
-    for col in ("shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err", "note"):
+    step = get_kernel(kernel).backward
+    table = Table(title=f"dtune bench: {kernel} ({dtype})" + (" — forward + backward" if step else ""))
+    cols = ["shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err"]
+    cols += ["grad err"] if step else []
+    cols += ["peak MB", "note"]
+    for col in cols:
         table.add_column(col, justify="right" if col not in ("shape", "impl", "mode", "note") else "left")
     for r in result.frame.itertuples(index=False):
-        table.add_row(
+        cells = [
             f"B{r.B} T{r.T} H{r.H} D{r.K}",
             str(r.impl),
             str(r.mode),
@@ -123,16 +142,22 @@ def bench(
             fmt(r.gbs, ".0f"),
             fmt(r.tflops, ".1f"),
             fmt(r.error_o, ".1e"),
-            str(r.note)[:60],
-        )
+        ]
+        cells += [fmt(r.error_grad, ".1e")] if step else []
+        cells += [fmt(r.peak_mb, ".0f"), str(r.note)[:60]]
+        table.add_row(*cells)
     out.print(table)
+    for r in result.frame[result.frame["median_ms"].isna()].itertuples(index=False):
+        out.print(f"[red]{r.impl} failed[/red] at B{r.B} T{r.T} H{r.H} D{r.K}: {r.note}")
     for note in result.notes:
         out.print(f"[yellow]note:[/yellow] {note}")
     if not result.frame["meaningful"].all():
         out.print("* not meaningful: timed on the CPU under Triton's interpreter")
     for r in result.wrong_outputs().itertuples(index=False):
         out.print(
-            f"[red]warning:[/red] {r.impl} is off the float64 reference (rel. error {r.error_o:.1e}) at B{r.B} T{r.T}"
+            f"[red]warning:[/red] {r.impl} is off the float64 reference (rel. error {r.error_o:.1e}"
+            + (f", gradients {r.error_grad:.1e}" if step else "")
+            + f") at B{r.B} T{r.T}"
         )
     out.print(f"wrote {csv_path} and {json_path}")
 
@@ -231,7 +256,7 @@ def profile(
 def verify(
     kernels: Annotated[
         str | None,
-        typer.Option("--kernel", "-k", help="Comma-separated kernels to check (default: all six)."),
+        typer.Option("--kernel", "-k", help="Comma-separated kernels to check (default: the six forward kernels)."),
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer cases (the sizes most worth a GPU's time).")] = False,
     sweep: Annotated[

@@ -9,6 +9,15 @@ against fla's fastest mode, the output's relative RMS error against the float64 
 wrong contestant shows), the achieved GB/s and TFLOP/s of the nominal work (:mod:`dtune.measure.work`), and what
 the first call cost (compile, and autotune for fla: what a user pays at start-up for each new shape family).
 Under Triton's interpreter (CPU) everything runs on tiny shapes and the times are marked not meaningful.
+
+Forward + backward (a backward kernel such as ``chunk_kda_bwd``; ``dtune bench -k chunk_kda --mode fwd+bwd``): every
+contestant times its training step (:mod:`dtune.measure.grad`: the forward with inputs that require grad, then the
+gradients of the output and the final state), mode ``fwd+bwd``; ``error_o`` is the output's error and ``error_grad``
+the largest gradient's, against float64 autograd through the chunked reference; the tuned config is the backward's
+(the forward's is the store's, else the default, for dtune's tuned and default rows alike). A contestant that fails
+(fla's chunk_gated_delta_rule backward refused to run on triton 3.6 on the H200) keeps its row: no time, and its
+error's first line in ``note``. ``peak_mb`` (every mode) is the memory a call allocates at its peak above what was
+allocated before it (its outputs included; for a step: saved intermediates, gradients).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from dtune.kernels import get_kernel
 from dtune.measure.baselines import BASELINES, Impl, build_impls
 from dtune.measure.configs import ConfigSource
 from dtune.measure.error import rel_rms_error
+from dtune.measure.grad import REFERENCE_MAX_BYTES, StepResult, reference_bytes, reference_step
 from dtune.measure.grids import bench_shapes
 from dtune.measure.harness import OpRun, op_run
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
@@ -49,6 +59,8 @@ COLUMNS = [
     "repeats",
     "first_call_s",
     "error_o",
+    "error_grad",
+    "peak_mb",
     "meaningful",
     "speedup_vs_default",
     "speedup_vs_fla",
@@ -76,8 +88,10 @@ class BenchResult:
     notes: list[str]
 
     def wrong_outputs(self) -> pd.DataFrame:
-        """One row per implementation whose output is off the float64 reference by more than :data:`WRONG`."""
-        return self.frame[self.frame["error_o"] > WRONG].drop_duplicates("impl")
+        """One row per implementation whose output (or a gradient) is off the float64 reference by more than
+        :data:`WRONG`."""
+        f = self.frame
+        return f[(f["error_o"] > WRONG) | (f["error_grad"] > WRONG)].drop_duplicates("impl")
 
 
 def _combine(timings: list[Timing]) -> Timing:
@@ -91,12 +105,17 @@ def _combine(timings: list[Timing]) -> Timing:
     )
 
 
-def _truth(run: OpRun) -> torch.Tensor | None:
-    """The float64 chunked reference output for these inputs: every implementation's output is checked against it."""
+def _truth(run: OpRun) -> torch.Tensor | StepResult | None:
+    """The float64 truth every implementation is checked against: the chunked reference's output, or for a backward
+    kernel its training step (float64 autograd: output and gradients). None when it cannot run (e.g. memory)."""
     from dtune.kernels.reference import chunk_reference
 
     x = run.inputs
     try:
+        if get_kernel(run.kernel).backward:
+            if reference_bytes(run.shape) > REFERENCE_MAX_BYTES:
+                return None  # run_bench notes it
+            return reference_step(x)
         o, _ = chunk_reference(
             x["q"], x["k"], x["v"], x["g"], x["beta"], x["scale"], x["initial_state"], False, x["cu_seqlens"],
             dtype=torch.float64,
@@ -106,6 +125,38 @@ def _truth(run: OpRun) -> torch.Tensor | None:
     return o
 
 
+def _errors(out: Any, truth: torch.Tensor | StepResult | None) -> tuple[float, float]:
+    """``(error of the output, largest error of a gradient)`` of one call's result against the truth."""
+    if truth is None:
+        return math.nan, math.nan
+    if not isinstance(truth, StepResult):
+        return rel_rms_error(out[0], truth), math.nan
+    grads = [
+        rel_rms_error(got, want) if got is not None else math.inf
+        for n, got in out.grads.items()
+        if (want := truth.grads.get(n)) is not None
+    ]
+    return rel_rms_error(out.o, truth.o), max(grads, default=math.nan)
+
+
+def peak_mb(call: Call, device: torch.device) -> float:
+    """MiB the call allocates at its peak above what is allocated before it (its outputs included); NaN on the CPU."""
+    if device.type != "cuda":
+        return math.nan
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del out
+    return peak / 2**20
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+
+
 def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list[dict[str, Any]]:
     kernel, p, device = run.kernel, run.shape, run.device
     decode = kernel.startswith("fused_recurrent")
@@ -113,6 +164,8 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
     errors: dict[str, str] = {}
     first_s: dict[str, float] = {}
     error_o: dict[str, float] = {}
+    error_grad: dict[str, float] = {}
+    peak: dict[str, float] = {}
     truth = _truth(run)
     for impl in impls:
         try:
@@ -122,16 +175,24 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             first_s[impl.name] = time.perf_counter() - t0
+            error_o[impl.name], error_grad[impl.name] = _errors(out, truth)
+            del out
+            peak[impl.name] = peak_mb(call, device)
             calls[impl.name] = call
-            error_o[impl.name] = rel_rms_error(out[0], truth) if truth is not None else math.nan
-        except Exception as exc:
-            errors[impl.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        except Exception as exc:  # reported in the row's note (e.g. fla's backward refusing to run), never skipped
+            errors[impl.name] = _first_line(exc)
+    del truth
     timings: dict[str, list[Timing]] = {name: [] for name in calls}
     for _ in range(rounds):
-        for name, call in calls.items():
-            timings[name].append(time_call(call, device))
+        for name, call in list(calls.items()):
+            try:
+                timings[name].append(time_call(call, device))
+            except Exception as exc:
+                errors[name] = _first_line(exc)
+                del calls[name], timings[name]
+    step = "fwd+bwd" if get_kernel(kernel).backward else "eager"
     results: list[tuple[Impl, str, Timing | None]] = [
-        (impl, "eager", _combine(timings[impl.name]) if impl.name in timings else None) for impl in impls
+        (impl, step, _combine(timings[impl.name]) if timings.get(impl.name) else None) for impl in impls
     ]
     if graph and decode and p.T == 1 and device.type == "cuda":
         for impl in impls:
@@ -160,8 +221,10 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
                 "min_ms": t.min_ms if t else math.nan,
                 "iqr_ms": t.iqr_ms if t else math.nan,
                 "repeats": t.repeats if t else 0,
-                "first_call_s": first_s.get(impl.name, math.nan) if mode == "eager" else math.nan,
+                "first_call_s": first_s.get(impl.name, math.nan) if mode != "graph" else math.nan,
                 "error_o": error_o.get(impl.name, math.nan),
+                "error_grad": error_grad.get(impl.name, math.nan),
+                "peak_mb": peak.get(impl.name, math.nan) if mode != "graph" else math.nan,
                 "meaningful": bool(t.meaningful) if t else False,
                 "gbs": w.gbs(ms),
                 "tflops": w.tflops(ms),
@@ -170,7 +233,7 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
                 "config": json.dumps(impl.config, sort_keys=True) if impl.config is not None else "",
                 "config_source": impl.config_source,
                 "device": str(device),
-                "note": errors.get(impl.name if mode == "eager" else f"{impl.name}/graph", impl.note),
+                "note": errors.get(impl.name if mode != "graph" else f"{impl.name}/graph", impl.note),
             }
         )
     return rows
@@ -225,6 +288,12 @@ def run_bench(
         if progress:
             progress(f"{kernel} B={p.B} T={p.T} H={p.H} D={p.K}")
         run = op_run(kernel, p, dtype, device, workload)
+        if spec.backward and reference_bytes(run.shape) > REFERENCE_MAX_BYTES:
+            note = (
+                f"no output or gradient errors at B={p.B} T={p.T}: float64 autograd through the reference would hold "
+                f"~{reference_bytes(run.shape) / 2**30:.0f} GiB (scripts/gpu_bwd.py checks them at B = 2)"
+            )
+            notes.append(note)
         config, where = source.resolve(kernel, run.shape, dtype, device)
         impls, impl_notes = build_impls(kernel, baselines, config, where, on_gpu)
         notes.extend(n for n in impl_notes if n not in notes)

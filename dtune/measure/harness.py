@@ -16,11 +16,13 @@ from typing import Any, Protocol
 
 import torch
 
+from dtune.measure.grad import StepResult, with_output_grads
 from dtune.measure.inputs import DEFAULT_WORKLOAD, TIMING_SEED, Workload, workload_inputs
 from dtune.measure.work import Work, work
 from dtune.shape import Gate, Shape
 
-Result = tuple[torch.Tensor, torch.Tensor | None]
+# a forward call's (o, final_state); a backward kernel's training step returns a StepResult (o, final_state, grads)
+Result = tuple[torch.Tensor, torch.Tensor | None] | StepResult
 
 
 class Stage(Protocol):
@@ -62,9 +64,17 @@ class OpRun:
 
 
 def op_call(kernel: str, x: dict[str, Any], config: dict[str, Any] | None) -> Callable[[], Result]:
-    """``dtune.ops.run_kernel(kernel, **x, config=config)`` as a zero-argument call."""
+    """``dtune.ops.run_kernel(kernel, **x, config=config)`` as a zero-argument call; for a backward kernel
+    (``chunk_kda_bwd``) the training step of its forward op with ``config`` as the backward config
+    (:func:`dtune.measure.grad.op_step`: it returns a :class:`~dtune.measure.grad.StepResult`, ``(o, ...)``)."""
+    from dtune.kernels import get_kernel
     from dtune.ops import run_kernel
 
+    spec = get_kernel(kernel)
+    if spec.backward:
+        from dtune.measure.grad import op_step
+
+        return op_step(spec.forward_kernel, x, config)
     return lambda: run_kernel(kernel, **x, config=config)
 
 
@@ -76,12 +86,16 @@ def op_run(
     workload: Workload = DEFAULT_WORKLOAD,
     seed: int = TIMING_SEED,
 ) -> OpRun:
-    """Inputs and work of one call of ``kernel`` on ``shape`` (its gate mode set from the kernel) and ``workload``."""
+    """Inputs and work of one call of ``kernel`` on ``shape`` (its gate mode set from the kernel) and ``workload``;
+    a backward kernel's inputs also hold the output gradients of its step (``do``, ``dht``)."""
     from dtune.kernels import get_kernel
 
-    shape = workload.shape(replace(shape, gate=Gate(get_kernel(kernel).gate)))
+    spec = get_kernel(kernel)
+    shape = workload.shape(replace(shape, gate=Gate(spec.gate)))
     device = torch.device(device)
     x = workload_inputs(shape, dtype, device, workload, seed)
+    if spec.backward:
+        x = with_output_grads(x)
     w = work(kernel, shape, dtype, workload.initial_state, workload.final_state)
     return OpRun(kernel, shape, dtype, device, workload, x, w)
 
@@ -92,12 +106,12 @@ def op_stages(run: OpRun, config: dict[str, Any]) -> list[Stage]:
     A template family that has ``plan(q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens,
     config)`` (the chunk pipeline) gives its named stages, which allocate their buffers once: run them in order once
     before timing any one alone. Any other kernel is one stage named after it. Stage names are the family's data
-    (a search space maps them to its stages); nothing here knows them.
+    (a search space maps them to its stages); nothing here knows them. A backward kernel is one stage: its step.
     """
     from dtune.kernels import get_kernel
 
     spec = get_kernel(run.kernel)
-    plan = getattr(spec.module, "plan", None)
+    plan = None if spec.backward else getattr(spec.module, "plan", None)  # a backward kernel: its training step
     if plan is None:
         return [OpStage(run.kernel, run.call(config), run.work.flops, run.work.bytes)]
     x = run.inputs

@@ -134,6 +134,11 @@ def run_profile(
         if roofs is None:
             notes.append("ceilings not measured (no GPU): no floor; pass --gpu KEY to use a profile's roofs")
     run = op_run(kernel, p, dtype, device, workload)
+    if get_kernel(kernel).backward:
+        notes.append(
+            "a backward kernel is profiled as its whole training step (forward + backward); its kernels against the "
+            "stage floors of dtune.measure.work.backward_stages: scripts/gpu_bwd.py (step 4)"
+        )
     config, where = ConfigSource.load(config_file).resolve(kernel, run.shape, dtype, device)
     stages, whole = stages_for(run, config)
     rows = []

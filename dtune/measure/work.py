@@ -35,8 +35,10 @@ __all__ = [
     "NOMINAL_CHUNK",
     "Roofs",
     "Work",
+    "chunk_bwd_flops",
     "chunk_flops",
     "describe",
+    "grad_bytes",
     "io_bytes",
     "recurrent_flops",
     "work",
@@ -143,6 +145,27 @@ def io_bytes(
     return float(qk + vo + beta + g + state)
 
 
+def chunk_bwd_flops(p: Shape, chunk: int = NOMINAL_CHUNK) -> float:
+    """Nominal FLOPs of the chunkwise backward (given the forward's chunk states): ``tokens · HV · (8C(K + V) +
+    12KV)``. Per chunk of ``C`` tokens, counted as full ``C × C`` products like the forward's: the reverse state pass
+    ``dV_new = A_qkᵀ dO + k̃ X`` and ``X ← X + q̃ᵀ dO − Wᵀ dV_new`` (``CV + 3KV`` multiply-adds per token), the
+    ``V`` contractions ``dA_qk = dO V_newᵀ``, ``dVβ = Tᵀ dV_new``, ``dA_kk = dVβ V_newᵀ`` (``3CV``), the state
+    contractions ``dO S_cᵀ``, ``V_new Xᵀ``, ``dVβ S_cᵀ`` (``3KV``) and the pairwise terms ``dA_qk k``, ``dA_qkᵀ q``,
+    ``dA_kkᵀ (βk)``, ``dA_kk k`` (``4CK``)."""
+    return float(_tokens(p) * p.HV * (8 * chunk * (p.K + p.V) + 12 * p.K * p.V))
+
+
+def grad_bytes(p: Shape, dtype: torch.dtype, initial_state: bool = False, final_state: bool = False) -> float:
+    """Compulsory bytes of the backward: read q, k, v, beta, g and the output's gradient, write dq, dk, dv, dbeta, dg
+    (as :func:`io_bytes` counts them: the same sizes), read the final state's gradient and write the initial
+    state's (float32) when there are such states."""
+    return io_bytes(p, dtype, initial_state, final_state) + io_bytes(p, dtype) - _o_bytes(p, dtype)
+
+
+def _o_bytes(p: Shape, dtype: torch.dtype) -> float:
+    return float(_tokens(p) * p.HV * p.V * torch.tensor([], dtype=dtype).element_size())
+
+
 FLOP_MODELS = {"chunk": chunk_flops, "fused_recurrent": recurrent_flops}  # by kernel family
 
 
@@ -153,9 +176,20 @@ def work(
     initial_state: bool = False,
     final_state: bool = False,
 ) -> Work:
-    """The nominal work of one call of ``kernel`` (``chunk_*`` or ``fused_recurrent_*``) on shape ``p``."""
-    family = "chunk" if kernel.startswith("chunk") else "fused_recurrent"
-    return Work(FLOP_MODELS[family](p), io_bytes(p, dtype, initial_state, final_state))
+    """The nominal work of one call of ``kernel`` on shape ``p``; for a backward kernel (``chunk_*_bwd``) of its
+    measured call, the training step: the forward's work plus the backward's (:func:`chunk_bwd_flops`,
+    :func:`grad_bytes`)."""
+    from dtune.kernels import KERNELS
+
+    spec = KERNELS.get(kernel)
+    # a family without a model of its own (a plugin's, an unregistered name) is counted as its name says: chunk_*,
+    # else token by token
+    named = chunk_flops if kernel.startswith("chunk") else recurrent_flops
+    model = FLOP_MODELS.get(spec.family, named) if spec is not None else named
+    fwd = Work(model(p), io_bytes(p, dtype, initial_state, final_state))
+    if spec is None or not spec.backward:
+        return fwd
+    return fwd + Work(chunk_bwd_flops(p), grad_bytes(p, dtype, initial_state, final_state))
 
 
 def describe(ms: float, w: Work, roofs: Roofs | None) -> str:
@@ -166,3 +200,96 @@ def describe(ms: float, w: Work, roofs: Roofs | None) -> str:
     if floor <= 0:
         return ""
     return f"{ms / floor:.1f}× floor, {roofs.bound(w)}-bound"
+
+
+# ---- the training step, stage by stage ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One launch of a pipeline: its name, the Triton kernel it runs (what a profiler reports) and its work."""
+
+    name: str
+    kernel: str
+    work: Work
+
+
+def backward_stages(
+    p: Shape,
+    dtype: torch.dtype,
+    fwd_config: dict[str, Any],
+    bwd_config: dict[str, Any],
+    initial_state: bool = True,
+    final_state: bool = True,
+) -> list[StageWork]:
+    """The floors of the chunk training step (forward under autograd, then the backward), stage by stage: nominal
+    FLOPs (full ``C × C`` products, ``C = BT`` of the backward config) and the bytes each launch must move, its
+    intermediates included (W, U, A_qk, T and KDA's q̃, k̃ written by the forward's stage 1; the chunk states ``S``
+    and their adjoints ``X``, ``[chunks, HV, K, V]``; ``V_new``, ``dV_new``; unfused, ``dVβ`` and both dA), for the
+    pipeline that ``fwd_config`` and ``bwd_config`` (complete configs) launch. ``kernel`` names the Triton kernel, so
+    that a profiler's per-kernel times (``scripts/gpu_bwd.py``) can be set against these floors.
+
+    Against the compulsory bytes of :func:`work` (a floor no pipeline reaches), these count what this pipeline moves:
+    a stage far above its own floor is the one to improve.
+    """
+    e = torch.tensor([], dtype=dtype).element_size()
+    f = 4
+    C = int(bwd_config["BT"])
+    K, V, gate = p.K, p.V, p.gate
+    tq = _tokens(p) * p.H  # token-heads of q and k
+    ta = _tokens(p) * p.HV  # token-heads of v, the intermediates and the gradients
+    chunks = p.B * -(-p.T // C) if not p.varlen else -(-_tokens(p) // C) + p.N
+    S = chunks * p.HV * K * V * e  # the chunk states (or their adjoints) in the intermediates' dtype
+    state_io = p.N * p.HV * K * V * f
+    g_in = {Gate.NONE: 0, Gate.SCALAR: ta * f, Gate.CHANNEL: ta * K * f}[gate]
+    kda = gate is Gate.CHANNEL
+    qk = 2 * tq * K * e
+    kq_tilde = 2 * ta * K * e if kda else qk + (ta * f if gate is Gate.SCALAR else 0)  # q̃, k̃ (or q, k and γ)
+    k_tilde = ta * K * e if kda else qk / 2 + (ta * f if gate is Gate.SCALAR else 0)
+    save = bwd_config["SAVE"]
+    fused_out = bool(fwd_config.get("FUSE_OUTPUT", True)) and save != "all"
+    NK = -(-K // min(int(bwd_config["dqk_BK"]), max(16, 1 << (K - 1).bit_length())))
+    out: list[StageWork] = []
+
+    def add(name: str, kernel: str, flops: float, nbytes: float) -> None:
+        out.append(StageWork(name, kernel, Work(float(flops), float(nbytes))))
+
+    intra_flops = ta * 2 * (3 * C * K + C * V + C * C / 3)
+    intra_bytes = qk + ta * (V * e + e) + g_in + ta * (K + V + 2 * C) * e + (2 * ta * K * e if kda else 0)
+    state_flops = ta * 2 * 2 * K * V
+    state_bytes = ta * (K + V) * e + k_tilde
+    out_flops = ta * 2 * (K * V + C * V)
+    # forward under autograd
+    add("fwd intra (W, U, A_qk, T)", "chunk_intra_blocks_kernel", intra_flops, intra_bytes)
+    if fused_out:
+        fwd_state = state_bytes + ta * C * e + (ta * K * e if kda else qk / 2) + ta * V * e
+        add("fwd state + output", "chunk_state_kernel", state_flops + out_flops, fwd_state + state_io * final_state)
+    else:
+        add("fwd state", "chunk_state_kernel", state_flops, state_bytes + S + ta * V * e + state_io * final_state)
+        o_bytes = (ta * K * e if kda else qk / 2) + S + ta * (C + 2 * V) * e
+        add("fwd output", "chunk_output_kernel", out_flops, o_bytes)
+    # backward: the forward's intermediates again
+    if save == "none":
+        add("bwd intra re-run", "chunk_intra_blocks_kernel", intra_flops, intra_bytes)
+    if save != "all":
+        add("bwd state re-run (S, V_new)", "chunk_state_kernel", state_flops, state_bytes + S + ta * V * e)
+    rev_bytes = (
+        ta * K * e + kq_tilde + ta * C * e + ta * V * e + S + ta * V * e + state_io * (initial_state + final_state)
+    )
+    add("bwd reverse state pass", "chunk_bwd_state_kernel", ta * 2 * (C * V + 3 * K * V), rev_bytes)
+    pair_flops = ta * 2 * 4 * C * K
+    gate_io = {Gate.NONE: 0, Gate.SCALAR: ta * f * (1 + NK), Gate.CHANNEL: 2 * ta * K * f}[gate]
+    grads_qk = 2 * ta * K * (f if p.HV != p.H else e)
+    if bwd_config["FUSE_DV"]:
+        dqk_bytes = qk + ta * e + 2 * S + ta * (4 * V + C) * e + grads_qk + ta * V * e + gate_io + (1 + NK) * ta * f
+        dqk_bytes += 2 * NK * ta * C * e if kda else 0  # KDA: each key tile's dA copy, read back by blocks
+        dqk_flops = ta * 2 * (3 * NK * C * V + 3 * K * V) + pair_flops
+        add("bwd dq/dk/dv (fused)", "chunk_bwd_dqk_kernel", dqk_flops, dqk_bytes)
+    else:
+        dv_bytes = ta * C * e + 4 * ta * V * e + ta * e + 2 * ta * V * e + 2 * ta * C * e + ta * f
+        add("bwd dv, dA", "chunk_bwd_dv_kernel", ta * 2 * 3 * C * V, dv_bytes)
+        dqk_bytes = qk + ta * e + 2 * S + 3 * ta * V * e + 2 * ta * C * e + grads_qk + gate_io + NK * ta * f
+        add("bwd dq/dk", "chunk_bwd_dqk_kernel", ta * 2 * 3 * K * V + pair_flops, dqk_bytes)
+    fin_bytes = (1 + NK) * ta * f + ta * e + (ta * f * (NK + 2) if gate is Gate.SCALAR else 0)
+    add("bwd finish (dβ)", "chunk_bwd_finish_kernel", 0.0, fin_bytes)
+    return out

@@ -197,6 +197,10 @@ def gate(
     ``seq_lens``: gate that packed batch of ``problem``'s heads and dims instead of ``problem``'s rows.
     """
     spec = get_kernel(kernel) if isinstance(kernel, str) else kernel
+    if spec.backward:  # a backward family's configs are checked on every gradient of the op's training step
+        from dtune.tune.gate_bwd import gate_backward
+
+        return gate_backward(spec, problem, dtype, device, config, tolerance, seed=seed, determinism=determinism)
     main = case(spec, problem, dtype, device, seed, edge=False, reuse=reuse, seq_lens=seq_lens)
     o, s, err_o, err_s = _errors(spec, main, config)
     name = dtype_name(dtype)

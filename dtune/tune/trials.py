@@ -34,7 +34,7 @@ import torch
 
 from dtune.inputs import dtype_from_name
 from dtune.measure.builds import watch_builds
-from dtune.measure.harness import OpRun, Stage, op_run, op_stages
+from dtune.measure.harness import OpRun, Stage, op_call, op_run, op_stages
 from dtune.measure.inputs import Workload
 from dtune.measure.resources import capture_launches, resources_of
 from dtune.measure.timing import MAX_SECONDS, REPEATS, WARMUP, time_call
@@ -185,8 +185,6 @@ def _compile_only(job: TrialJob, run: OpRun, config: dict[str, Any], t0: float) 
     """Build every specialisation the timing worker will launch for this job, launching nothing."""
     from dtune.kernels import get_kernel
 
-    from dtune.ops import run_kernel
-
     spec = get_kernel(job.kernel)
     x = run.inputs
     with watch_builds() as builds:
@@ -198,13 +196,13 @@ def _compile_only(job: TrialJob, run: OpRun, config: dict[str, Any], t0: float) 
                     if h0 is None:
                         s = run.shape
                         h0 = torch.zeros(s.N, s.HV, s.K, s.V, dtype=torch.float32, device=run.device)
-                    run_kernel(job.kernel, **{**x, "initial_state": h0, "output_final_state": True}, config=config)
+                    op_call(job.kernel, {**x, "initial_state": h0, "output_final_state": True}, config)()
                 if job.edge:
                     # the gate's packed variable-length edge case builds other specialisations (VARLEN): build them
                     # here too, or the timing worker compiles them serially (~10 s a trial for the chunk kernels)
                     reuse = job.reuse_inputs
                     edge = case(spec, run.shape, run.dtype, run.device, job.gate_seed, edge=True, reuse=reuse)
-                    run_kernel(job.kernel, **edge.inputs, output_final_state=True, config=config)
+                    op_call(job.kernel, {**edge.inputs, "output_final_state": True}, config)()
         except Exception as e:
             return TrialOutcome(reason=classify(e, first_launch=True), message=_message(e))
     return TrialOutcome(

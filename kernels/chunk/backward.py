@@ -6,13 +6,22 @@ token-by-token loop). Pipeline, after the forward's intermediates (saved by the 
 
 1. :mod:`.bwd_state` (sequential over chunks, parallel over sequences × value heads × ``dh_BV`` channels): the
    state adjoint ``X``; stores ``X_{c+1}`` per chunk and ``dV_new``; returns the initial state's gradient.
-2. :mod:`.bwd_dv` (chunk × value head): ``dA_qk``, ``dVβ = Tᵀ dV_new`` (so ``dv``), ``dA_kk = −dVβ V_newᵀ``.
-3. :mod:`.bwd_intra` (KDA only; chunk × row block × key tile × value head): the per-channel pairwise terms.
-4. :mod:`.bwd_dqk` (chunk × key tile × value head): ``dq``, ``dk`` and the gate's gradient (KDA: ``dg`` itself).
-5. :mod:`.bwd_finish` (chunk × value head): ``dβ`` from its partials; Gated DeltaNet's ``dg``.
+2. :mod:`.bwd_dqk` (chunk × key tile × value head): with ``FUSE_DV`` (default) everything chunk-parallel in one
+   stage: ``dVβ = Tᵀ dV_new`` (so ``dv``), ``dA_qk``, ``dA_kk = −dVβ V_newᵀ`` in registers, then ``dq``, ``dk``, the
+   pairwise terms (KDA's per channel by blocks of ``BC`` rows, :mod:`.bwd_pairwise`) and the gate's gradient
+   (KDA: ``dg`` itself). Without ``FUSE_DV``, :mod:`.bwd_dv` (chunk × value head) computes ``dv`` and both dA first
+   and stores them (``dVβ``, ``dA_qk``, ``dA_kk`` through memory), then :mod:`.bwd_dqk` reads them.
+3. :mod:`.bwd_finish` (chunk × value head): ``dβ`` from its partials; Gated DeltaNet's ``dg``.
 
-Grouped value heads (``HV = G·H``): stages 3-4 write ``dq``, ``dk`` per value head (float32) and the group's value
+Grouped value heads (``HV = G·H``): stage 2 writes ``dq``, ``dk`` per value head (float32) and the group's value
 heads are summed at the end.
+
+Where the time goes (H200, bf16, B·T = 32768, H = 16, K = V = 128; floors per stage in
+:func:`dtune.measure.work.backward_stages`): the sequential passes (the forward's state pass, its re-run with
+``SAVE = "intra"``, the reverse state pass) are latency-bound chains; the chunk-parallel stages are memory-bound.
+``FUSE_DV`` removes the dv stage's pass over ``do``, ``V_new``, ``dV_new`` and the ``dVβ``/``dA`` round trip, and
+for KDA the per-channel pairwise stage and its three float32 ``[tokens, HV, K]`` partials (written, then read back):
+16 of the ~68 ``[tokens, HV, 128]``-sized bf16 passes of KDA's step at ``BT = 64``.
 
 ``SAVE`` (memory against time): ``"all"``: the forward runs unfused and keeps stage 1's outputs (W, U, A_qk, T,
 and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new``; ``"intra"``: it keeps stage 1's outputs and the
@@ -26,8 +35,8 @@ kernels at load, as the forward's kernels do (``kernels/config.py``); their
 gradient is the clamp's, zero.
 
 Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`check_config`): ``BT``, ``BC``
-(``BC <= BT <= 4·BC``), ``SAVE``, the tiles, warps and pipeline stages of each backward stage (``dh_*``, ``dv_*``,
-``dqk_*``, ``di_*`` for KDA), ``F32_DOT`` (dots on float32 inputs).
+(``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage
+(``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs).
 """
 
 from __future__ import annotations
@@ -43,7 +52,6 @@ from ..config import check_config as _check
 from .bwd_dqk import chunk_bwd_dqk_kernel
 from .bwd_dv import chunk_bwd_dv_kernel
 from .bwd_finish import chunk_bwd_finish_kernel
-from .bwd_intra import chunk_bwd_intra_kernel
 from .bwd_state import chunk_bwd_state_kernel
 from .call import tile as _tile
 from .intra_blocks import chunk_intra_blocks_kernel
@@ -58,6 +66,7 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "BT": (16, 32, 64, 128),
     "BC": (16, 32, 64),
     "SAVE": ("none", "intra", "all"),
+    "FUSE_DV": (True, False),
     "dh_BV": (16, 32, 64, 128),
     "dh_num_warps": (1, 2, 4, 8, 16),
     "dh_num_stages": (1, 2, 3, 4),
@@ -70,27 +79,28 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dqk_num_stages": (1, 2, 3, 4),
     "F32_DOT": ("ieee", "tf32"),
 }
-_KDA: dict[str, tuple[Any, ...]] = {
-    "di_BK": (16, 32, 64, 128),
-    "di_num_warps": (1, 2, 4, 8),
-    "di_num_stages": (1, 2, 3, 4),
-}
 
 
 def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     """Every tunable parameter of the backward and all values the templates can be built with."""
     if gate not in GATE_CODES:
         raise ValueError(f"unknown gate mode {gate!r}")
-    return {**_COMMON, **(_KDA if gate == "channel" else {})}
+    return dict(_COMMON)
 
 
 def default_config(K: int, V: int, gate: str) -> Config:
     """Correct for every supported shape (K, V <= 256) and gate (the KDA diagonal blocks are guarded)."""
     small = next_power_of_2(K) <= 128
+    # sm_90 compiles (Triton 3.9, bf16, K = V = 128; tests/kernels/test_chunk_bwd_compile.py --stats): at BT = 32 every
+    # stage is free of spills (reverse state pass 212-224 registers and 45-51 KB of shared memory at 4 warps and 2
+    # stages: two programs per SM; fused dq/dk 246-255 registers at 8 warps). At BT = 64 the reverse pass takes
+    # 115-135 KB (one program per SM) and KDA's fused dq/dk spills (668 bytes at dqk_BK = 64); BT = 32 is also the
+    # forward's tuned chunk (the forward under autograd runs at the backward's BT).
     cfg: Config = {
-        "BT": 64,  # the per-chunk states and their adjoints ([chunks, HV, K, V]) are the backward's largest buffers
+        "BT": 32,
         "BC": 16,
         "SAVE": "intra",
+        "FUSE_DV": True,  # one chunk-parallel stage (dA, dv, KDA's pairwise terms, dq, dk, the gate): no dA round trip
         "dh_BV": 32 if small else 16,
         "dh_num_warps": 4 if small else 8,
         "dh_num_stages": 2 if small else 1,
@@ -99,12 +109,10 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dv_num_stages": 2,
         "dqk_BK": 64,
         "dqk_BV": 64,
-        "dqk_num_warps": 8,  # sm_90 compile (K = V = 128, BT = 64): 255 registers and spills at 4 warps, none at 8
+        "dqk_num_warps": 8,  # 4 warps spill at BT = 32 (4-312 bytes)
         "dqk_num_stages": 2,
         "F32_DOT": "ieee",
     }
-    if gate == "channel":
-        cfg.update(di_BK=64, di_num_warps=4, di_num_stages=2)
     return cfg
 
 
@@ -329,7 +337,7 @@ def backward(
 
     # ---- 1. reverse state pass ----------------------------------------------------------------------------------
     dh = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-    dvn = new_output(tokens, HV, V, dtype=dt, device=dev)
+    dvn: Tensor | None = new_output(tokens, HV, V, dtype=dt, device=dev)
     dh0 = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
     dht = None if dht is None else dht.contiguous()
     dh_BV = _tile(bwd_config["dh_BV"], V)
@@ -350,51 +358,43 @@ def backward(
     dq = new_output(tokens, HV, K, dtype=torch.float32 if grouped else q.dtype, device=dev)
     dk = new_output(tokens, HV, K, dtype=torch.float32 if grouped else k.dtype, device=dev)
     if NC > 0:
-        # ---- 2. dA_qk, dVβ (dv), dA_kk ------------------------------------------------------------------------
-        dv_BV = _tile(bwd_config["dv_BV"], V)
-        NK = triton.cdiv(K, _tile(bwd_config["dqk_BK"], K))
-        NKI = triton.cdiv(K, _tile(bwd_config["di_BK"], K)) if GATE == 2 else 0
-        nslot = 1 + NK + NKI
-        dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
-        dvb = new_output(tokens, HV, V, dtype=dt, device=dev)
-        daq = new_output(tokens, HV, BT, dtype=dt, device=dev)
-        dak = new_output(tokens, HV, BT, dtype=dt, device=dev)
-        chunk_bwd_dv_kernel[(NC, HV)](
-            v, beta, inter.ai, inter.vnew, dvn, do, dv, dvb, daq, dak, dbeta_part, tables.chunk_info, scale, T,
-            HV=HV, V=V, BT=BT, BV=dv_BV, NV=triton.cdiv(V, dv_BV), VARLEN=varlen, DOT_PREC=dot_prec,
-            num_warps=bwd_config["dv_num_warps"], num_stages=bwd_config["dv_num_stages"],
-        )  # fmt: skip
-        inter.ai = None
-        del dvn  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
-        ss = tokens * HV
-
-        # ---- 3. KDA: pairwise terms per row block --------------------------------------------------------------
-        pq = pk = pg = None
-        if GATE == 2:
-            pq = new_output(tokens, HV, K, dtype=torch.float32, device=dev)
-            pk = new_output(tokens, HV, K, dtype=torch.float32, device=dev)
-            pg = new_output(tokens, HV, K, dtype=torch.float32, device=dev)
-            BC = cfg["BC"]
-            di_BK = _tile(bwd_config["di_BK"], K)
-            chunk_bwd_intra_kernel[(NC * (BT // BC), NKI, HV)](
-                q, k, g, beta, daq, dak, pq, pk, pg, dbeta_part, tables.chunk_info, T, 1 + NK, ss,
-                H=H, HV=HV, K=K, BT=BT, BC=BC, BK=di_BK, NB=BT // BC, VARLEN=varlen, DOT_PREC=dot_prec,
-                FLOOR=GATE_FLOOR, num_warps=bwd_config["di_num_warps"], num_stages=bwd_config["di_num_stages"],
-            )  # fmt: skip
-
-        # ---- 4. dq, dk, the gate -----------------------------------------------------------------------------
+        fused = bool(bwd_config["FUSE_DV"])
         dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
+        NK = triton.cdiv(K, dqk_BK)
+        nslot = 1 + NK
+        dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
+        ss = tokens * HV
+        dvb = daq = dak = None
+        if not fused:
+            # ---- 2. dA_qk, dVβ (dv), dA_kk ----------------------------------------------------------------------
+            dv_BV = _tile(bwd_config["dv_BV"], V)
+            dvb = new_output(tokens, HV, V, dtype=dt, device=dev)
+            daq = new_output(tokens, HV, BT, dtype=dt, device=dev)
+            dak = new_output(tokens, HV, BT, dtype=dt, device=dev)
+            chunk_bwd_dv_kernel[(NC, HV)](
+                v, beta, inter.ai, inter.vnew, dvn, do, dv, dvb, daq, dak, dbeta_part, tables.chunk_info, scale, T,
+                HV=HV, V=V, BT=BT, BV=dv_BV, NV=triton.cdiv(V, dv_BV), VARLEN=varlen, DOT_PREC=dot_prec,
+                num_warps=bwd_config["dv_num_warps"], num_stages=bwd_config["dv_num_stages"],
+            )  # fmt: skip
+            inter.ai = None
+            dvn = None  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
+        elif GATE == 2:  # KDA's pairwise terms read dA by blocks: each key tile's program keeps a copy (scratch)
+            daq = new_output(NK, tokens, HV, BT, dtype=dt, device=dev)
+            dak = new_output(NK, tokens, HV, BT, dtype=dt, device=dev)
+
+        # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------
         dg_out = dg if GATE == 2 else None
         dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
         chunk_bwd_dqk_kernel[(NC, NK, HV)](
-            q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvb, daq, dak, pq, pk, pg, dq, dk,
+            q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvn if fused else dvb, daq, dak,
+            inter.ai if fused else None, v if fused else None, dv if fused else None, dq, dk,
             dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, 1, ss,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=dqk_BK, BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=GATE,
-            VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
+            H=H, HV=HV, K=K, V=V, BT=BT, BC=cfg["BC"], BK=dqk_BK, BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=GATE,
+            FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
             num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
         )  # fmt: skip
-        inter.hbuf = inter.vnew = None
-        del dh, dvb, daq, dak, pq, pk, pg
+        inter.hbuf = inter.vnew = inter.ai = None
+        del dh, dvn, dvb, daq, dak
 
         # ---- 5. dβ, Gated DeltaNet's dg ------------------------------------------------------------------------
         chunk_bwd_finish_kernel[(NC, HV)](

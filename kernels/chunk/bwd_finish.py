@@ -1,7 +1,7 @@
 """Backward, last stage (chunk-parallel, one program per chunk and value head): the per-row reductions.
 
-* ``dβ = Σ_slots dbeta_part`` (the ``v`` part from :mod:`.bwd_dv`, the key-tile partials of :mod:`.bwd_dqk` and,
-  for KDA, of :mod:`.bwd_intra`), stored in beta's dtype;
+* ``dβ = Σ_slots dbeta_part`` (the ``v`` part from :mod:`.bwd_dv`, or fused from key tile 0 of :mod:`.bwd_dqk`, and
+  the key-tile partials of :mod:`.bwd_dqk`), stored in beta's dtype;
 * Gated DeltaNet: ``dγ = Σ_tiles dg_part`` (:mod:`.bwd_dqk`'s key-tile partials), then ``dg_t = Σ_{i >= t} dγ_i``
   inside the chunk, zero where the gate was below the floor (the clamp's gradient), stored in g's dtype.
 """

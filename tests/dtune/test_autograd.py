@@ -87,7 +87,7 @@ def test_backward_without_final_state() -> None:
 def test_backward_config_is_checked_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     x = inputs(Gate.CHANNEL)
     x["k"] = x["k"].requires_grad_()
-    with pytest.raises(ValueError, match="chunk_kda backward: unknown parameter"):
+    with pytest.raises(ValueError, match="chunk_kda_bwd: unknown parameter"):
         call(CHUNK[Gate.CHANNEL], Gate.CHANNEL, x, bwd_config={"nope": 1})
     with pytest.raises(ValueError, match="BC <= BT"):
         call(CHUNK[Gate.CHANNEL], Gate.CHANNEL, x, bwd_config={"BT": 16, "BC": 32})
@@ -101,3 +101,9 @@ def test_needs_grad() -> None:
     assert not dtune.autograd.needs_grad(None, torch.zeros(2))
     with torch.no_grad():
         assert not dtune.autograd.needs_grad(t)
+
+
+def test_a_backward_kernel_is_not_an_op() -> None:
+    x = inputs(Gate.CHANNEL)
+    with pytest.raises(ValueError, match="chunk_kda_bwd is the backward of chunk_kda: call chunk_kda"):
+        ops.run_kernel("chunk_kda_bwd", x["q"], x["k"], x["v"], x["g"], x["beta"])

@@ -100,13 +100,19 @@ for gate in Gate:
     add("varlen", Shape(1, 0, 1, 2, 16, 16, 5, gate, True), BT16, seq_lens=[1, 17, 0, 40, 2])  # an empty sequence
     add("BT64-all", Shape(1, 70, 1, 1, 16, 16, 1, gate), {"BT": 64, "BC": 16, "SAVE": "all"})  # four row blocks
     tiles = {"BT": 32, "BC": 16, "SAVE": "none", "dh_BV": 16, "dv_BV": 16, "dqk_BK": 16, "dqk_BV": 16}
-    if gate is Gate.CHANNEL:
-        tiles["di_BK"] = 16
     add("tiles-noh0", Shape(1, 40, 1, 1, 24, 40, 1, gate), tiles, h0=False, final=False)  # K, V tiles; padded dims
+    # FUSE_DV = False: the dv stage, KDA's per-row-block pairwise stage and the dq/dk stage apart
+    split = {"FUSE_DV": False}
+    add("odd-split", Shape(2, 37, 1, 2, 16, 32, 2, gate), {**BT32, **split}, scale=0.3)
+    add("tiles-split", Shape(1, 40, 1, 1, 24, 40, 1, gate), {**tiles, **split}, h0=False, final=False)
+    add("varlen-split", Shape(1, 0, 1, 2, 16, 16, 5, gate, True), {**BT16, **split}, seq_lens=[1, 17, 0, 40, 2])
     if gate is not Gate.NONE:
         add("inf", Shape(1, 50, 1, 2, 16, 16, 1, gate), BT32, inf=True)  # −inf gates: a full forget
         add("g60", Shape(1, 50, 1, 1, 16, 16, 1, gate), BT32, gate_min=-60.0)  # KDA: the exact diagonal blocks
 add("BC32", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 32}, gate_min=-60.0)
+add("BC32-split", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 32, "FUSE_DV": False}, gate_min=-60.0)
+add("g60-split", Shape(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL), {**BT32, "FUSE_DV": False}, gate_min=-60.0)
+add("g8-BT64", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16}, gate_min=-8.0)  # some blocks exact
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
@@ -173,7 +179,7 @@ def test_second_reference_matches_autograd(gate: Gate) -> None:
 def test_config_is_checked() -> None:
     assert chunk_bwd.check_config(64, 64, "channel", None) == chunk_bwd.default_config(64, 64, "channel")
     with pytest.raises(ValueError, match="unknown parameter"):
-        chunk_bwd.check_config(64, 64, "none", {"di_BK": 32})  # KDA only
+        chunk_bwd.check_config(64, 64, "none", {"intra_BK": 32})  # a forward parameter
     with pytest.raises(ValueError, match="BC <= BT <= 4"):
         chunk_bwd.check_config(64, 64, "none", {"BT": 16, "BC": 32})
     with pytest.raises(ValueError, match="BC <= BT <= 4"):

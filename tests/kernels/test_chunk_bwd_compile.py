@@ -19,7 +19,6 @@ from dtune.kernels.chunk import backward as chunk_bwd
 from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel
 from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel
 from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel
-from dtune.kernels.chunk.bwd_intra import chunk_bwd_intra_kernel
 from dtune.kernels.chunk.bwd_state import chunk_bwd_state_kernel
 from dtune.kernels.chunk.call import tile as _tile
 from dtune.kernels.config import GATE_CODES
@@ -78,21 +77,17 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     dv = dict(common, v=p, beta=p, ai=p, vnew=p, dvn=p, do=p, dv=p, dvb=p, daq=p, dak=p, dbeta_part=f32)
     dv |= table | dict(BV=dv_BV, NV=triton.cdiv(V, dv_BV))
     dqk_BV = _tile(cfg["dqk_BV"], V)
-    dqk = dict(common, q=p, k=p, beta=p, hbuf=p, dh=p, do=p, vnew=p, dvb=p, daq=p, dak=p, dq=p, dk=p)
+    fused = cfg["FUSE_DV"]
+    dqk = dict(common, q=p, k=p, beta=p, hbuf=p, dh=p, do=p, vnew=p, dvb=p, dq=p, dk=p)
     dqk |= gated | table | {"dbeta_part": f32, "SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
-    dqk |= {"pq": f32, "pk": f32, "pg": f32} if G == 2 else {}
+    dqk |= {"ai": p, "v": p, "dv": p} if fused else {}
+    dqk |= {"daq": p, "dak": p} if G == 2 or not fused else {}
     dqk |= {"dg": f32} if G else {}
-    dqk |= dict(BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
-    out = [
-        ("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"]),
-        ("dv", chunk_bwd_dv_kernel, dv, cfg["dv_num_warps"], cfg["dv_num_stages"]),
-        ("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]),
-    ]
-    if G == 2:
-        intra = dict(common, q=p, k=p, g=f32, beta=p, daq=p, dak=p, pq=f32, pk=f32, pg=f32, dbeta_part=f32)
-        intra |= table | {"SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
-        intra |= dict(BC=BC, BK=_tile(cfg["di_BK"], K), NB=BT // BC)
-        out.append(("intra", chunk_bwd_intra_kernel, intra, cfg["di_num_warps"], cfg["di_num_stages"]))
+    dqk |= dict(BC=BC, BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G, FUSED=fused)
+    out = [("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"])]
+    if not fused:
+        out.append(("dv", chunk_bwd_dv_kernel, dv, cfg["dv_num_warps"], cfg["dv_num_stages"]))
+    out.append(("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]))
     fin = dict(HV=4, BT=BT, VARLEN=varlen, T="i32", SS="i32", dbeta_part=f32, dbeta=p, NSLOT=3, NKG=NK, GATE=G)
     fin |= table | {"FLOOR": GATE_FLOOR}
     fin |= {"g": f32, "dg_part": f32, "dg": f32} if G == 1 else {}
@@ -104,8 +99,10 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {}, False),
     ("scalar", "bf16", 128, {}, True),
     ("none", "bf16", 128, {}, False),
+    ("channel", "bf16", 128, {"FUSE_DV": False}, False),
     ("channel", "bf16", 64, {"BT": 32, "BC": 32}, True),
-    ("scalar", "fp32", 64, {"BT": 32}, False),
+    ("channel", "bf16", 128, {"BT": 64, "dqk_BK": 16}, False),  # four pairwise blocks (_block's 4-way split)
+    ("scalar", "fp32", 64, {"BT": 32, "FUSE_DV": False}, False),
     ("none", "bf16", 256, {}, True),
 ]
 

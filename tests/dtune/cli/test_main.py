@@ -22,10 +22,12 @@ def search(tmp_path: Path, *extra: str) -> list[str]:
 def test_list() -> None:
     result = runner.invoke(app, ["list"])
     assert result.exit_code == 0, result.output
-    for name in (KERNEL, "chunk_kda", "h100", "rtx4090"):
+    for name in (KERNEL, "chunk_kda", "chunk_kda_bwd", "h100", "rtx4090"):
         assert name in result.stdout
     inv = json.loads(runner.invoke(app, ["list", "--json"]).stdout)
     kernels = {k["kernel"]: k for k in inv["kernels"]}
+    assert kernels["chunk_kda_bwd"]["backward_of"] == "chunk_kda" and kernels["chunk_kda"]["backward_of"] is None
+    assert "FUSE_DV" in kernels["chunk_kda_bwd"]["space"]["params"]
     assert kernels[KERNEL]["space"]["params"]["BV"] == [8, 16, 32, 64, 128]
     assert {g["key"] for g in inv["gpus"]} >= {"h100", "h200", "a100", "l40s", "b200", "rtx4090", "cpu"}
 

@@ -72,3 +72,47 @@ def test_roofs_from_ceilings_and_profile() -> None:
     r = roofline.Roofs.from_profile({"key": "h200", "hbm_gbs": 4800, "bf16_tflops": 989})
     assert (r.gbs, r.tflops, r.source) == (4800.0, 989.0, "profile:h200")
     assert math.isinf(roofline.Work(1.0, 0.0).intensity)
+
+
+def test_backward_kernel_work_is_the_training_step() -> None:
+    p = prob(8, 4096, 16, 128, Gate.CHANNEL)
+    fwd = roofline.work("chunk_kda", p, torch.bfloat16, True, True)
+    step = roofline.work("chunk_kda_bwd", p, torch.bfloat16, True, True)
+    assert step.flops == fwd.flops + 8 * 4096 * 16 * (8 * 64 * 256 + 12 * 128 * 128)
+    # read q, k, v, do (bf16), beta (bf16), g (fp32); write dq, dk, dv, dbeta, dg; read dht and write dh0 (fp32)
+    per_token_head = 4 * 128 * 2 + 2 + 128 * 4 + 3 * 128 * 2 + 2 + 128 * 4
+    grads = 32768 * 16 * per_token_head + 2 * 8 * 16 * 128 * 128 * 4
+    assert roofline.grad_bytes(p, torch.bfloat16, True, True) == grads
+    assert step.bytes == fwd.bytes + grads
+
+
+def test_backward_stage_floors_follow_the_pipeline() -> None:
+    from dtune.kernels import chunk
+    from dtune.kernels.chunk import backward as chunk_bwd
+    from dtune.kernels.chunk import bwd_dqk, bwd_dv, bwd_finish, bwd_state
+
+    p = prob(8, 4096, 16, 128, Gate.CHANNEL)
+    fwd = chunk.default_config(128, 128, "channel")
+
+    def stages(**over: object) -> list[roofline.StageWork]:
+        return roofline.backward_stages(p, torch.bfloat16, fwd, chunk_bwd.check_config(128, 128, "channel", over))
+
+    default = stages()
+    names = [s.kernel for s in default]
+    assert names == [
+        "chunk_intra_blocks_kernel", "chunk_state_kernel", "chunk_state_kernel", "chunk_bwd_state_kernel",
+        "chunk_bwd_dqk_kernel", "chunk_bwd_finish_kernel",
+    ]  # fmt: skip
+    launched = {k.fn.__name__ for k in (bwd_dqk.chunk_bwd_dqk_kernel, bwd_dv.chunk_bwd_dv_kernel)}
+    launched |= {bwd_finish.chunk_bwd_finish_kernel.fn.__name__, bwd_state.chunk_bwd_state_kernel.fn.__name__}
+    assert {n for n in names if "bwd" in n} <= launched  # the names a profiler reports
+    total = sum(s.work.bytes for s in default)
+    unfused = stages(FUSE_DV=False)
+    assert "chunk_bwd_dv_kernel" in [s.kernel for s in unfused] and sum(s.work.bytes for s in unfused) > total
+    saved = stages(SAVE="all")
+    assert [s.kernel for s in saved].count("chunk_state_kernel") == 1 and "chunk_output_kernel" in {
+        s.kernel for s in saved
+    }
+    assert sum(s.work.bytes for s in stages(BT=64)) < total  # half the chunk states
+    whole = roofline.work("chunk_kda_bwd", p, torch.bfloat16, True, True)
+    assert total > whole.bytes  # the pipeline's intermediates on top of the compulsory bytes

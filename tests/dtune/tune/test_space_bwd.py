@@ -1,53 +1,48 @@
-"""The backward search spaces (search_spaces/chunk_*_bwd.toml) load with dtune.space against the backward templates.
-
-The backward kernels are not registered in dtune.kernels yet, so the loader's kernel lookup is pointed at a stand-in
-spec with the backward's legal parameters; everything else is the real loader (schema, constraints, seeds).
-"""
+"""The backward search spaces (search_spaces/chunk_*_bwd.toml) load with dtune.tune.space against the registered
+backward kernels (chunk_*_bwd), and the tuned-config store accepts (and checks) their entries."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
-from dtune.kernels.chunk import backward as chunk_bwd
+from dtune.kernels import get_kernel
 
-import dtune.tune.space
 from dtune.gpu import get_profile
+from dtune.shape import Shape
+from dtune.store import ConfigFileError, parse_configs
 from dtune.tune.space import load_space
 
 GATES = {"chunk_delta_rule_bwd": "none", "chunk_gated_delta_rule_bwd": "scalar", "chunk_kda_bwd": "channel"}
 
 
-@dataclass(frozen=True)
-class BwdSpec:
-    name: str
-    gate: str
-
-    def legal_params(self) -> dict[str, tuple[Any, ...]]:
-        return chunk_bwd.legal_params(self.gate)
-
-
-@pytest.fixture
-def bwd_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = dtune.tune.space.get_kernel
-
-    def lookup(name: str) -> Any:
-        return BwdSpec(name, GATES[name]) if name in GATES else real(name)
-
-    monkeypatch.setattr(dtune.tune.space, "get_kernel", lookup)
-
-
 @pytest.mark.parametrize("kernel", list(GATES))
-def test_backward_spaces_load_and_admit_the_default(kernel: str, bwd_kernels: None) -> None:
-    gate = GATES[kernel]
+def test_backward_spaces_load_and_admit_the_default(kernel: str) -> None:
+    spec = get_kernel(kernel)
+    assert spec.backward and spec.gate == GATES[kernel] and spec.forward_kernel == kernel.removesuffix("_bwd")
+    assert get_kernel(spec.forward_kernel).backward_kernel == kernel
     space = load_space(kernel)
     assert space.kernel == kernel and space.size() > 1
-    assert ("di_BK" in space.params) == (gate == "channel")
+    assert "FUSE_DV" in space.params
     for gpu in ("h100", "h200"):
         limits = get_profile(gpu).constraint_fields()
         for shape in space.shapes.shapes():
-            default = chunk_bwd.default_config(shape.K, shape.V, gate)
+            default = spec.default_config(shape.K, shape.V)
             assert space.violations(default, shape, limits) == [], (gpu, shape.key)
-    for seed in space.seeds:  # seeds are legal backward configs (over the default)
-        chunk_bwd.check_config(128, 128, gate, seed)
+    shape = Shape(8, 4096, 16, 16, 128, 128, 8)
+    for seed in space.seeds:  # seeds are legal backward configs (over the default), and run at D = 128 on an H200
+        config = spec.check_config(128, 128, seed)
+        assert space.violations(config, shape, get_profile("h200").constraint_fields()) == [], seed
+
+
+def _doc(config: dict) -> dict:
+    bucket = {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 128, "V": 128}
+    entry = {"kernel": "chunk_kda_bwd", "dtype": "bf16", "bucket": bucket, "config": config}
+    return {"schema": 1, "gpu": "h200", "entries": [entry]}
+
+
+def test_store_accepts_backward_entries_and_checks_their_rules() -> None:
+    configs = parse_configs(_doc({"SAVE": "all", "BT": 32, "FUSE_DV": False}), "test")
+    assert configs.entries[0].kernel == "chunk_kda_bwd"
+    with pytest.raises(ConfigFileError, match="BC <= BT <= 4"):  # the backward family's cross-parameter rule
+        parse_configs(_doc({"BT": 128, "BC": 16}), "test")
+    with pytest.raises(ConfigFileError, match="unknown parameter"):
+        parse_configs(_doc({"intra_BK": 64}), "test")  # a forward parameter is not a backward one
