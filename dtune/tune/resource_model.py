@@ -128,11 +128,12 @@ def chunk_prediction(gate: str, config: Mapping[str, Any], K: int, V: int, elem:
 
 
 def predict(kernel: str, config: Mapping[str, Any], K: int, V: int, dtype: str) -> dict[str, StagePrediction] | None:
-    """Per-stage predictions of ``kernel`` with a full config, or None when the kernel's family has no model."""
+    """Per-stage predictions of ``kernel`` with a full config, or None when the kernel has no model (the chunk
+    forward has one)."""
     from dtune.kernels import get_kernel
 
     spec = get_kernel(kernel)
-    if spec.family != "chunk":
+    if spec.family != "chunk" or spec.backward:  # fitted on the forward's stages only
         return None
     return chunk_prediction(spec.gate, config, K, V, 4 if dtype == "fp32" else 2)
 
