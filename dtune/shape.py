@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -136,3 +136,18 @@ class ShapeGrid:
             batch=bs,
             batch_tokens=bt,
         )
+
+
+def packed_and_grouped(shapes: Sequence[Shape], packed: Sequence[int] | None, hv_ratio: int) -> list[Shape]:
+    """``shapes`` as one packed variable-length batch of ``packed`` sequence lengths per head dim and heads (bucketed
+    as ``B`` = the number of sequences of their mean length, as calls with ``cu_seqlens`` look their config up), and
+    with ``hv_ratio`` value heads per query/key head; ValueError on a ratio below 1 or an empty packed batch."""
+    if hv_ratio < 1:
+        raise ValueError(f"--hv-ratio must be at least 1, got {hv_ratio}")
+    out = list(shapes)
+    if packed is not None:
+        if not packed or min(packed) < 1:
+            raise ValueError(f"--packed-seqs needs positive sequence lengths, got {list(packed)}")
+        mean = max(1, round(sum(packed) / len(packed)))
+        out = list({replace(s, B=len(packed), T=mean, N=len(packed)): None for s in out})
+    return [replace(s, HV=s.H * hv_ratio) for s in out]

@@ -57,6 +57,18 @@ def bench(
     rounds: Annotated[
         int | None, typer.Option("--rounds", help="Interleaved rounds per shape (default 3 on a GPU, 1 on the CPU).")
     ] = None,
+    packed_seqs: Annotated[
+        str | None,
+        typer.Option(
+            "--packed-seqs",
+            help="Time one packed variable-length batch of these sequence lengths (cu_seqlens; comma-separated) per "
+            "head dim and heads instead of the --seq-lens x --batch grid (its tuned config is the bucket of B = number "
+            "of sequences, T = their mean length).",
+        ),
+    ] = None,
+    hv_ratio: Annotated[
+        int, typer.Option("--hv-ratio", help="Value heads per query/key head (HV = ratio x H; grouped value heads).")
+    ] = 1,
     mode: Annotated[
         str,
         typer.Option(
@@ -77,7 +89,7 @@ def bench(
     from dtune.measure.configs import ConfigSource
     from dtune.measure.grids import make_grid
     from dtune.measure.inputs import Workload
-    from dtune.shape import Gate
+    from dtune.shape import Gate, ShapeGrid, packed_and_grouped
 
     lens, dims, nheads = (
         int_list(v, o) for v, o in ((seq_lens, "--seq-lens"), (head_dims, "--head-dims"), (heads, "--heads"))
@@ -99,6 +111,9 @@ def bench(
         if config is not None and not any((seq_lens, head_dims, heads, batch, batch_tokens)):
             # No shape asked for: the shapes the config was tuned on.
             grid = ConfigSource.load(config).tuned_grid(kernel, dt, on_gpu, Gate(spec.gate)) or grid
+        packed = int_list(packed_seqs, "--packed-seqs")
+        if packed is not None or hv_ratio != 1:
+            grid = ShapeGrid(explicit=tuple(packed_and_grouped(grid.shapes(Gate(spec.gate)), packed, hv_ratio)))
         status = err.status("benchmarking", spinner="dots") if not as_json else None
         if status:
             status.start()
@@ -112,7 +127,7 @@ def bench(
                 rounds=rounds,
                 graph=graph,
                 progress=(lambda s: status.update(f"benchmarking {s}")) if status else None,
-                workload=Workload(initial_state, final_state),
+                workload=Workload(initial_state, final_state, None if packed is None else tuple(packed)),
             )
         finally:
             if status:

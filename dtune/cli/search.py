@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -14,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dtune.cli.common import FinalStateOpt, InitialStateOpt, err, fail, int_list, out, use_interpreter
+from dtune.shape import packed_and_grouped
 
 if TYPE_CHECKING:
     from dtune.shape import Shape
@@ -259,12 +259,10 @@ def search(
     grid = base.replace(lists["seq_lens"], lists["head_dims"], lists["heads"], lists["batch"])
     shapes = grid.shapes()
     packed = int_list(packed_seqs, "--packed-seqs")
-    if packed is not None:  # one packed batch per head dim and heads: bucketed as B = N sequences of the mean length
-        mean = max(1, round(sum(packed) / len(packed)))
-        shapes = list({dataclasses.replace(s, B=len(packed), T=mean, N=len(packed)): None for s in shapes})
-    if hv_ratio < 1:
-        raise typer.BadParameter(f"must be at least 1, got {hv_ratio}", param_hint="--hv-ratio")
-    shapes = [dataclasses.replace(s, HV=s.H * hv_ratio) for s in shapes]
+    try:
+        shapes = packed_and_grouped(shapes, packed, hv_ratio)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = out_dir or Path("runs") / f"{kernel}-{profile.key}-{stamp}"
     try:
