@@ -6,7 +6,9 @@
 # Usage (from the checkout root on the GPU machine, .whl carried):  bash scripts/sitting.sh PLAN_FILE
 # PLAN_FILE: one job per line, "GPU|NAME|SECONDS|COMMAND" (blank lines and # comments skipped); COMMAND runs with
 # CUDA_VISIBLE_DEVICES=GPU and OUT=$OUT/raw/NAME, its output in $OUT/raw/NAME.log. DEADLINE (a Unix time, default
-# now + 580 s) ends every queue: a job starts only with its SECONDS left before it.
+# now + 580 s) ends every queue: a job starts only with its SECONDS left before it. FINALLY: a command run once all
+# queues are done (e.g. merging what they tuned), its output in $OUT/raw/finally.log. COMMIT: the commit to record
+# (the device's copy of .git may be older than the working tree it runs).
 set -uo pipefail
 PLAN=$1
 OUT=${OUT:-out}
@@ -21,7 +23,7 @@ else
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.used,clocks.sm --format=csv,noheader | tee "$OUT/raw/gpus.txt"
-git rev-parse --short HEAD > "$OUT/raw/commit.txt" 2>/dev/null || true
+echo "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" > "$OUT/raw/commit.txt"
 
 pack() { tar czf "$OUT/sitting.tgz.tmp" -C "$OUT" raw && mv "$OUT/sitting.tgz.tmp" "$OUT/sitting.tgz"; }
 
@@ -45,6 +47,10 @@ queue() {  # the jobs of one GPU, in order
 gpus=$(cut -d'|' -f1 "$PLAN" | grep -E '^[0-9]+$' | sort -u)
 for gpu in $gpus; do queue "$gpu" & done
 wait
+if [ -n "${FINALLY:-}" ]; then
+  timeout 60 bash -c "$FINALLY" > "$OUT/raw/finally.log" 2>&1
+  echo "(exit $?)" >> "$OUT/raw/finally.log"
+fi
 pack
 for f in "$OUT"/raw/*.log; do
   echo "=================== $(basename "$f")"
