@@ -127,7 +127,7 @@ def build_sections(data: d.RunData) -> list[Section]:
             )
         s.add_note(
             "FLOPs are nominal (chunk: 2C(3K+2V)+6KV per token per head, C = 64) and bytes compulsory "
-            "(q, k, v, o, beta, g and any state), as in anchors/fla-0.6.0_h200.md."
+            "(q, k, v, o, beta, g and any state), as in docs/anchors/fla-0.6.0_h200.md."
         )
 
     def history(s: Section) -> None:

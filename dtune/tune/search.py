@@ -1,4 +1,4 @@
-"""The tuning loop (DESIGN.md §3): one Optuna study per (kernel, GPU, dtype, shape), driven by ask/tell.
+"""The tuning loop (docs/DESIGN.md §3): one Optuna study per (kernel, GPU, dtype, shape), driven by ask/tell.
 
 For each shape: the template's default config is enqueued first (the baseline), the space's seeds next,
 then the sampler (TPE by default, seeded) proposes. Each trial: constraints (violations are PRUNED with

@@ -1,4 +1,4 @@
-"""The references agree with each other and with hand-computed steps of DESIGN.md §1."""
+"""The references agree with each other and with hand-computed steps of docs/DESIGN.md §1."""
 
 from __future__ import annotations
 

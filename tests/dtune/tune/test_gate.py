@@ -1,4 +1,4 @@
-"""The gate must pass the real kernel and reject planted wrong ones (DESIGN.md §3)."""
+"""The gate must pass the real kernel and reject planted wrong ones (docs/DESIGN.md §3)."""
 
 from __future__ import annotations
 
