@@ -4,6 +4,15 @@ Every op validates its inputs before any launch, picks its launch configuration 
 else the tuned config for this GPU and shape from :mod:`dtune.store`, else the template's default) and
 returns ``(o, final_state)``: ``o`` has v's dtype and shape ``[B, T, HV, V]``; ``final_state`` is
 ``[N, HV, K, V]`` float32, or ``None`` unless ``output_final_state``.
+
+The recurrence (docs/DESIGN.md §1), per value head and token: ``S ← diag(exp(g_t)) S`` (Gated DeltaNet: one
+scalar decay per head; DeltaNet: none), ``u_t = β_t (v_t − Sᵀ k_t)``, ``S ← S + k_t u_tᵀ``,
+``o_t = Sᵀ (scale · q_t)``.
+
+The gate contract: ``g`` is a log-space decay, ``g <= 0`` everywhere. ``-inf`` is a valid full forget (the state
+is cleared at that token, as in the float64 reference). NaN or a positive entry raises a ``ValueError`` naming
+``g`` before anything is launched. That check reads ``g`` once and syncs with the GPU; it is skipped while a CUDA
+graph is being captured, and ``check_gate=False`` skips it for callers that validate their gates upstream.
 """
 
 from __future__ import annotations
@@ -43,10 +52,15 @@ def run_kernel(
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
+    check_gate: bool = True,
 ) -> Result:
-    """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op."""
+    """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op.
+
+    ``g`` is ``None`` for the ungated kernels. ``check_gate``: refuse NaN and positive gate values (see the module's
+    docstring); the measurement harness passes ``False`` (its gates are drawn valid, and fla checks nothing).
+    """
     spec = get_kernel(kernel)
-    problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens)
+    problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens, check_gate)
     if config is None:
         config = tuned_config(spec.name, problem, v.dtype, v.device)
     full = spec.check_config(problem.K, problem.V, config)
@@ -73,7 +87,8 @@ class UngatedOp(Protocol):
 
 
 class GatedOp(Protocol):
-    """An op with a log-space gate ``g``: ``op(q, k, v, g, beta, ...)``, the rest as :class:`UngatedOp`."""
+    """An op with a log-space gate ``g``: ``op(q, k, v, g, beta, ..., check_gate=True)``, the rest as
+    :class:`UngatedOp`; ``check_gate=False`` skips the check of the gate's values (NaN, positive)."""
 
     def __call__(
         self,
@@ -87,6 +102,7 @@ class GatedOp(Protocol):
         output_final_state: bool = False,
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
+        check_gate: bool = True,
     ) -> Result: ...
 
 
@@ -121,23 +137,72 @@ def _gated(kernel: str, doc: str) -> GatedOp:
         output_final_state: bool = False,
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
+        check_gate: bool = True,
     ) -> Result:
-        return run_kernel(kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config)
+        return run_kernel(
+            kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config, check_gate
+        )
 
     op.__name__ = op.__qualname__ = kernel
     op.__doc__ = doc
     return op
 
 
+ARGS = """
+
+Args:
+    q, k: ``[B, T, H, K]`` queries and keys (float32, float16 or bfloat16; keys are usually L2-normalised).
+    v: ``[B, T, HV, V]`` values, ``HV`` a multiple of ``H`` (value head ``hv`` reads key head ``hv // (HV/H)``).{gate}
+    beta: ``[B, T, HV]`` write strengths, usually in (0, 1).
+    scale: multiplies ``q``; default ``K ** -0.5``.
+    initial_state: ``[N, HV, K, V]`` (float32 recommended), ``N = B``, or the number of sequences with ``cu_seqlens``.
+    output_final_state: also return the state after the last token, ``[N, HV, K, V]`` float32.
+    cu_seqlens: ``[N + 1]`` int32/int64 offsets of ``N`` sequences packed along T (``B == 1``), from 0 to T.
+    config: launch parameters of the template (a partial dict is completed from the default); default: the tuned
+        config for this GPU and shape bucket (:mod:`dtune.store`), else the template's default.{check}
+
+Returns:
+    ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in v's dtype; ``final_state`` or ``None``.
+
+Raises:
+    ValueError / TypeError naming the argument, before any launch: shapes, dtypes, devices,
+    ``cu_seqlens``{raises}.
+"""
+GATE_ARGS = {
+    "scalar": """
+    g: ``[B, T, HV]`` log-space decay per value head, ``<= 0``; ``-inf`` is a full forget (the state is cleared).""",
+    "channel": """
+    g: ``[B, T, HV, K]`` log-space decay per key channel, ``<= 0``; ``-inf`` is a full forget of that channel.""",
+}
+CHECK_ARG = """
+    check_gate: refuse NaN and positive entries of ``g`` (one read of ``g`` and one host sync per call; skipped
+        during CUDA-graph capture). ``False`` skips it, for callers that validate their gates upstream."""
+
+
+def _doc(summary: str, gate: str | None) -> str:
+    if gate is None:
+        return summary + ARGS.format(gate="", check="", raises="")
+    return summary + ARGS.format(gate=GATE_ARGS[gate], check=CHECK_ARG, raises=", NaN or positive ``g``")
+
+
 fused_recurrent_delta_rule = _ungated(
-    "fused_recurrent_delta_rule", "DeltaNet, token by token (decoding, short prompts)."
+    "fused_recurrent_delta_rule",
+    _doc(
+        "DeltaNet, token by token (decoding, short prompts): ``S ← S + k (β (v − Sᵀk))ᵀ``, ``o = Sᵀ(scale·q)``.", None
+    ),
 )
 fused_recurrent_gated_delta_rule = _gated(
-    "fused_recurrent_gated_delta_rule", "Gated DeltaNet (scalar log gate ``g`` [B, T, HV]), token by token."
+    "fused_recurrent_gated_delta_rule",
+    _doc("Gated DeltaNet, token by token: DeltaNet after ``S ← exp(g_t) S`` (one log decay per value head).", "scalar"),
 )
 fused_recurrent_kda = _gated(
-    "fused_recurrent_kda", "Kimi Delta Attention (per-channel log gate ``g`` [B, T, HV, K]), token by token."
+    "fused_recurrent_kda",
+    _doc("Kimi Delta Attention, token by token: DeltaNet after ``S ← diag(exp(g_t)) S`` (per key channel).", "channel"),
 )
-chunk_delta_rule = _ungated("chunk_delta_rule", "DeltaNet, chunkwise (prefill, training).")
-chunk_gated_delta_rule = _gated("chunk_gated_delta_rule", "Gated DeltaNet, chunkwise.")
-chunk_kda = _gated("chunk_kda", "Kimi Delta Attention, chunkwise.")
+chunk_delta_rule = _ungated(
+    "chunk_delta_rule", _doc("DeltaNet, chunkwise (prefill, training); the same math as the token loop.", None)
+)
+chunk_gated_delta_rule = _gated(
+    "chunk_gated_delta_rule", _doc("Gated DeltaNet, chunkwise (prefill, training); the same math.", "scalar")
+)
+chunk_kda = _gated("chunk_kda", _doc("Kimi Delta Attention, chunkwise (prefill, training); the same math.", "channel"))
