@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dtune.cli.common import JsonOpt, fail, out
+from dtune.cli.common import JsonOpt, fail, out, out_file
 
 
 def report(
@@ -21,11 +21,11 @@ def report(
     as_json: JsonOpt = False,
 ) -> None:
     """Write one self-contained, offline HTML report of a run folder."""
-    from dtune.report import build_report
+    from dtune.report import build_report, default_output
 
     if not run_dir.is_dir():
-        fail(f"{run_dir} is not a folder")
-    out_path, sections = build_report(run_dir, output)
+        fail(f"{run_dir} is not a folder" if run_dir.exists() else f"{run_dir}: no such folder")
+    out_path, sections = build_report(run_dir, out_file(output or default_output(run_dir), "report file"))
     if as_json:
         typer.echo(json.dumps({"html": str(out_path), "sections": sections}))
         return

@@ -10,13 +10,24 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from dtune.cli.common import FinalStateOpt, InitialStateOpt, err, fail, int_list, out, use_interpreter
+from dtune.cli import common
+from dtune.cli import search_view as view
+from dtune.cli.common import (
+    WIDE,
+    FinalStateOpt,
+    InitialStateOpt,
+    err,
+    fail,
+    int_list,
+    out,
+    resolve_dtype,
+    use_interpreter,
+)
 
 if TYPE_CHECKING:
     from dtune.shape import Shape
-    from dtune.tune.search import RunSummary, ShapeSummary
+    from dtune.tune.search import ShapeSummary
 
 
 def _fmt_ms(x: float | None) -> str:
@@ -38,6 +49,8 @@ def make_reporter(progress: Progress) -> Any:
 
         def _text(self, s: ShapeSummary) -> str:
             speed = f" ({s.speedup:.2f}x)" if s.speedup else ""
+            if progress.console.width < WIDE:  # the bar's line must not be cut: the summary has the rest
+                return f"best {_fmt_ms(s.best_ms)}{speed} {s.trials_per_min:.1f}/min"
             return (
                 f"{s.shape_key}  best {_fmt_ms(s.best_ms)}{speed}  {s.trials_per_min:.1f}/min  failures: {_failures(s)}"
             )
@@ -56,25 +69,8 @@ def make_reporter(progress: Progress) -> Any:
     return RichReporter()
 
 
-def summary_table(run: RunSummary) -> Table:
-    table = Table(title=f"{run.kernel} on {run.gpu} ({run.dtype})" + (" [interpreter]" if run.interpret else ""))
-    for col in ("shape", "trials c/f/p", "failures", "default", "best", "speedup", "best config"):
-        table.add_column(col)
-    for s in run.shapes:
-        c = s.counts
-        table.add_row(
-            s.shape_key,
-            f"{c.get('complete', 0)}/{c.get('failed', 0)}/{c.get('pruned', 0)}",
-            _failures(s),
-            _fmt_ms(s.default_ms),
-            _fmt_ms(s.best_ms),
-            f"{s.speedup:.2f}x" if s.speedup else "-",
-            " ".join(f"{k}={v}" for k, v in s.best_config.items()) if s.best_config else "-",
-        )
-    return table
-
-
 def search(
+    ctx: typer.Context,
     kernel: Annotated[
         str, typer.Option("--kernel", "-k", help="Kernel to tune, e.g. fused_recurrent_kda (see `dtune list`).")
     ],
@@ -93,7 +89,12 @@ def search(
     batch: Annotated[
         str | None, typer.Option("--batch", help="Batch sizes B, comma-separated (default: the space's grid).")
     ] = None,
-    dtype: Annotated[str, typer.Option(help="Activation dtype: fp32, fp16 or bf16.")] = "bf16",
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Activation dtype: fp32, fp16 or bf16 (default bf16; fp32 for chunk kernels with --interpret)."
+        ),
+    ] = None,
     trials: Annotated[
         int | None, typer.Option(help="Trials per shape (default 40 when --timeout is not given either).")
     ] = None,
@@ -161,7 +162,7 @@ def search(
         raise typer.BadParameter(
             f"unknown sampler {sampler!r}; use one of {', '.join(SAMPLERS)}", param_hint="--sampler"
         )
-    if dtype not in ("fp32", "fp16", "bf16"):
+    if dtype not in (None, "fp32", "fp16", "bf16"):
         raise typer.BadParameter(f"unknown dtype {dtype!r}; use fp32, fp16 or bf16", param_hint="--dtype")
     lists = {
         "seq_lens": int_list(seq_lens, "--seq-lens"),
@@ -179,6 +180,7 @@ def search(
         profile = resolve_gpu(gpu, allow_mismatch=allow_gpu_mismatch, interpret=interpret)
     except (SpaceError, ValueError) as e:
         fail(str(e))
+    dtype = resolve_dtype(dtype, [kernel], interpret)
     base = INTERPRET_SHAPES if interpret else space_obj.shapes
     grid = base.replace(lists["seq_lens"], lists["head_dims"], lists["heads"], lists["batch"])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -204,6 +206,7 @@ def search(
             compile_ahead=compile_ahead,
             workload=Workload(initial_state, final_state),
         )
+        common.out_dir(run_dir, "run folder")
         if as_json:
             run = run_search(cfg)
         else:
@@ -220,7 +223,7 @@ def search(
     if as_json:
         typer.echo(json.dumps(run.as_dict(), indent=2))
     else:
-        out.print(summary_table(run))
+        view.print_summary(run, out)
         out.print(
             f"{sum(s.trials_run for s in run.shapes)} trials in {run.elapsed_s:.1f} s "
             f"({run.trials_per_min:.1f} trials/min, {run.worker_restarts} worker restart(s)); "
@@ -228,7 +231,18 @@ def search(
             highlight=False,
         )
     if run.interrupted:
+        for line in view.interrupted_message(run, view.resume_command(ctx, str(run_dir)), len(cfg.shapes)):
+            err.print(line, highlight=False, markup=False, soft_wrap=True)  # never break the command
         raise typer.Exit(130)
+    no_pass = view.no_pass_message(run)
+    if no_pass:
+        fail(no_pass, code=1)
+    if view.shapes_without_pass(run):
+        err.print(
+            f"[yellow]warning:[/] no config passed the gate for {', '.join(view.shapes_without_pass(run))}: "
+            "no tuned entry for these shapes",
+            highlight=False,
+        )
 
 
 def register(app: typer.Typer) -> None:
