@@ -63,6 +63,37 @@ FinalStateOpt = Annotated[
 ]
 
 
+def print_rows(
+    console: Console,
+    title: str,
+    headers: list[str],
+    rows: list[list[str]],
+    lead: int = 1,
+    left: tuple[str, ...] = (),
+) -> None:
+    """A table when it fits ``console`` uncut; else one block per row: the first ``lead`` cells as a heading, then
+    ``header value`` items wrapped between items (nothing is ever cut). ``left``: headers aligned left."""
+    import textwrap
+
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    table = Table(title=escape(title))
+    for h in headers:
+        table.add_column(escape(h), no_wrap=True, justify="left" if h in left else "right")
+    for r in rows:
+        table.add_row(*(escape(c) for c in r))
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
+        console.print(table)
+        return
+    console.print(escape(title), style="bold", highlight=False)
+    for r in rows:
+        console.print(escape(" · ".join(c for c in r[:lead] if c)), highlight=False)
+        items = "; ".join(f"{h} {c}" for h, c in zip(headers[lead:], r[lead:]) if c not in ("", "–"))
+        for line in textwrap.wrap(items, width=max(console.width - 4, 20), initial_indent="  ", subsequent_indent="  "):
+            console.print(escape(line), highlight=False, soft_wrap=True)
+
+
 def int_list(value: str | None, option: str) -> tuple[int, ...] | None:
     """Parse ``"1,64,1024"``; typer.BadParameter naming the option for anything else."""
     if value is None:

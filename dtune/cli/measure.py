@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from dtune.cli.common import (
     ConfigOpt,
@@ -27,6 +26,7 @@ from dtune.cli.common import (
     int_list,
     note,
     out_dir,
+    print_rows,
     resolve_dtype,
     use_interpreter,
 )
@@ -117,11 +117,9 @@ def bench(
         rows = json.loads(result.frame.to_json(orient="records"))
         typer.echo(json.dumps({"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}))
         return
-    table = Table(title=f"dtune bench: {kernel} ({dtype})")
-    for col in ("shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err", "note"):
-        table.add_column(col, justify="right" if col not in ("shape", "impl", "mode", "note") else "left")
-    for r in result.frame.itertuples(index=False):
-        table.add_row(
+    headers = ["shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err", "note"]
+    rows = [
+        [
             f"B{r.B} T{r.T} H{r.H} D{r.K}",
             str(r.impl),
             str(r.mode),
@@ -131,9 +129,13 @@ def bench(
             fmt(r.gbs, ".0f"),
             fmt(r.tflops, ".1f"),
             fmt(r.error_o, ".1e"),
-            str(r.note)[:60],
-        )
-    console.print(table)
+            str(r.note),
+        ]
+        for r in result.frame.itertuples(index=False)
+    ]
+    print_rows(
+        console, f"dtune bench: {kernel} ({dtype})", headers, rows, lead=3, left=("shape", "impl", "mode", "note")
+    )
     for text in result.notes:
         note(text)
     if not result.frame["meaningful"].all():
@@ -211,12 +213,22 @@ def profile(
     r0 = result.roofs
     roof_txt = f" — roofs {r0.gbs:.0f} GB/s, {r0.tflops:.0f} TFLOP/s ({r0.source})" if r0 else ""
     shape = f"B{p.B} T{p.T} H{p.H} " + (f"D{p.K}" if p.K == p.V else f"K{p.K} V{p.V}")
-    table = Table(title=f"dtune profile: {kernel} {shape} {dtype}{roof_txt}")
-    cols = ("stage", "ms", "share", "regs", "spills", "smem", "GB/s", "%BW", "TFLOP/s", "%MM", "floor ms", "vs floor")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("stage", "vs floor") else "right")
-    for r in result.frame.itertuples(index=False):
-        table.add_row(
+    headers = [
+        "stage",
+        "ms",
+        "share",
+        "regs",
+        "spills",
+        "smem",
+        "GB/s",
+        "%BW",
+        "TFLOP/s",
+        "%MM",
+        "floor ms",
+        "vs floor",
+    ]
+    rows = [
+        [
             str(r.stage),
             fmt(r.median_ms, ".4f") + ("" if r.meaningful else "*"),
             fmt(r.share * 100, ".0f") + "%" if not math.isnan(r.share) else "",
@@ -229,8 +241,11 @@ def profile(
             fmt(r.pct_matmul, ".0f"),
             fmt(r.floor_ms, ".4f"),
             str(r.verdict),
-        )
-    console.print(table)
+        ]
+        for r in result.frame.itertuples(index=False)
+    ]
+    title = f"dtune profile: {kernel} {shape} {dtype}{roof_txt}"
+    print_rows(console, title, headers, rows, left=("stage", "vs floor"))
     for text in result.notes:
         note(text)
     if ncu_msg:

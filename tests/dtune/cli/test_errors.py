@@ -232,3 +232,16 @@ def test_list_fits_80_columns(columns_80: None) -> None:
     result = runner.invoke(app, ["list"])
     assert result.exit_code == 0
     assert "…" not in result.output and "fused_recurrent_gated_delta_rule" in result.output
+
+
+@pytest.mark.parametrize("command", ["bench", "profile"])
+def test_measurement_tables_fit_80_columns(command: str, tmp_path: Path, columns_80: None) -> None:
+    """Below 100 columns a row is a heading and wrapped 'name value' items: nothing is cut."""
+    shape = TINY if command == "bench" else ["--seq-len", "1", "--head-dim", "16", "--heads", "1", "--batch", "1"]
+    extra = ["--baselines", "default"] if command == "bench" else []
+    result = runner.invoke(app, [command, "-k", KERNEL, "--interpret", *shape, *extra, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    assert f"dtune {command}: {KERNEL}" in result.stdout
+    assert ("B1 T1 H1 D16 · tuned · eager" if command == "bench" else "total (whole op)") in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines() if not line.startswith("note")) <= 80
