@@ -21,8 +21,13 @@ from dtune.report import build_report
 from .png import read_png
 from .run_folder import make_run_folder
 
-CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
+CANDIDATES = (os.environ.get("DTUNE_CHROMIUM", ""), "chromium", "chromium-browser", "google-chrome")
+CHROMIUM = next((p for p in map(shutil.which, filter(None, CANDIDATES)) if p), None)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="headless Chromium not found, so the report was not checked in a browser: install it (Debian/Ubuntu: "
+    "sudo apt-get install chromium; .ci/run does this) or point DTUNE_CHROMIUM at a Chromium/Chrome binary",
+)
 
 FLAGS = [
     "--headless",
