@@ -34,6 +34,7 @@ from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.resources import Resources, capture_launches, resources_of
 from dtune.measure.tables import write_table
 from dtune.measure.timing import Timing, ceilings, time_call
+from dtune.provenance import git_commit
 from dtune.shape import SHAPE_COLUMNS, Gate, Shape
 
 COLUMNS = [
@@ -65,6 +66,7 @@ COLUMNS = [
     "roof_source",
     "config",
     "note",
+    "commit",
 ]
 TOTAL = "total (whole op)"
 
@@ -192,6 +194,7 @@ def run_profile(
         "roof_source": roofs.source if roofs else "",
         "config": json.dumps(get_kernel(kernel).check_config(s.K, s.V, config), sort_keys=True),
         "note": where,
+        "commit": git_commit(),
     }.items():
         frame[col] = val
     return ProfileResult(frame[COLUMNS], notes, roofs)
