@@ -92,7 +92,8 @@ def speedup_lines(frame: pd.DataFrame, axis: str, against: str) -> go.Figure:
     )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
     if axis == "T":
-        fig.update_xaxes(title="sequence length T (tokens, log scale)", type="log")
+        ticks = sorted(int(t) for t in frame["x"].unique())
+        fig.update_xaxes(title="sequence length T (tokens, log scale)", type="log", tickvals=ticks, ticktext=ticks)
     else:
         dims = sorted(int(k) for k in frame["x"].unique())
         fig.update_xaxes(title="head dim D = K = V", type="category", categoryorder="array", categoryarray=dims)

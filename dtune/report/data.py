@@ -261,7 +261,7 @@ def versus(bench: pd.DataFrame | None) -> tuple[pd.DataFrame | None, str]:
     out["ratio"] = out["other_ms"] / out["dtune_ms"]
     if "meaningful" not in out.columns:
         out["meaningful"] = True
-    return out.sort_values(["kernel", "K", "mode", "B", "T"]).reset_index(drop=True), against
+    return out.sort_values(["kernel", "K", "mode", "T", "B"]).reset_index(drop=True), against
 
 
 def heatmap_rows(vs: pd.DataFrame) -> pd.DataFrame:
