@@ -241,6 +241,7 @@ def profile(
             fmt(r.pct_matmul, ".0f"),
             fmt(r.floor_ms, ".4f"),
             str(r.verdict),
+            fmt(r.error_o, ".1e") if not math.isnan(r.error_o) else "",
         ]
         for r in result.frame.itertuples(index=False)
     ]
@@ -248,6 +249,10 @@ def profile(
     print_rows(console, title, headers, rows, left=("stage", "vs floor"))
     for text in result.notes:
         note(text)
+    wrong = result.frame["error_o"].dropna()
+    if len(wrong) and float(wrong.max()) > 0.1:
+        off = f"the op's output is off the float64 reference (rel. error {wrong.max():.1e})"
+        console.print(f"[red]warning:[/red] {off}", highlight=False)
     if ncu_msg:
         console.print(ncu_msg, highlight=False)
     console.print(f"wrote {csv_path} and {json_path}", highlight=False)

@@ -142,3 +142,46 @@ def test_gate_check_is_skipped_while_capturing(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(dtune.inputs, "capturing", lambda t: False)
     with pytest.raises(ValueError, match="largest entry is 5"):
         dtune.inputs.check_gate_values(g)
+
+
+# ---- the tuned config reaches the launch ---------------------------------------------------------------------
+
+TUNED = {  # a legal config for each kernel that differs from its default at K = V = 16
+    "fused_recurrent": {"BV": 8, "num_warps": 2, "num_stages": 2},
+    "chunk": {"BT": 16, "BC": 16, "INTRA": "rows", "FUSE_OUTPUT": False},
+}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_ops_launch_the_tuned_config(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no ``config=``, the op launches what the store returns for this kernel and shape (the CPU's store is
+    empty, so the lookup is replaced by one that returns a known non-default config); ``config=`` overrides it."""
+    from dtune.kernels import get_kernel
+
+    import dtune.ops
+
+    spec = get_kernel(name)
+    tuned = TUNED[spec.family]
+    asked: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(dtune.ops, "tuned_config", lambda *a: asked.append(a) or dict(tuned))
+    launched: list[dict[str, Any]] = []
+    forward = spec.module.forward
+
+    def spy(*args: Any) -> Any:
+        launched.append(args[-1])
+        return forward(*args)
+
+    monkeypatch.setattr(spec.module, "forward", spy)
+    gate = OPS[name][1]
+    x = make_inputs(Shape(1, 21, 1, 2, 16, 16, 1, gate), seed=34)
+    fn = OPS[name][0]
+    gates = () if gate is Gate.NONE else (x["g"],)
+    o, _ = fn(x["q"], x["k"], x["v"], *gates, x["beta"], initial_state=x["initial_state"])
+    assert [a[0] for a in asked] == [name] and asked[0][1].K == 16  # looked up for this kernel and shape
+    full = spec.check_config(16, 16, tuned)
+    assert launched == [full] and full != spec.default_config(16, 16)
+    o_ref, _ = reference(x, x["g"], initial_state=x["initial_state"])
+    assert rel_err(o, o_ref) < 1e-4
+    explicit = spec.default_config(16, 16)
+    fn(x["q"], x["k"], x["v"], *gates, x["beta"], config=explicit)
+    assert len(asked) == 1 and launched[-1] == explicit  # an explicit config wins; the store is not asked
