@@ -20,7 +20,7 @@ def tracked() -> list[Path]:
 def test_design_and_anchor_references_resolve() -> None:
     bad: list[str] = []
     for path in tracked():
-        if path.name.endswith(".log"):
+        if path.name.endswith(".log") or path == Path(__file__).resolve():
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         for m in re.finditer(r"(?<![\w/.-])((?:docs/)?(?:DESIGN\.md|anchors/[\w.-]+\.md))", text):

@@ -230,19 +230,9 @@ def search(
             f"run folder {run.run_dir}",
             highlight=False,
         )
-    if run.interrupted:
-        for line in view.interrupted_message(run, view.resume_command(ctx, str(run_dir)), len(cfg.shapes)):
-            err.print(line, highlight=False, markup=False, soft_wrap=True)  # never break the command
-        raise typer.Exit(130)
-    no_pass = view.no_pass_message(run)
-    if no_pass:
-        fail(no_pass, code=1)
-    if view.shapes_without_pass(run):
-        err.print(
-            f"[yellow]warning:[/] no config passed the gate for {', '.join(view.shapes_without_pass(run))}: "
-            "no tuned entry for these shapes",
-            highlight=False,
-        )
+    code = view.print_outcome(run, ctx, str(run_dir), len(cfg.shapes))  # Ctrl-C: resume command; none passed: why
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

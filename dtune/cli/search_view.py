@@ -146,3 +146,26 @@ def first_message(run_dir: str) -> str:
 
 def shapes_without_pass(run: RunSummary) -> list[str]:
     return [s.shape_key for s in run.shapes if s.best_ms is None]
+
+
+def print_outcome(run: RunSummary, ctx: typer.Context, run_dir: str, total_shapes: int) -> int:
+    """After the summary, on stderr: what a Ctrl-C kept and how to resume (exit 130), or why no shape has a passing
+    config (exit 1), or which shapes have none (a warning, exit 0). Returns the exit code."""
+    from dtune.cli.common import err
+
+    if run.interrupted:
+        for line in interrupted_message(run, resume_command(ctx, run_dir), total_shapes):
+            err.print(line, highlight=False, markup=False, soft_wrap=True)  # never break the command
+        return 130
+    no_pass = no_pass_message(run)
+    if no_pass:
+        err.print(f"[bold red]error:[/] {escape(no_pass)}", highlight=False, soft_wrap=True)
+        return 1
+    missing = shapes_without_pass(run)
+    if missing:
+        err.print(
+            f"[yellow]warning:[/] no config passed the gate for {', '.join(missing)}: no tuned entry for these shapes",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return 0
