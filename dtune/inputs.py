@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -56,6 +57,33 @@ def _need_float(name: str, x: Tensor) -> None:
         raise TypeError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
 
 
+def capturing(x: Tensor) -> bool:
+    """True while a CUDA graph is being captured on the current stream (reading a value back would break it)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def check_gate_values(g: Tensor) -> None:
+    """ValueError naming ``g`` when it holds NaN or a positive entry.
+
+    The gate is the log of a decay in [0, 1]: ``g <= 0`` everywhere, ``-inf`` being a full forget (the state is
+    cleared, exactly as the reference computes it). A positive entry grows the state without bound (a constant +5
+    overflows to inf within a few dozen tokens) and NaN spreads through the whole state, so both are refused.
+    Costs one reduction over ``g`` and one host sync; skipped while a CUDA graph is being captured (the check cannot
+    read a value back there: validate before capture, or upstream, and pass ``check_gate=False``).
+    """
+    if g.numel() == 0 or capturing(g):
+        return
+    top = float(g.max())  # NaN when any entry is NaN (torch.max propagates NaN)
+    hint = "; pass check_gate=False if you validate gates upstream"
+    if math.isnan(top):
+        raise ValueError(f"g contains NaN: the log-space gate must be a number <= 0 (-inf is a full forget){hint}")
+    if top > 0:
+        raise ValueError(
+            f"g must be a log-space gate <= 0 (log of a decay in [0, 1]; -inf is a full forget), but its largest "
+            f"entry is {top:g}: a positive gate grows the state without bound{hint}"
+        )
+
+
 def check_inputs(
     q: Tensor,
     k: Tensor,
@@ -66,8 +94,14 @@ def check_inputs(
     scale: float | None,
     initial_state: Tensor | None,
     cu_seqlens: Tensor | None,
+    check_gate: bool = True,
 ) -> Shape:
-    """Validate one call's arguments against the contract; return its :class:`~dtune.shape.Shape`."""
+    """Validate one call's arguments against the contract; return its :class:`~dtune.shape.Shape`.
+
+    Shapes, dtypes, devices and ``cu_seqlens`` are always checked. With ``check_gate`` (the default) the gate's
+    values are checked too (:func:`check_gate_values`: no NaN, no positive entry; ``-inf`` allowed), which reads
+    ``g`` once and syncs with the device.
+    """
     _need_tensor("q", q, 4)
     _need_tensor("k", k, 4)
     _need_tensor("v", v, 4)
@@ -119,7 +153,7 @@ def check_inputs(
             raise ValueError(f"cu_seqlens needs the sequences packed into B = 1, got B = {B}")
         N = cu_seqlens.numel() - 1
         # Checking the offsets' values reads them on the host: skipped while a CUDA graph is being captured.
-        if not (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if not capturing(cu_seqlens):
             offs = cu_seqlens.tolist()
             if offs[0] != 0 or offs[-1] != T:
                 raise ValueError(f"cu_seqlens must run from 0 to T = {T}, got {offs[0]} ... {offs[-1]}")
@@ -153,6 +187,8 @@ def check_inputs(
         )
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"tensors on {q.device.type!r} are not supported; use a CUDA GPU")
+    if check_gate and g is not None:
+        check_gate_values(g)
     offsets = None if offs is None else tuple(offs)
     return Shape(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None, seq_offsets=offsets)
 

@@ -4,6 +4,15 @@ Every op validates its inputs before any launch, picks its launch configuration 
 else the tuned config for this GPU and shape from :mod:`dtune.store`, else the template's default) and
 returns ``(o, final_state)``: ``o`` has v's dtype and shape ``[B, T, HV, V]``; ``final_state`` is
 ``[N, HV, K, V]`` float32, or ``None`` unless ``output_final_state``.
+
+The recurrence (docs/DESIGN.md §1), per value head and token: ``S ← diag(exp(g_t)) S`` (Gated DeltaNet: one
+scalar decay per head; DeltaNet: none), ``u_t = β_t (v_t − Sᵀ k_t)``, ``S ← S + k_t u_tᵀ``,
+``o_t = Sᵀ (scale · q_t)``.
+
+The gate contract: ``g`` is a log-space decay, ``g <= 0`` everywhere. ``-inf`` is a valid full forget (the state
+is cleared at that token, as in the float64 reference). NaN or a positive entry raises a ``ValueError`` naming
+``g`` before anything is launched. That check reads ``g`` once and syncs with the GPU; it is skipped while a CUDA
+graph is being captured, and ``check_gate=False`` skips it for callers that validate their gates upstream.
 """
 
 from __future__ import annotations
@@ -45,19 +54,22 @@ def run_kernel(
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
     bwd_config: dict[str, Any] | None = None,
+    check_gate: bool = True,
 ) -> Result:
     """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op.
 
     With grad mode on and an input that requires grad, the chunk kernels run through their autograd Function
     (:mod:`dtune.autograd`; ``bwd_config`` overrides the backward's tuned/default config) and the fused-recurrent
-    ones raise (they have no backward)."""
+    ones raise (they have no backward). ``g`` is ``None`` for the ungated kernels. ``check_gate``: refuse NaN and
+    positive gate values (see the module's docstring); the measurement harness passes ``False`` (its gates are drawn
+    valid, and fla checks nothing)."""
     spec = get_kernel(kernel)
     if spec.backward:
         raise ValueError(
             f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
             f"grad (its bwd_config= sets {kernel}'s parameters)"
         )
-    problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens)
+    problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens, check_gate)
     grad = needs_grad(q, k, v, g, beta, initial_state)
     bwd_name = spec.backward_kernel
     if bwd_name is None and (grad or bwd_config is not None):
@@ -106,7 +118,8 @@ class UngatedOp(Protocol):
 
 
 class GatedOp(Protocol):
-    """An op with a log-space gate ``g``: ``op(q, k, v, g, beta, ...)``, the rest as :class:`UngatedOp`."""
+    """An op with a log-space gate ``g``: ``op(q, k, v, g, beta, ..., check_gate=True)``, the rest as
+    :class:`UngatedOp`; ``check_gate=False`` skips the check of the gate's values (NaN, positive)."""
 
     def __call__(
         self,
@@ -121,6 +134,7 @@ class GatedOp(Protocol):
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
+        check_gate: bool = True,
     ) -> Result: ...
 
 
@@ -158,24 +172,74 @@ def _gated(kernel: str, doc: str) -> GatedOp:
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
+        check_gate: bool = True,
     ) -> Result:
         args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-        return run_kernel(kernel, *args, config, bwd_config)
+        return run_kernel(kernel, *args, config, bwd_config, check_gate)
 
     op.__name__ = op.__qualname__ = kernel
     op.__doc__ = doc
     return op
 
 
+ARGS = """
+
+Args:
+    q, k: ``[B, T, H, K]`` queries and keys (float32, float16 or bfloat16; keys are usually L2-normalised).
+    v: ``[B, T, HV, V]`` values, ``HV`` a multiple of ``H`` (value head ``hv`` reads key head ``hv // (HV/H)``).{gate}
+    beta: ``[B, T, HV]`` write strengths, usually in (0, 1).
+    scale: multiplies ``q``; default ``K ** -0.5``.
+    initial_state: ``[N, HV, K, V]`` (float32 recommended), ``N = B``, or the number of sequences with ``cu_seqlens``.
+    output_final_state: also return the state after the last token, ``[N, HV, K, V]`` float32.
+    cu_seqlens: ``[N + 1]`` int32/int64 offsets of ``N`` sequences packed along T (``B == 1``), from 0 to T.
+    config: launch parameters of the template (a partial dict is completed from the default); default: the tuned
+        config for this GPU and shape bucket (:mod:`dtune.store`), else the template's default.
+    bwd_config: the chunk backward's parameters, used when an input requires grad (the chunk ops are differentiable;
+        default: the tuned ``<op>_bwd`` config, else the backward's default). The fused-recurrent ops have no
+        backward: they refuse it, and raise when an input requires grad.{check}
+
+Returns:
+    ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in v's dtype; ``final_state`` or ``None``.
+
+Raises:
+    ValueError / TypeError naming the argument, before any launch: shapes, dtypes, devices,
+    ``cu_seqlens``{raises}.
+"""
+GATE_ARGS = {
+    "scalar": """
+    g: ``[B, T, HV]`` log-space decay per value head, ``<= 0``; ``-inf`` is a full forget (the state is cleared).""",
+    "channel": """
+    g: ``[B, T, HV, K]`` log-space decay per key channel, ``<= 0``; ``-inf`` is a full forget of that channel.""",
+}
+CHECK_ARG = """
+    check_gate: refuse NaN and positive entries of ``g`` (one read of ``g`` and one host sync per call; skipped
+        during CUDA-graph capture). ``False`` skips it, for callers that validate their gates upstream."""
+
+
+def _doc(summary: str, gate: str | None) -> str:
+    if gate is None:
+        return summary + ARGS.format(gate="", check="", raises="")
+    return summary + ARGS.format(gate=GATE_ARGS[gate], check=CHECK_ARG, raises=", NaN or positive ``g``")
+
+
 fused_recurrent_delta_rule = _ungated(
-    "fused_recurrent_delta_rule", "DeltaNet, token by token (decoding, short prompts)."
+    "fused_recurrent_delta_rule",
+    _doc(
+        "DeltaNet, token by token (decoding, short prompts): ``S ← S + k (β (v − Sᵀk))ᵀ``, ``o = Sᵀ(scale·q)``.", None
+    ),
 )
 fused_recurrent_gated_delta_rule = _gated(
-    "fused_recurrent_gated_delta_rule", "Gated DeltaNet (scalar log gate ``g`` [B, T, HV]), token by token."
+    "fused_recurrent_gated_delta_rule",
+    _doc("Gated DeltaNet, token by token: DeltaNet after ``S ← exp(g_t) S`` (one log decay per value head).", "scalar"),
 )
 fused_recurrent_kda = _gated(
-    "fused_recurrent_kda", "Kimi Delta Attention (per-channel log gate ``g`` [B, T, HV, K]), token by token."
+    "fused_recurrent_kda",
+    _doc("Kimi Delta Attention, token by token: DeltaNet after ``S ← diag(exp(g_t)) S`` (per key channel).", "channel"),
 )
-chunk_delta_rule = _ungated("chunk_delta_rule", "DeltaNet, chunkwise (prefill, training; differentiable).")
-chunk_gated_delta_rule = _gated("chunk_gated_delta_rule", "Gated DeltaNet, chunkwise (differentiable).")
-chunk_kda = _gated("chunk_kda", "Kimi Delta Attention, chunkwise (differentiable).")
+chunk_delta_rule = _ungated(
+    "chunk_delta_rule", _doc("DeltaNet, chunkwise (prefill, training); the same math as the token loop.", None)
+)
+chunk_gated_delta_rule = _gated(
+    "chunk_gated_delta_rule", _doc("Gated DeltaNet, chunkwise (prefill, training); the same math.", "scalar")
+)
+chunk_kda = _gated("chunk_kda", _doc("Kimi Delta Attention, chunkwise (prefill, training); the same math.", "channel"))

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from dtune.errors import FileProblem
 from dtune.inputs import DTYPE_NAMES, dtype_name
 from dtune.kernels import get_kernel
 from dtune.shape import BUCKET_KEYS, Gate, Shape
@@ -31,7 +32,7 @@ SCHEMA = 1
 ENV = "DTUNE_CONFIG"
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(FileProblem):
     """A tuned-config file that cannot be used (the message names the file and the problem)."""
 
 
@@ -130,8 +131,8 @@ def read_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
-        raise _fail(str(path), f"cannot be read ({e.strerror})") from None
-    except json.JSONDecodeError as e:
+        raise _fail(str(path), f"cannot be read ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise _fail(str(path), f"is not valid JSON ({e})") from None
     return parse_configs(doc, str(path), gpu)
 
@@ -205,6 +206,53 @@ def gpu_key(device: torch.device) -> str | None:
         return None
 
     return detect(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """One place tuned configs can come from, and what reading it gave (``dtune list`` prints these)."""
+
+    origin: str  # "load_configs()", "DTUNE_CONFIG" or "shipped"
+    path: str
+    gpu: str | None = None  # the file's GPU key, when it loaded
+    entries: int = 0
+    error: str | None = None  # why it cannot be used (corrupt, unreadable, another GPU)
+    active: bool = False  # the file the ops read on this machine's GPU
+
+
+def config_status(gpu: str | None) -> list[SourceStatus]:
+    """Every source of tuned configs in lookup order, read and validated now, with the one in force on ``gpu`` (the
+    detected GPU key; None without a CUDA GPU, where the ops run the templates' defaults) marked ``active``.
+
+    ``DTUNE_CONFIG`` is read whatever the machine: a corrupt file is reported here even where no GPU would read it.
+    """
+    out: list[SourceStatus] = []
+    if _explicit is not None:
+        ok = gpu is not None and _explicit.gpu == gpu
+        out.append(SourceStatus("load_configs()", _explicit.source, _explicit.gpu, len(_explicit.entries), None, ok))
+    env = os.environ.get(ENV)
+    if env:
+        try:
+            c = read_configs(env)
+            error = None if gpu is None or c.gpu == gpu else f"is for GPU {c.gpu!r}, but this is {gpu!r}"
+            out.append(SourceStatus(ENV, env, c.gpu, len(c.entries), error))
+        except ConfigFileError as e:
+            out.append(SourceStatus(ENV, env, error=str(e)))
+    else:
+        for ref in sorted(resources.files("dtune.configs").iterdir(), key=lambda r: r.name):
+            if ref.name.endswith(".json"):
+                try:
+                    c = read_configs(str(ref))
+                    out.append(SourceStatus("shipped", str(ref), c.gpu, len(c.entries)))
+                except ConfigFileError as e:
+                    out.append(SourceStatus("shipped", str(ref), error=str(e)))
+    if gpu is not None and not (out and out[0].origin == "load_configs()"):
+        # The first usable file for this GPU is in force (DTUNE_CONFIG hides the shipped files, as at run time).
+        for i, st in enumerate(out):
+            if st.error is None and st.gpu == gpu:
+                out[i] = SourceStatus(st.origin, st.path, st.gpu, st.entries, None, True)
+                break
+    return out
 
 
 def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:

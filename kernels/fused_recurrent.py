@@ -1,7 +1,7 @@
 """Fused-recurrent template: one program per (sequence, value head, V tile) walks the tokens in order.
 
 The state tile ``[BK, BV]`` (all key channels, a slice of value channels) lives in registers in float32;
-each token applies decay -> predict -> correct -> write -> read (DESIGN.md §1). The key dimension cannot be
+each token applies decay -> predict -> correct -> write -> read (docs/DESIGN.md §1). The key dimension cannot be
 split (the prediction ``Sᵀk`` reduces over all of K), so the value tile ``BV`` is the parallel axis.
 Serves decoding (T = 1 against a cached state) and short prompts; its roofline is the state's bytes.
 

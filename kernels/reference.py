@@ -1,6 +1,6 @@
 """References for the delta-rule family: the ground truth every kernel and every tuned config is checked against.
 
-Two implementations of DESIGN.md §1, in plain PyTorch:
+Two implementations of docs/DESIGN.md §1, in plain PyTorch:
 
 * :func:`naive_recurrent` — the token-by-token loop, in float64, written exactly as the contract reads
   (decay -> predict -> correct -> write -> read). Slow; the ground truth.
@@ -45,7 +45,7 @@ def naive_recurrent(
     output_final_state: bool = False,
     cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Token-by-token float64 loop of DESIGN.md §1. Returns (o in float64 [B,T,HV,V], final state float64 or None)."""
+    """Token-by-token float64 loop of docs/DESIGN.md §1. Returns (o in float64 [B,T,HV,V], final state float64 or None)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     scale = K**-0.5 if scale is None else scale

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import dtune.kernels.config as _kernel_config
 import pytest
+import torch
 
 from dtune.measure.error import rel_rms_error as rel_err
 
@@ -14,3 +17,19 @@ __all__ = ["rel_err"]
 def poison_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every launcher NaN-fills its outputs first: an element a kernel fails to write fails the test."""
     monkeypatch.setattr(_kernel_config, "POISON_OUTPUTS", True)
+
+
+GPU_SKIP = (
+    "needs a CUDA GPU and compiled kernels (no TRITON_INTERPRET): the GPU sittings run `python -m pytest -m gpu` "
+    "(scripts/gpu_tests.sh)"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped, with the reason shown, without a CUDA GPU or under the interpreter."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return
+    skip = pytest.mark.skip(reason=GPU_SKIP)
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:  # the marker, not a parameter id that reads "gpu"
+            item.add_marker(skip)

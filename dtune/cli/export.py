@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from dtune.cli.common import fail, out
+from dtune.cli.common import fail, out, out_file
 
 
 def export(
@@ -27,14 +27,20 @@ def export(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the exported document on stdout.")] = False,
 ) -> None:
-    """Export the best config of every study of RUN_DIRS (only COMPLETE trials that passed the gate)."""
-    from dtune.tune.export import write_export
+    """Export the best config of every study of RUN_DIRS (only COMPLETE trials that passed the gate).
 
+    Exits 1 without writing when no study has a config that passed the gate (there is nothing to export)."""
+    from dtune.tune.export import TUNED_JSON, export_document, why_empty, write_document
+
+    if output is None and len(run_dirs) > 1:
+        fail("merging several run folders needs an output file (-o)")
     try:
-        path = write_export(run_dirs, output)
+        doc = export_document(run_dirs)
     except ValueError as e:
         fail(str(e))
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    if not doc["entries"]:
+        fail("nothing to export, no file written: " + "; ".join(why_empty(d) for d in run_dirs), code=1)
+    path = write_document(doc, out_file(output or run_dirs[0] / TUNED_JSON, "export file"))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return

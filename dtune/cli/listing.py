@@ -1,22 +1,26 @@
 """``dtune list``: kernels (forward and backward) and their search spaces, GPU profiles, shipped tuned configs (entries
-per kernel, e.g. ``chunk_kda_bwd``'s, which the chunk ops' backward reads at run time)."""
+per kernel, e.g. ``chunk_kda_bwd``'s, which the chunk ops' backward reads at run time), and which tuned-config file the
+ops read on this machine (a corrupt ``DTUNE_CONFIG`` is an error, exit 2, after the listing)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib import resources
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from dtune.cli.common import out
+from dtune.cli.common import WIDE, fail, out
 
 
 def inventory() -> dict[str, Any]:
-    from dtune.gpu import profiles
+    from dtune.gpu import detect, profiles
     from dtune.kernels import KERNELS
-    from dtune.store import ConfigFileError, read_configs
+    from dtune.store import ConfigFileError, config_status, read_configs
     from dtune.tune.space import SpaceError, load_space, shipped_spaces
 
     spaces = set(shipped_spaces())
@@ -49,7 +53,39 @@ def inventory() -> dict[str, Any]:
                 row["space"] = {"error": str(e)}
         kernels.append(row)
     gpus = [p.as_dict() for p in profiles().values()]
-    return {"kernels": kernels, "gpus": gpus, "configs": sorted(configs, key=lambda c: c["file"])}
+    gpu = detect()
+    status = [dataclasses.asdict(st) for st in config_status(gpu)]
+    return {
+        "kernels": kernels,
+        "gpus": gpus,
+        "configs": sorted(configs, key=lambda c: c["file"]),
+        "gpu_detected": gpu,
+        "config_sources": status,
+    }
+
+
+def _source_line(st: dict[str, Any]) -> str:
+    where = f"{st['origin']} {st['path']}" if st["origin"] != "shipped" else f"shipped {Path(st['path']).name}"
+    if st["error"] and st["gpu"] is None:
+        return f"{where}: NOT loaded: {st['error']}"
+    loaded = f"loaded, {st['gpu']}, {st['entries']} entr{'y' if st['entries'] == 1 else 'ies'}"
+    if st["error"]:
+        return f"{where}: {loaded}, but NOT used: {st['error']}"
+    return f"{where}: {loaded}" + (" (in force)" if st["active"] else "")
+
+
+def print_config_sources(inv: dict[str, Any]) -> None:
+    """Which tuned-config file the ops read here, and what reading each source gave."""
+    gpu = inv["gpu_detected"]
+    here = f"this machine's GPU: {gpu}" if gpu else "no CUDA GPU here: the ops run the templates' default configs"
+    out.print(f"tuned configs ({here}; lookup order: load_configs(), $DTUNE_CONFIG, shipped):", highlight=False)
+    for st in inv["config_sources"]:
+        out.print(f"  {escape(_source_line(st))}", highlight=False, soft_wrap=True)
+    if gpu and not any(st["active"] for st in inv["config_sources"]):
+        out.print(f"  none in force for {gpu}: the ops use the templates' default configs", highlight=False)
+
+
+ENV = "DTUNE_CONFIG"
 
 
 def list_(
@@ -57,29 +93,37 @@ def list_(
 ) -> None:
     """List the kernels (and their search spaces), the GPU profiles and the shipped tuned configs."""
     inv = inventory()
+    broken = [st for st in inv["config_sources"] if st["origin"] == ENV and st["gpu"] is None]
     if as_json:
         typer.echo(json.dumps(inv, indent=2))
+        if broken:
+            fail(f"{ENV}={broken[0]['path']}: {broken[0]['error']}")
         return
+    wide = out.width >= WIDE
     t = Table(title="kernels")
-    t.add_column("kernel", no_wrap=True, min_width=max(len(k["kernel"]) for k in inv["kernels"]))
-    for col in ("family", "gate", "shipped", "search space"):
-        t.add_column(col)
+    t.add_column("kernel", no_wrap=True)
+    if wide:
+        t.add_column("family", no_wrap=True)
+    t.add_column("gate", no_wrap=True)
+    t.add_column("shipped", no_wrap=True)
+    t.add_column("search space (configs: parameters)")
     for k in inv["kernels"]:
         s = k["space"]
-        desc = "-" if s is None else s.get("error") or f"{s['size']} configs: " + ", ".join(s["params"])
+        desc = "-" if s is None else s.get("error") or f"{s['size']}: " + ", ".join(s["params"])
         family = k["family"] + (" backward" if k["backward_of"] else "")
-        t.add_row(k["kernel"], family, k["gate"], str(k["shipped_entries"]), desc)
+        t.add_row(k["kernel"], *([family] if wide else []), k["gate"], str(k["shipped_entries"]), desc)
     out.print(t)
     g = Table(title="GPU profiles (--gpu)")
-    for col in ("key", "name", "cc", "SMs", "smem/block", "L2 MB", "HBM GB/s", "bf16 TF/s", "fp32 TF/s"):
-        g.add_column(col)
+    cols = ("key", "name", "cc", "SMs", "smem KiB", "L2 MB", "HBM GB/s", "bf16 TFLOP/s", "fp32 TFLOP/s")
+    for col in cols if wide else (c for c in cols if c != "name"):
+        g.add_column(col, no_wrap=col == "key", justify="left" if col in ("key", "name") else "right")
     for p in inv["gpus"]:
         g.add_row(
             p["key"],
-            p["name"],
+            *([p["name"]] if wide else []),
             f"{p['cc_major']}.{p['cc_minor']}",
             str(p["sm_count"]),
-            str(p["smem_per_block"]),
+            f"{p['smem_per_block'] / 1024:g}",
             f"{p['l2_mb']:g}",
             f"{p['hbm_gbs']:g}",
             f"{p['bf16_tflops']:g}",
@@ -91,6 +135,9 @@ def list_(
             out.print(f"shipped configs {c['file']}: " + (c.get("error") or f"{c['gpu']}, {c['entries']} entries"))
     else:
         out.print("shipped configs: none yet (dtune/configs/<gpu>.json)")
+    print_config_sources(inv)
+    if broken:
+        fail(f"{ENV}={broken[0]['path']}: {broken[0]['error']}")
 
 
 def register(app: typer.Typer) -> None:

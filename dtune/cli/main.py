@@ -2,20 +2,43 @@
 
 Command modules keep heavy imports (torch, triton, the kernels) inside their functions, so that
 ``dtune search --interpret`` can set TRITON_INTERPRET before Triton is imported.
+
+Every command is :func:`~dtune.cli.common.guarded`: a file-system or config error ends it with one line naming the
+path and the problem (exit 2). Help is click's plain layout (``rich_markup_mode=None``): at any terminal width it
+shows every flag name whole, where rich's panels cut them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
 from dtune.cli import export, listing, measure, report, search
+from dtune.cli.common import guarded
 
-app = typer.Typer(
+
+class App(typer.Typer):
+    """A typer app whose commands are all :func:`~dtune.cli.common.guarded`."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:  # type: ignore[override]
+        register = super().command(*args, **kwargs)
+
+        def decorator(f: Callable[..., Any]) -> Callable[..., Any]:
+            register(guarded(f))
+            return f
+
+        return decorator
+
+
+app = App(
     name="dtune",
     help="Autotuned, correctness-gated Triton kernels for delta-rule linear attention.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 # Each command module has `register(app)`. To add commands, import the module above and list it here.

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from dtune.cli.common import (
     ConfigOpt,
@@ -19,13 +19,18 @@ from dtune.cli.common import (
     JsonOpt,
     KernelOpt,
     OutOpt,
+    check_env_config,
     err,
     fail,
     fmt,
     int_list,
-    out,
+    note,
+    out_dir,
+    print_rows,
+    resolve_dtype,
     use_interpreter,
 )
+from dtune.cli.common import out as console
 
 
 def bench(
@@ -48,8 +53,8 @@ def bench(
     batch_tokens: Annotated[
         int | None, typer.Option("--batch-tokens", help="Tokens per call: B = N // T for each T (chunk default 32768).")
     ] = None,
-    dtype: DtypeOpt = "bf16",
-    out_dir: OutOpt = None,
+    dtype: DtypeOpt = None,
+    out: OutOpt = None,
     as_json: JsonOpt = False,
     graph: Annotated[
         bool, typer.Option("--graph", help="Also time fused-recurrent decode (T = 1) under CUDA-graph replay.")
@@ -83,7 +88,7 @@ def bench(
 ) -> None:
     """Time the tuned config against the untuned default, flash-linear-attention and the PyTorch reference."""
     use_interpreter(interpret)
-    from dtune.inputs import dtype_from_name
+    from dtune.inputs import dtype_from_name, interpreting
     from dtune.kernels import get_kernel
     from dtune.measure import bench as b
     from dtune.measure.configs import ConfigSource
@@ -95,6 +100,9 @@ def bench(
         int_list(v, o) for v, o in ((seq_lens, "--seq-lens"), (head_dims, "--head-dims"), (heads, "--heads"))
     )
     batches = int_list(batch, "--batch")
+    check_env_config()
+    dtype = resolve_dtype(dtype, [kernel], interpreting())
+    dest = out_dir(out or b.default_out_dir(config), "output folder")
     try:
         dt = dtype_from_name(dtype)
         want = [s.strip() for s in baselines.split(",") if s.strip()]
@@ -132,22 +140,19 @@ def bench(
         finally:
             if status:
                 status.stop()
-    except (ValueError, FileNotFoundError, json.JSONDecodeError) as exc:
+    except ValueError as exc:
         fail(str(exc))
-    csv_path, json_path = b.write(result, out_dir or b.default_out_dir(config))
+    csv_path, json_path = b.write(result, dest)
     if as_json:
         rows = json.loads(result.frame.to_json(orient="records"))
         typer.echo(json.dumps({"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}))
         return
     step = get_kernel(kernel).backward
-    table = Table(title=f"dtune bench: {kernel} ({dtype})" + (" — forward + backward" if step else ""))
-    cols = ["shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err"]
-    cols += ["grad err"] if step else []
-    cols += ["peak MB", "note"]
-    for col in cols:
-        table.add_column(col, justify="right" if col not in ("shape", "impl", "mode", "note") else "left")
-    for r in result.frame.itertuples(index=False):
-        cells = [
+    headers = ["shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err"]
+    headers += ["grad err"] if step else []
+    headers += ["peak MB", "note"]
+    rows = [
+        [
             f"B{r.B} T{r.T} H{r.H} D{r.K}",
             str(r.impl),
             str(r.mode),
@@ -157,24 +162,27 @@ def bench(
             fmt(r.gbs, ".0f"),
             fmt(r.tflops, ".1f"),
             fmt(r.error_o, ".1e"),
+            *([fmt(r.error_grad, ".1e")] if step else []),
+            fmt(r.peak_mb, ".0f"),
+            str(r.note)[:60],
         ]
-        cells += [fmt(r.error_grad, ".1e")] if step else []
-        cells += [fmt(r.peak_mb, ".0f"), str(r.note)[:60]]
-        table.add_row(*cells)
-    out.print(table)
+        for r in result.frame.itertuples(index=False)
+    ]
+    title = f"dtune bench: {kernel} ({dtype})" + (" — forward + backward" if step else "")
+    print_rows(console, title, headers, rows, lead=3, left=("shape", "impl", "mode", "note"))
     for r in result.frame[result.frame["median_ms"].isna()].itertuples(index=False):
-        out.print(f"[red]{r.impl} failed[/red] at B{r.B} T{r.T} H{r.H} D{r.K}: {r.note}")
-    for note in result.notes:
-        out.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[red]{r.impl} failed[/red] at B{r.B} T{r.T} H{r.H} D{r.K}: {r.note}", highlight=False)
+    for text in result.notes:
+        note(text)
     if not result.frame["meaningful"].all():
-        out.print("* not meaningful: timed on the CPU under Triton's interpreter")
+        console.print("* not meaningful: timed on the CPU under Triton's interpreter")
     for r in result.wrong_outputs().itertuples(index=False):
-        out.print(
+        console.print(
             f"[red]warning:[/red] {r.impl} is off the float64 reference (rel. error {r.error_o:.1e}"
             + (f", gradients {r.error_grad:.1e}" if step else "")
             + f") at B{r.B} T{r.T}"
         )
-    out.print(f"wrote {csv_path} and {json_path}")
+    console.print(f"wrote {csv_path} and {json_path}", highlight=False)
 
 
 def profile(
@@ -187,7 +195,7 @@ def profile(
     batch: Annotated[
         int | None, typer.Option("--batch", help="Batch B (default 32768 // T tokens on a GPU; 32 for decode).")
     ] = None,
-    dtype: DtypeOpt = "bf16",
+    dtype: DtypeOpt = None,
     config: ConfigOpt = None,
     gpu: Annotated[
         str | None, typer.Option("--gpu", help="GPU profile key whose roofs to use when ceilings cannot be measured.")
@@ -195,7 +203,7 @@ def profile(
     ncu: Annotated[
         bool, typer.Option("--ncu", help="Also run Nsight Compute on the op (needs `ncu` on PATH).")
     ] = False,
-    out_dir: OutOpt = None,
+    out: OutOpt = None,
     as_json: JsonOpt = False,
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
@@ -204,7 +212,7 @@ def profile(
     """Per-stage time, registers, spills, shared memory, GB/s and TFLOP/s against measured ceilings and the floor."""
     use_interpreter(interpret)
     from dtune.gpu import get_profile
-    from dtune.inputs import dtype_from_name
+    from dtune.inputs import dtype_from_name, interpreting
     from dtune.kernels import get_kernel
     from dtune.measure import profile as pr
     from dtune.measure.bench import default_device, default_out_dir
@@ -214,6 +222,9 @@ def profile(
     from dtune.measure.work import Roofs
     from dtune.shape import Gate
 
+    check_env_config()
+    dtype = resolve_dtype(dtype, [kernel], interpreting())
+    dest = out_dir(out or default_out_dir(config), "output folder")
     try:
         dt = dtype_from_name(dtype)
         gate = Gate(get_kernel(kernel).gate)
@@ -226,9 +237,8 @@ def profile(
                 p = max(tuned.shapes(gate), key=lambda q: q.B * q.T * q.HV * q.K * q.V)
         roofs = Roofs.from_profile(get_profile(gpu)) if gpu else None
         result = pr.run_profile(kernel, p, dt, config, roofs=roofs, workload=Workload(initial_state, final_state))
-    except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
+    except (ValueError, KeyError) as exc:
         fail(str(exc))
-    dest = out_dir or default_out_dir(config)
     csv_path, json_path = pr.write(result, dest)
     ncu_msg = ""
     if ncu:
@@ -241,12 +251,22 @@ def profile(
     r0 = result.roofs
     roof_txt = f" — roofs {r0.gbs:.0f} GB/s, {r0.tflops:.0f} TFLOP/s ({r0.source})" if r0 else ""
     shape = f"B{p.B} T{p.T} H{p.H} " + (f"D{p.K}" if p.K == p.V else f"K{p.K} V{p.V}")
-    table = Table(title=f"dtune profile: {kernel} {shape} {dtype}{roof_txt}")
-    cols = ("stage", "ms", "share", "regs", "spills", "smem", "GB/s", "%BW", "TFLOP/s", "%MM", "floor ms", "vs floor")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("stage", "vs floor") else "right")
-    for r in result.frame.itertuples(index=False):
-        table.add_row(
+    headers = [
+        "stage",
+        "ms",
+        "share",
+        "regs",
+        "spills",
+        "smem",
+        "GB/s",
+        "%BW",
+        "TFLOP/s",
+        "%MM",
+        "floor ms",
+        "vs floor",
+    ]
+    rows = [
+        [
             str(r.stage),
             fmt(r.median_ms, ".4f") + ("" if r.meaningful else "*"),
             fmt(r.share * 100, ".0f") + "%" if not math.isnan(r.share) else "",
@@ -259,13 +279,21 @@ def profile(
             fmt(r.pct_matmul, ".0f"),
             fmt(r.floor_ms, ".4f"),
             str(r.verdict),
-        )
-    out.print(table)
-    for note in result.notes:
-        out.print(f"[yellow]note:[/yellow] {note}")
+            fmt(r.error_o, ".1e") if not math.isnan(r.error_o) else "",
+        ]
+        for r in result.frame.itertuples(index=False)
+    ]
+    title = f"dtune profile: {kernel} {shape} {dtype}{roof_txt}"
+    print_rows(console, title, headers, rows, left=("stage", "vs floor"))
+    for text in result.notes:
+        note(text)
+    wrong = result.frame["error_o"].dropna()
+    if len(wrong) and float(wrong.max()) > 0.1:
+        off = f"the op's output is off the float64 reference (rel. error {wrong.max():.1e})"
+        console.print(f"[red]warning:[/red] {off}", highlight=False)
     if ncu_msg:
-        out.print(ncu_msg)
-    out.print(f"wrote {csv_path} and {json_path}")
+        console.print(ncu_msg, highlight=False)
+    console.print(f"wrote {csv_path} and {json_path}", highlight=False)
 
 
 def verify(
@@ -282,7 +310,7 @@ def verify(
         bool, typer.Option("--isolate", help="Each case in its own process (a crash costs one case, not the run).")
     ] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds for all isolated cases together.")] = 600.0,
-    out_dir: OutOpt = None,
+    out: OutOpt = None,
     as_json: JsonOpt = False,
     interpret: InterpretOpt = False,
 ) -> None:
@@ -296,6 +324,8 @@ def verify(
     from dtune.measure.tables import write_table
     from dtune.shape import Gate, Shape
 
+    check_env_config()
+    dest = out_dir(out or Path("reports"), "output folder")
     try:
         names = [k.strip() for k in kernels.split(",") if k.strip()] if kernels else [*v.RECURRENT, *v.CHUNK]
         for name in names:
@@ -317,12 +347,14 @@ def verify(
     else:
         rows = v.run_cases(cases, device, show)
     frame = pd.DataFrame(rows)
-    csv_path, json_path = write_table(frame, out_dir or "reports", "verify")
+    csv_path, json_path = write_table(frame, dest, "verify")
     failed = int((~frame["pass"].astype(bool)).sum()) if len(frame) else 0
     if as_json:
         typer.echo(json.dumps({"rows": json.loads(frame.to_json(orient="records")), "failed": failed}))
     else:
-        out.print(f"{len(rows) - failed} passed, {failed} failed; wrote {csv_path} and {json_path}")
+        console.print(
+            f"{len(rows) - failed} passed, {failed} failed; wrote {csv_path} and {json_path}", highlight=False
+        )
     if failed:
         raise typer.Exit(1)
 

@@ -1,4 +1,5 @@
-"""``dtune report``: one self-contained, offline HTML page of a run folder (the work is in :mod:`dtune.report`)."""
+"""``dtune report``: one self-contained, offline HTML page of one or several folders (the work is in
+:mod:`dtune.report`)."""
 
 from __future__ import annotations
 
@@ -8,31 +9,37 @@ from typing import Annotated
 
 import typer
 
-from dtune.cli.common import JsonOpt, fail, out
+from dtune.cli.common import JsonOpt, fail, out, out_file
 
 
 def report(
-    run_dir: Annotated[
-        Path, typer.Argument(help="Run folder written by `dtune search --out` (run.json, trials.csv, ...).")
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Folder(s) to report, read recursively: run folders of `dtune search` (run.json, trials.csv, "
+            "study.db, tuned.json) and the bench.csv / profile.csv of `dtune bench` / `dtune profile`.",
+        ),
     ],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="HTML file to write (default: reports/<run-name>.html).")
+        Path | None,
+        typer.Option("--output", "-o", help="HTML file to write (default: reports/<first folder's name>.html)."),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write one self-contained, offline HTML report of a run folder."""
-    from dtune.report import build_report
+    """Write one self-contained, offline HTML report: dtune vs fla first, then sweeps, stages, search, sources."""
+    from dtune.report import build_report, default_output
 
-    if not run_dir.is_dir():
-        fail(f"{run_dir} is not a folder")
-    out_path, sections = build_report(run_dir, output)
+    for run_dir in run_dirs:
+        if not run_dir.is_dir():
+            fail(f"{run_dir} is not a folder" if run_dir.exists() else f"{run_dir}: no such folder")
+    out_path, sections = build_report(run_dirs, out_file(output or default_output(run_dirs[0]), "report file"))
     if as_json:
         typer.echo(json.dumps({"html": str(out_path), "sections": sections}))
         return
     for name, state in sections.items():
-        mark = "[green]✓[/green]" if state == "ok" else "[yellow]–[/yellow]"
-        out.print(f"{mark} {name}: {state}")
-    out.print(f"wrote {out_path}")
+        mark = "[green]✓[/green]" if state == "ok" else "[yellow]–[/yellow] left out:"
+        out.print(f"{mark} {name}" + ("" if state == "ok" else f" {state}"), highlight=False)
+    out.print(f"wrote {out_path}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

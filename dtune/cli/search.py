@@ -10,14 +10,25 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from dtune.cli.common import FinalStateOpt, InitialStateOpt, err, fail, int_list, out, use_interpreter
+from dtune.cli import common
+from dtune.cli import search_view as view
+from dtune.cli.common import (
+    WIDE,
+    FinalStateOpt,
+    InitialStateOpt,
+    err,
+    fail,
+    int_list,
+    out,
+    resolve_dtype,
+    use_interpreter,
+)
 from dtune.shape import packed_and_grouped
 
 if TYPE_CHECKING:
     from dtune.shape import Shape
-    from dtune.tune.search import RunSummary, ShapeSummary
+    from dtune.tune.search import ShapeSummary
 
 
 def _fmt_ms(x: float | None) -> str:
@@ -39,6 +50,8 @@ def make_reporter(progress: Progress) -> Any:
 
         def _text(self, s: ShapeSummary) -> str:
             speed = f" ({s.speedup:.2f}x)" if s.speedup else ""
+            if progress.console.width < WIDE:  # the bar's line must not be cut: the summary has the rest
+                return f"best {_fmt_ms(s.best_ms)}{speed} {s.trials_per_min:.1f}/min"
             return (
                 f"{s.shape_key}  best {_fmt_ms(s.best_ms)}{speed}  {s.completed_per_min:.1f} timed/min  "
                 f"failures: {_failures(s)}"
@@ -58,26 +71,8 @@ def make_reporter(progress: Progress) -> Any:
     return RichReporter()
 
 
-def summary_table(run: RunSummary) -> Table:
-    table = Table(title=f"{run.kernel} on {run.gpu} ({run.dtype})" + (" [interpreter]" if run.interpret else ""))
-    for col in ("shape", "trials c/f/p", "failures", "model hits", "default", "best", "speedup", "best config"):
-        table.add_column(col)
-    for s in run.shapes:
-        c = s.counts
-        table.add_row(
-            s.shape_key,
-            f"{c.get('complete', 0)}/{c.get('failed', 0)}/{c.get('pruned', 0)}",
-            _failures(s),
-            f"{s.model_hits}/{s.model_checked}" if s.model_checked else "-",
-            _fmt_ms(s.default_ms),
-            _fmt_ms(s.best_ms),
-            f"{s.speedup:.2f}x" if s.speedup else "-",
-            " ".join(f"{k}={v}" for k, v in s.best_config.items()) if s.best_config else "-",
-        )
-    return table
-
-
 def search(
+    ctx: typer.Context,
     kernel: Annotated[
         str, typer.Option("--kernel", "-k", help="Kernel to tune, e.g. fused_recurrent_kda (see `dtune list`).")
     ],
@@ -96,7 +91,12 @@ def search(
     batch: Annotated[
         str | None, typer.Option("--batch", help="Batch sizes B, comma-separated (default: the space's grid).")
     ] = None,
-    dtype: Annotated[str, typer.Option(help="Activation dtype: fp32, fp16 or bf16.")] = "bf16",
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Activation dtype: fp32, fp16 or bf16 (default bf16; fp32 for chunk kernels with --interpret)."
+        ),
+    ] = None,
     trials: Annotated[
         int | None,
         typer.Option(
@@ -237,7 +237,7 @@ def search(
         device_list = tuple(d.strip() for d in devices.split(",") if d.strip())
         if not device_list or not all(d.isdigit() for d in device_list):
             raise typer.BadParameter(f"expected CUDA device indices like 0,1, got {devices!r}", param_hint="--devices")
-    if dtype not in ("fp32", "fp16", "bf16"):
+    if dtype not in (None, "fp32", "fp16", "bf16"):
         raise typer.BadParameter(f"unknown dtype {dtype!r}; use fp32, fp16 or bf16", param_hint="--dtype")
     lists = {
         "seq_lens": int_list(seq_lens, "--seq-lens"),
@@ -255,6 +255,7 @@ def search(
         profile = resolve_gpu(gpu, allow_mismatch=allow_gpu_mismatch, interpret=interpret)
     except (SpaceError, ValueError) as e:
         fail(str(e))
+    dtype = resolve_dtype(dtype, [kernel], interpret)
     base = INTERPRET_SHAPES if interpret else space_obj.shapes
     grid = base.replace(lists["seq_lens"], lists["head_dims"], lists["heads"], lists["batch"])
     shapes = grid.shapes()
@@ -291,6 +292,7 @@ def search(
             devices=device_list,
             resource_model=resource_model,
         )
+        common.out_dir(run_dir, "run folder")
         if as_json:
             run = run_search(cfg)
         else:
@@ -307,7 +309,7 @@ def search(
     if as_json:
         typer.echo(json.dumps(run.as_dict(), indent=2))
     else:
-        out.print(summary_table(run))
+        view.print_summary(run, out)
         hit = f", resource model {100 * run.model_hit_rate:.0f}% right" if run.model_hit_rate is not None else ""
         out.print(
             f"{sum(s.trials_run for s in run.shapes)} trials ({sum(s.completed_run for s in run.shapes)} gated and "
@@ -315,8 +317,9 @@ def search(
             f"{run.worker_restarts} worker restart(s){hit}); run folder {run.run_dir}",
             highlight=False,
         )
-    if run.interrupted:
-        raise typer.Exit(130)
+    code = view.print_outcome(run, ctx, str(run_dir), len(cfg.shapes))  # Ctrl-C: resume command; none passed: why
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

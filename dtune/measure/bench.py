@@ -45,6 +45,7 @@ from dtune.measure.harness import OpRun, op_run
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.tables import write_table
 from dtune.measure.timing import Timing, time_call
+from dtune.provenance import git_commit
 from dtune.shape import SHAPE_COLUMNS, Gate, ShapeGrid
 
 COLUMNS = [
@@ -72,6 +73,7 @@ COLUMNS = [
     "config_source",
     "device",
     "note",
+    "commit",
 ]
 INTERPRETER_BF16_DOT = (
     "Triton's interpreter computes tl.dot on bfloat16 inputs wrongly (checked with Triton 3.9): the chunk kernels' "
@@ -299,8 +301,9 @@ def run_bench(
         notes.extend(n for n in impl_notes if n not in notes)
         rows.extend(_shape_rows(run, impls, rounds, graph))
     frame = add_speedups(
-        pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("speedup_vs_default", "speedup_vs_fla")])
+        pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("speedup_vs_default", "speedup_vs_fla", "commit")])
     )
+    frame["commit"] = git_commit()  # the source these times belong to (the report shows one commit per source)
     return BenchResult(frame[COLUMNS], notes)
 
 

@@ -17,7 +17,7 @@ import torch
 
 from dtune.inputs import dtype_name
 from dtune.shape import Gate, Shape, ShapeGrid
-from dtune.store import TunedConfigs, read_configs, tuned_config
+from dtune.store import ConfigFileError, TunedConfigs, read_configs, tuned_config
 
 TINY = 1 << 14  # B·T·H·K of a shape the interpreter runs in seconds
 
@@ -38,14 +38,19 @@ class ConfigSource:
         if isinstance(path, Mapping):
             return cls(fixed=dict(path))
         path = Path(path)
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigFileError(f"config file {path}: cannot be read ({e.strerror or e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigFileError(f"config file {path}: is not valid JSON ({e})") from None
         if isinstance(data, dict) and "entries" in data:
             return cls(path=path, table=read_configs(path))
         if isinstance(data, dict) and isinstance(data.get("config"), dict):
             return cls(path=path, fixed=dict(data["config"]))
         if isinstance(data, dict):
             return cls(path=path, fixed=data)
-        raise ValueError(f"{path}: expected a tuned.json (with 'entries') or a config object")
+        raise ConfigFileError(f"config file {path}: expected a tuned.json (with 'entries') or a JSON config object")
 
     def resolve(self, kernel: str, p: Shape, dtype: torch.dtype, device: torch.device) -> tuple[dict | None, str]:
         """``(config, where_from)``; config None means the template's default."""

@@ -1,6 +1,6 @@
 """The shapes ``dtune bench`` and ``dtune profile`` measure when none are asked for.
 
-On a GPU, the anchors' grid (anchors/fla-0.6.0_h200.md): chunk kernels at B·T = 32768 tokens, T in {1024, 4096,
+On a GPU, the anchors' grid (docs/anchors/fla-0.6.0_h200.md): chunk kernels at B·T = 32768 tokens, T in {1024, 4096,
 16384}, D in {64, 128}, H = 16; fused-recurrent decode (T = 1) at B in {1, 32, 256}. Under the interpreter, tiny
 shapes that run in seconds.
 """

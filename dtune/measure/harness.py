@@ -2,8 +2,9 @@
 
 :func:`op_run` builds the inputs (:func:`dtune.measure.inputs.workload_inputs`, :data:`TIMING_SEED`) and the nominal
 work (:mod:`dtune.measure.work`) of one call; :meth:`OpRun.call` is the call itself with a config, through the public
-entry point :func:`dtune.ops.run_kernel` (input checks and config checks included, as users pay them). The search's
-trials, ``dtune bench``, ``dtune profile`` and the GPU scripts all time an ``OpRun`` with
+entry point :func:`dtune.ops.run_kernel` (input checks and config checks included, as users pay them, except the
+check of the gate's values, ``check_gate=False``: the harness draws valid gates, and fla checks nothing). The
+search's trials, ``dtune bench``, ``dtune profile`` and the GPU scripts all time an ``OpRun`` with
 :func:`dtune.measure.timing.time_call`, so a config's time in ``trials.csv`` and in ``dtune bench`` is the same
 measurement of the same workload.
 """
@@ -64,7 +65,8 @@ class OpRun:
 
 
 def op_call(kernel: str, x: dict[str, Any], config: dict[str, Any] | None) -> Callable[[], Result]:
-    """``dtune.ops.run_kernel(kernel, **x, config=config)`` as a zero-argument call; for a backward kernel
+    """``dtune.ops.run_kernel(kernel, **x, config=config, check_gate=False)`` as a zero-argument call (the inputs
+    are drawn valid: no gate check is timed, as fla checks none); for a backward kernel
     (``chunk_kda_bwd``) the training step of its forward op with ``config`` as the backward config
     (:func:`dtune.measure.grad.op_step`: it returns a :class:`~dtune.measure.grad.StepResult`, ``(o, ...)``)."""
     from dtune.kernels import get_kernel
@@ -75,7 +77,7 @@ def op_call(kernel: str, x: dict[str, Any], config: dict[str, Any] | None) -> Ca
         from dtune.measure.grad import op_step
 
         return op_step(spec.forward_kernel, x, config)
-    return lambda: run_kernel(kernel, **x, config=config)
+    return lambda: run_kernel(kernel, **x, config=config, check_gate=False)
 
 
 def op_run(

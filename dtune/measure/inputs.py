@@ -20,7 +20,7 @@ import torch
 from dtune.shape import Gate, Shape
 
 Tensor = torch.Tensor
-GATE_MIN = -5.0  # strongest per-step log decay drawn (DESIGN.md §1: unsafe chunkings must fail)
+GATE_MIN = -5.0  # strongest per-step log decay drawn (docs/DESIGN.md §1: unsafe chunkings must fail)
 TIMING_SEED = 1234  # the inputs every timed call runs on
 
 

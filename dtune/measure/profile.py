@@ -29,11 +29,13 @@ from dtune.inputs import dtype_from_name, dtype_name, interpreting
 from dtune.kernels import get_kernel
 from dtune.measure import work as wm
 from dtune.measure.configs import ConfigSource
+from dtune.measure.error import rel_rms_error
 from dtune.measure.harness import OpRun, OpStage, Stage, op_run, op_stages  # noqa: F401 (OpStage: re-exported)
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.resources import Resources, capture_launches, resources_of
 from dtune.measure.tables import write_table
 from dtune.measure.timing import Timing, ceilings, time_call
+from dtune.provenance import git_commit
 from dtune.shape import SHAPE_COLUMNS, Gate, Shape
 
 COLUMNS = [
@@ -63,8 +65,10 @@ COLUMNS = [
     "roof_gbs",
     "roof_tflops",
     "roof_source",
+    "error_o",
     "config",
     "note",
+    "commit",
 ]
 TOTAL = "total (whole op)"
 
@@ -114,6 +118,22 @@ def _stage_row(name: str, t: Timing, w: wm.Work, res: Resources, roofs: wm.Roofs
     }
 
 
+def output_error(run: OpRun, o: Any) -> float:
+    """Relative RMS error of ``o`` against the float64 chunked reference on the run's inputs (NaN if it cannot run)."""
+    from dtune.kernels.reference import chunk_reference
+
+    x = run.inputs
+    if not isinstance(o, torch.Tensor):
+        return math.nan
+    try:
+        ref, _ = chunk_reference(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], x["scale"], x["initial_state"], False, x["cu_seqlens"],
+        )  # fmt: skip
+    except Exception:  # e.g. float64 memory on a huge shape: no error rather than no profile
+        return math.nan
+    return rel_rms_error(o, ref)
+
+
 def run_profile(
     kernel: str,
     p: Shape,
@@ -147,9 +167,12 @@ def run_profile(
         t = time_call(st.run, device)
         w = wm.Work(float(getattr(st, "flops", math.nan)), float(getattr(st, "bytes", math.nan)))
         rows.append(_stage_row(st.name, t, w, res, roofs))
-    whole()
+    o = whole()[0]
     rows.append(_stage_row(TOTAL, time_call(whole, device), run.work, Resources(None, None, None), roofs))
     frame = pd.DataFrame(rows)
+    # A fast but wrong op must show: the whole op's output against the float64 reference (the bench's metric).
+    frame["error_o"] = math.nan
+    frame.loc[frame["stage"] == TOTAL, "error_o"] = output_error(run, o)
     stage_sum = frame.loc[frame["stage"] != TOTAL, "median_ms"].sum()
     frame["share"] = frame["median_ms"] / stage_sum if stage_sum > 0 else math.nan
     frame.loc[frame["stage"] == TOTAL, "share"] = math.nan
@@ -168,6 +191,7 @@ def run_profile(
         "roof_source": roofs.source if roofs else "",
         "config": json.dumps(get_kernel(kernel).check_config(s.K, s.V, config), sort_keys=True),
         "note": where,
+        "commit": git_commit(),
     }.items():
         frame[col] = val
     return ProfileResult(frame[COLUMNS], notes, roofs)

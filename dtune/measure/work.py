@@ -3,7 +3,7 @@
 Every achieved GB/s and TFLOP/s dtune reports — a trial's in ``trials.csv``, ``dtune bench``'s, ``dtune
 profile``'s whole-op row, the HTML report's roofline — is this model over the measured time. (The chunk pipeline's
 per-stage rows in ``dtune profile`` use the stage cost model of ``dtune.kernels.chunk.plan``.) Nominal, as in
-DESIGN.md and anchors/fla-0.6.0_h200.md, so numbers compare across configs and with fla:
+docs/DESIGN.md and docs/anchors/fla-0.6.0_h200.md, so numbers compare across configs and with fla:
 
 * chunk FLOPs per token per value head: ``2C(3K + 2V) + 6KV`` with a nominal chunk ``C = 64`` (whatever chunk
   size a config uses: the work is the same problem);

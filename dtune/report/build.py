@@ -1,9 +1,15 @@
-"""Assemble the report's sections from a run folder and write the page."""
+"""Assemble the report's sections from run folders and write the page.
+
+The page opens with the answer (dtune against flash-linear-attention's fastest mode, per kernel × sequence length
+× head dim), then speedup along sequence length and head dim (real sweeps only), each stage against its floor, the
+time of every implementation, the roofline, the search, every trial, and the environment with one commit per source.
+A section without data is left out of the page; the last section lists what was left out and why.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import charts
@@ -12,7 +18,11 @@ from .html import Section, page
 
 MIN_COMPLETE_FOR_IMPORTANCE = 5
 MAX_TABLE_ROWS = 5000
-FLA = "fla's fastest mode (bench.csv)"
+NOT_MEANINGFUL = "Timed under Triton's interpreter on the CPU: these times are NOT meaningful (they test the plumbing)."
+SWEEP = (
+    "needs bench rows at two or more {what} per kernel (a sweep: `dtune bench -k KERNEL --config FILE {flag} ...`); "
+    "this data has one {one} per kernel"
+)
 
 
 def default_output(run_dir: str | Path, reports_dir: str | Path = "reports") -> Path:
@@ -20,149 +30,151 @@ def default_output(run_dir: str | Path, reports_dir: str | Path = "reports") -> 
     return Path(reports_dir) / f"{Path(run_dir).resolve().name}.html"
 
 
-def _summary(data: d.RunData) -> Section:
-    s = Section("summary", "Summary")
-    env = d.environment(data.run)
-    if env:
-        s.add_definitions(env)
-    else:
-        s.add_note("run.json is missing: environment unknown")
-    best = d.speedups(data)
-    tuned = d.tuned_frame(data.tuned)
-    table = tuned if tuned is not None else best
-    if table is not None:
-        s.add_note("Best configuration per shape" + (" (tuned.json)" if tuned is not None else " (trials.csv)") + ":")
-        cols = [
-            c
-            for c in (
-                "kernel",
-                "dtype",
-                *d.SHAPE_COLS,
-                "best_ms",
-                "default_ms",
-                "speedup",
-                "gate_error",
-                "error_o",
-                "complete",
-                "failed",
-                "pruned",
-                "config",
-            )
-            if c in table.columns
-        ]
-        shown = table[cols].copy()
-        shown["config"] = shown["config"].map(d.compact_config)
-        s.add_table(shown, sortable=True)
-    elif not env:
-        s.missing = "no run.json, tuned.json or trials.csv in this folder"
-    for problem in data.problems:
-        s.add_note(f"could not read {problem}")
-    return s
-
-
-def _chart_section(key: str, title: str, make: Callable[[Section], None]) -> Section:
+def _guarded(key: str, title: str, make: Callable[[Section], None]) -> Section:
     s = Section(key, title)
     try:
         make(s)
     except Exception as exc:  # one broken chart must not take the report down
+        s.parts.clear()
         s.missing = f"could not draw this section: {type(exc).__name__}: {exc}"
     return s
 
 
 def build_sections(data: d.RunData) -> list[Section]:
-    """Every section of the report, each with its chart/table or a note saying what is missing."""
-    sp = d.speedups(data)
+    """Every section of the report, each with its charts and tables or the reason it has none (``missing``)."""
+    vs, against = d.versus(data.bench)
+    bench_ok = d.meaningful(data.bench)
 
-    fla = d.fla_speedups(data.bench)
-    no_speedups = "no complete trials with a default time (trials.csv or tuned.json): no speedups to plot"
-    no_fla = "No speedup against flash-linear-attention: bench.csv has no fla rows (fla not installed or not run)."
+    def answer(s: Section) -> None:
+        if vs is None:
+            s.missing = "no bench.csv with tuned and fla (or default) rows: run `dtune bench --config tuned.json`"
+            return
+        s.title = "dtune vs flash-linear-attention" if against == "fla" else "Tuned config vs the untuned default"
+        s.add_headline(d.headline(vs, against))
+        if not d.meaningful(vs):
+            s.add_warning(NOT_MEANINGFUL)
+        if against != "fla":
+            s.add_note("bench.csv has no fla rows (fla not installed, or run on the CPU): compared with the default.")
+        s.add_figure(charts.versus_heatmap(d.heatmap_rows(vs), against))
+        s.add_note(
+            "Each cell: their median time / dtune's (above 1×: dtune faster), then both medians in ms. "
+            + (
+                "fla's fastest mode per shape: its default or, for chunk_kda, safe_gate=True."
+                if against == "fla"
+                else ""
+            )
+        )
+        s.add_table(d.versus_table(vs, against), sortable=True)
 
-    def speedup_section(prepare: Callable, draw: Callable) -> Callable[[Section], None]:
-        """Speedup against the default and against fla along one axis (sequence length or head dim)."""
-
+    def sweep(axis: str) -> Callable[[Section], None]:
         def make(s: Section) -> None:
-            if sp is not None:
-                s.add_figure(draw(prepare(sp)))
-            if fla is not None:
-                s.add_figure(draw(prepare(fla), FLA))
-            elif sp is not None:
-                s.add_note(no_fla)
-            if sp is None:
-                s.missing = no_speedups
+            for who in ("fla", "default"):
+                lines = d.speedup_lines(data.bench, axis, who)
+                if len(lines):
+                    s.add_figure(charts.speedup_lines(lines, axis, who))
+            if not s.parts:
+                what, flag, one = (
+                    ("sequence lengths", "--seq-lens 1024,2048,4096,8192,16384", "length")
+                    if axis == "T"
+                    else ("head dims", "--head-dims 64,128,256", "head dim")
+                )
+                s.missing = SWEEP.format(what=what, flag=flag, one=one)
+            elif not bench_ok:
+                s.parts.insert(0, Section.warning_html(NOT_MEANINGFUL))
 
         return make
 
-    speed_T = speedup_section(d.speedup_vs_seq_len, charts.speedup_vs_seq_len)
-    speed_D = speedup_section(d.speedup_vs_head_dim, charts.speedup_vs_head_dim)
-
-    def bench(s: Section) -> None:
-        if data.bench is None:
-            s.missing = "no bench.csv in the run folder: run `dtune bench --config RUN/tuned.json` to add one"
-            return
-        frame = d.bench_times(data.bench)
-        s.add_figure(charts.bench_times(frame))
-        if not frame["meaningful"].all():
-            s.add_note("Some times come from Triton's interpreter on the CPU: they are NOT meaningful.")
-        s.add_table(frame.drop(columns=["T", "K"]), sortable=True)
-
     def stages(s: Section) -> None:
         if data.profile is None:
-            s.missing = "no profile.csv in the run folder: run `dtune profile --config RUN/tuned.json --out RUN`"
+            s.missing = "no profile.csv: run `dtune profile --config tuned.json --out FOLDER`"
             return
-        frame = d.stage_breakdown(data.profile)
-        s.add_figure(charts.stage_breakdown(frame))
-        s.add_table(frame, sortable=True)
+        floors = d.stage_floors(data.profile)
+        if not d.meaningful(data.profile):
+            s.add_warning(NOT_MEANINGFUL)
+        s.add_figure(charts.stage_floors(floors))
+        if floors["floor_ms"].isna().all():
+            s.add_note("No floors: the ceilings were not measured (no GPU) and no GPU profile was given (--gpu).")
+        else:
+            s.add_note(
+                "A stage's floor is its compulsory bytes at the measured copy bandwidth or its nominal FLOPs at the "
+                "measured matmul rate, whichever is longer (dtune.measure.work)."
+            )
+        table = d.stage_breakdown(data.profile)
+        table["share"] = table["share"] * 100
+        table = table.rename(
+            columns={
+                "median_ms": "time (ms)",
+                "share": "share of stages (%)",
+                "shared_mem": "shared mem (B)",
+                "x_floor": "× floor",
+                "verdict": "verdict",
+            }
+        )
+        s.add_table(table, sortable=True)
+
+    def baselines(s: Section) -> None:
+        if data.bench is None:
+            s.missing = "no bench.csv: run `dtune bench --config tuned.json --out FOLDER`"
+            return
+        frame = d.bench_times(data.bench)
+        if not bench_ok:
+            s.add_warning(NOT_MEANINGFUL)
+        for kernel, grp in frame.groupby("kernel", sort=True):
+            s.add_figure(charts.bench_times(grp, str(kernel)))
+        table = frame.drop(columns=["T", "K", "series"]).dropna(axis=1, how="all")  # e.g. no fla: no "× vs fla"
+        s.add_table(table.rename(columns=d.BENCH_UNITS), sortable=True)
 
     def roof(s: Section) -> None:
-        points = d.roofline_points(data.bench, data.profile)
-        roofs = d.roofs(data)
+        meaningful_bench = data.bench if bench_ok else None
+        meaningful_profile = data.profile if d.meaningful(data.profile) else None
+        points = d.roofline_points(meaningful_bench, meaningful_profile)
         if points is None:
-            s.missing = "no bench.csv or profile.csv with achieved TFLOP/s: nothing to place on the roofline"
+            s.missing = "no GPU-timed bench.csv or profile.csv with achieved TFLOP/s"
             return
+        roofs = d.roofs(data)
         s.add_figure(charts.roofline(points, roofs))
         if not roofs:
-            s.add_note(
-                "No roofs drawn: run.json has no GPU profile with bandwidth and matmul rate, and no ceilings "
-                "were measured (`dtune profile` on a GPU measures them)."
-            )
+            s.add_note("No roofs drawn: no GPU profile in run.json and no ceilings measured (dtune profile on a GPU).")
         s.add_note(
             "FLOPs are nominal (chunk: 2C(3K+2V)+6KV per token per head, C = 64) and bytes compulsory "
-            "(q, k, v, o, beta, g and any state), as in anchors/fla-0.6.0_h200.md."
+            "(q, k, v, o, beta, g and any state), as in docs/anchors/fla-0.6.0_h200.md."
         )
 
-    def history(s: Section) -> None:
-        if data.trials is None:
-            s.missing = "no trials.csv in the run folder"
+    def search(s: Section) -> None:
+        if data.trials is None or not {"state", "time_ms", "study"} <= set(data.trials.columns):
+            best = d.tuned_frame(data.tuned)
+            if best is None:
+                s.missing = "no trials.csv or tuned.json: no search in these folders"
+                return
+            s.add_note("Best configuration per shape (tuned.json; speedup over the template's default at search time):")
+            s.add_table(d.search_table(best), sortable=True)
+            s.add_definitions(d.best_configs(best))
             return
-        frame = d.search_history(data.trials)
-        if frame.empty:
-            s.missing = "no complete trials yet"
-            return
-        s.add_figure(charts.search_history(frame))
+        trials = data.trials
+        s.add_note(
+            "Best configuration per shape. The speedup is over the template's default config at the time of the "
+            "search (its baseline), not over fla: the first section compares with fla."
+        )
+        best = d.best_per_shape(trials)
+        s.add_table(d.search_table(best), sortable=True)
+        s.add_note("The best config of each shape:")
+        s.add_definitions(d.best_configs(best))
+        history = d.search_history(trials)
+        if len(history) and history.groupby("study").size().max() >= 2:  # a history needs two points
+            s.add_figure(charts.search_history(history))
+        lost = d.failures_by_reason(trials)
+        if len(lost):
+            s.add_figure(charts.failures(lost))
+        imp_frames = [d.param_importance(db, MIN_COMPLETE_FOR_IMPORTANCE)[0] for db in data.study_dbs]
+        imp = [f for f in imp_frames if not f.empty]
+        if imp:
+            import pandas as pd
 
-    def importance(s: Section) -> None:
-        frame, notes = d.param_importance(data.study_db, MIN_COMPLETE_FOR_IMPORTANCE)
-        if not frame.empty:
-            s.add_figure(charts.param_importance(frame))
-        for n in notes:
-            s.add_note(n)
-        if frame.empty:
-            s.missing = "not enough trials for parameter importance" + ("" if notes else " (no studies)")
-
-    def fails(s: Section) -> None:
-        if data.trials is None:
-            s.missing = "no trials.csv in the run folder"
-            return
-        frame = d.failures_by_reason(data.trials)
-        if frame.empty:
-            s.add_note("No trial failed or was pruned.")
-            return
-        s.add_figure(charts.failures(frame))
-        s.add_table(frame)
+            s.add_figure(charts.param_importance(pd.concat(imp, ignore_index=True)))
 
     def trials(s: Section) -> None:
-        if data.trials is None:
-            s.missing = "no trials.csv in the run folder"
+        if data.trials is None or "study" not in data.trials.columns:
+            s.missing = "no trials.csv"
             return
         frame = d.trial_table(data.trials)
         if len(frame) > MAX_TABLE_ROWS:
@@ -171,31 +183,78 @@ def build_sections(data: d.RunData) -> list[Section]:
         s.add_note("Click a column header to sort.")
         s.add_table(frame, sortable=True)
 
-    return [
-        _summary(data),
-        _chart_section("speedup-T", "Speedup vs sequence length", speed_T),
-        _chart_section("speedup-D", "Speedup vs head dim", speed_D),
-        _chart_section("baselines", "Time against each baseline", bench),
-        _chart_section("stages", "Per-stage breakdown", stages),
-        _chart_section("roofline", "Roofline", roof),
-        _chart_section("history", "Search history", history),
-        _chart_section("importance", "Parameter importance", importance),
-        _chart_section("failures", "Failures by reason", fails),
-        _chart_section("trials", "All trials", trials),
+    sections = [
+        _guarded("answer", "dtune vs flash-linear-attention", answer),
+        _guarded("speedup-T", "Speedup vs sequence length", sweep("T")),
+        _guarded("speedup-D", "Speedup vs head dim", sweep("K")),
+        _guarded("stages", "Per-stage time vs its floor", stages),
+        _guarded("baselines", "Time per call, each implementation", baselines),
+        _guarded("roofline", "Roofline", roof),
+        _guarded("search", "The search", search),
+        _guarded("trials", "All trials", trials),
     ]
+    sections.append(_environment(data, [s for s in sections if s.state != "ok"]))
+    return sections
 
 
-def build_report(run_dir: str | Path, output: str | Path | None = None) -> tuple[Path, dict[str, str]]:
-    """Write the report of ``run_dir`` (default: reports/<run-name>.html); return its path and each section's state."""
-    data = d.load_run(run_dir)
-    sections = build_sections(data)
-    out = Path(output) if output is not None else default_output(run_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    kernel = data.run.get("kernel", "")
+def _environment(data: d.RunData, left_out: Sequence[Section]) -> Section:
+    s = Section("environment", "Environment and sources")
+    env = d.environment(data.run)
+    env.pop("Commit", None)  # commits are per source, below: one place, no second opinion
+    if len(data.runs) > 1:  # several searches: only what they share (the sources table lists each)
+        env = {k: v for k, v in env.items() if k in ("GPU", "GPU roofs", "Interpreter")}
+        versions = sorted({", ".join(f"{k} {v}" for k, v in (r.get("versions") or {}).items()) for r in data.runs})
+        env["Versions"] = "; ".join(v for v in versions if v) or "not recorded"
+        kernels = sorted({str(r.get("kernel")) for r in data.runs})
+        env["Searches"] = f"{len(data.runs)} run folders: {', '.join(kernels)}"
+    if env:
+        s.add_definitions(env)
+    gpus = sorted({str((r.get("gpu") or {}).get("key")) for r in data.runs if r.get("gpu")})
+    if len(gpus) > 1:
+        s.add_warning(f"These folders mix GPUs: {', '.join(gpus)}.")
+    sources = d.sources_frame(data)
+    if len(sources):
+        s.add_note("Every file this report read, with the commit it was made at:")
+        s.add_table(sources)
+    for note in data.notes:
+        s.add_note(f"provenance: {note}")
+    for problem in data.problems:
+        s.add_warning(f"could not read {problem}")
+    if left_out:
+        s.add_list("Left out of this report (no data):", [f"{x.title}: {x.missing}" for x in left_out])
+    if not s.parts:
+        s.missing = "no run.json, trials.csv, bench.csv or profile.csv in these folders"
+    return s
+
+
+def _subtitle(data: d.RunData) -> str:
+    kernels: set[str] = set()
+    for frame in (data.trials, data.bench, data.profile):
+        if frame is not None and "kernel" in frame.columns:
+            kernels |= set(frame["kernel"].astype(str))
     gpu = (data.run.get("gpu") or {}).get("name", "")
-    title = f"dtune report: {data.name}"
-    subtitle = " · ".join(
-        x for x in (str(kernel), str(gpu), f"generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC") if x
-    )
-    out.write_text(page(title, subtitle, sections), encoding="utf-8")
+    commits = d.commits(data)
+    parts = [
+        ", ".join(sorted(kernels)) if len(kernels) <= 3 else f"{len(kernels)} kernels",
+        str(gpu),
+        f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}" if commits else "",
+        f"generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+    ]
+    return " · ".join(p for p in parts if p)
+
+
+def build_report(
+    run_dirs: str | Path | Sequence[str | Path], output: str | Path | None = None
+) -> tuple[Path, dict[str, str]]:
+    """Write the report of one or several folders (default: reports/<first folder's name>.html); return its path and
+    each section's state ("ok", or why it was left out)."""
+    paths = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    data = d.load_run(paths)
+    sections = build_sections(data)
+    out = Path(output) if output is not None else default_output(paths[0])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    gpu = (data.run.get("gpu") or {}).get("name")
+    title = f"dtune on {gpu}" if gpu else f"dtune report: {data.name}"
+    shown = [s for s in sections if s.state == "ok"]
+    out.write_text(page(title, _subtitle(data), shown), encoding="utf-8")
     return out, {s.key: s.state for s in sections}

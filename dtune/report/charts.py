@@ -1,9 +1,14 @@
-"""Plotly figures, one per chart of the report, each drawn from the frame :mod:`dtune.report.data` shapes."""
+"""Plotly figures, one per chart of the report, each drawn from the frame :mod:`dtune.report.data` shapes.
+
+Every axis names its unit. Legends sit under the plot (the plot keeps the page's width on a narrow screen), one
+figure per kernel where a kernel's scale differs (no shared facet axes whose titles overlap).
+"""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
@@ -12,65 +17,152 @@ from dtune.measure.work import Roofs
 
 from . import data as d
 
-LAYOUT = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 20, "t": 50, "b": 60}}
+# At the bottom of the figure (container coordinates): rotated tick labels and axis titles push the plot up, never
+# into the legend.
+LEGEND_BELOW = {"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0, "x": 0, "xanchor": "left"}
+LAYOUT = {"template": "plotly_white", "height": 440, "margin": {"l": 70, "r": 20, "t": 60, "b": 40}}
 
 
-def _styled(fig: go.Figure, title: str) -> go.Figure:
-    fig.update_layout(title=title, **LAYOUT)
+def _styled(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0, "xanchor": "left"}, legend=LEGEND_BELOW, legend_title_text="", **LAYOUT
+    )
+    if height is not None:
+        fig.update_layout(height=height)
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
     return fig
 
 
-def speedup_vs_seq_len(frame: pd.DataFrame, against: str = "the untuned default") -> go.Figure:
-    fig = px.line(frame, x="T", y="speedup", color="line", markers=True, log_x=True, hover_data=["best_ms", "dtype"])
+def versus_heatmap(frame: pd.DataFrame, against: str) -> go.Figure:
+    """Rows kernel × head dim (× batch, mode), columns sequence length; colour: the time ratio on a log scale,
+    centred on 1× (blue: dtune faster, red: slower); each cell says the ratio and both times in ms."""
+    frame = frame.assign(row=frame["row"].str.replace(" ", "<br>", n=1, regex=False))  # kernel over its shape
+    rows = list(dict.fromkeys(frame["row"]))
+    cols = sorted(frame["col"].unique(), key=lambda c: int(c.split("=")[1]))
+    z = np.full((len(rows), len(cols)), np.nan)
+    text = np.full((len(rows), len(cols)), "", dtype=object)
+    hover = np.full((len(rows), len(cols)), "", dtype=object)
+    for r in frame.itertuples(index=False):
+        i, j = rows.index(r.row), cols.index(r.col)
+        z[i, j] = math.log2(r.ratio)
+        text[i, j] = f"<b>{r.ratio:.2f}×</b><br>{r.dtune_ms:#.4g} / {r.other_ms:#.4g} ms"
+        hover[i, j] = (
+            f"{r.kernel} B{int(r.B)} T{int(r.T)} H{int(r.H)} {d.dim_label(r._asdict())} {r.mode}<br>"
+            f"dtune {r.dtune_ms:.4g} ms, {r.other} {r.other_ms:.4g} ms: {r.ratio:.3f}×"
+        )
+    span = max(1.0, float(np.nanmax(np.abs(z)))) if np.isfinite(z).any() else 1.0
+    ticks = [t for t in (-2, -1, -0.5, 0, 0.5, 1, 2) if abs(t) <= span]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=cols,
+            y=rows,
+            text=text,
+            texttemplate="%{text}",
+            hovertext=hover,
+            hovertemplate="%{hovertext}<extra></extra>",
+            colorscale="RdBu",
+            zmid=0,
+            zmin=-span,
+            zmax=span,
+            xgap=3,
+            ygap=3,
+            colorbar={
+                "title": {"text": "×"},
+                "tickvals": ticks,
+                "ticktext": [f"{2**t:.2g}×" for t in ticks],
+                "thickness": 14,
+            },
+        )
+    )
+    fig.update_xaxes(title="sequence length T (tokens)", type="category", side="bottom")
+    fig.update_yaxes(title="", type="category", autorange="reversed")
+    height = 170 + 60 * len(rows)
+    fig = _styled(fig, f"Time ratio, {'fla' if against == 'fla' else 'default'} / dtune", height)
+    fig.update_layout(margin={"l": 10, "r": 10, "t": 60, "b": 50})
+    return fig
+
+
+def speedup_lines(frame: pd.DataFrame, axis: str, against: str) -> go.Figure:
+    """Speedup against sequence length (``axis="T"``) or head dim (``"K"``), one line per kernel and the other
+    dimension, a dotted line at 1×."""
+    fig = px.line(
+        frame, x="x", y="speedup", color="line", markers=True, hover_data={"dtune_ms": ":.4g", "other_ms": ":.4g"}
+    )
     fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    fig.update_xaxes(title="sequence length T")
-    fig.update_yaxes(title=f"speedup vs {against} (×)")
-    return _styled(fig, f"Tuned config vs {against}, by sequence length (a line per head dim)")
+    if axis == "T":
+        ticks = sorted(int(t) for t in frame["x"].unique())
+        fig.update_xaxes(title="sequence length T (tokens, log scale)", type="log", tickvals=ticks, ticktext=ticks)
+    else:
+        dims = sorted(int(k) for k in frame["x"].unique())
+        fig.update_xaxes(title="head dim D = K = V", type="category", categoryorder="array", categoryarray=dims)
+    fig.update_yaxes(title=f"speedup vs {against} (×)", rangemode="tozero")
+    what = "sequence length" if axis == "T" else "head dim"
+    return _styled(fig, f"vs {'fla (fastest mode)' if against == 'fla' else 'the default'}, by {what}")
 
 
-def speedup_vs_head_dim(frame: pd.DataFrame, against: str = "the untuned default") -> go.Figure:
-    fig = px.line(frame, x="K", y="speedup", color="line", markers=True, hover_data=["best_ms", "dtype"])
-    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
-    dims = sorted(int(k) for k in frame["K"].unique())  # categories in numeric order, not order of appearance
-    fig.update_xaxes(title="head dim D (K = V)", type="category", categoryorder="array", categoryarray=dims)
-    fig.update_yaxes(title=f"speedup vs {against} (×)")
-    return _styled(fig, f"Tuned config vs {against}, by head dim (a line per sequence length)")
+def stage_floors(frame: pd.DataFrame) -> go.Figure:
+    """Each stage's measured time beside its floor (grouped horizontal bars, ms), the ratio written on the bar."""
+    frame = frame.assign(label=frame["label"].str.replace(" · ", "<br>", regex=False))  # shape over stage
+    labels = list(dict.fromkeys(frame["label"]))
+    fig = go.Figure()
+    ratio = [f"{x:.1f}× floor" if pd.notna(x) else "no floor" for x in frame["x_floor"]]
+    fig.add_trace(
+        go.Bar(
+            y=frame["label"],
+            x=frame["measured_ms"],
+            orientation="h",
+            name="measured",
+            text=ratio,
+            textposition="outside",
+            cliponaxis=False,
+            marker_color="#2E6FD8",
+        )
+    )
+    if frame["floor_ms"].notna().any():
+        fig.add_trace(
+            go.Bar(y=frame["label"], x=frame["floor_ms"], orientation="h", name="floor", marker_color="#B9C3CF")
+        )
+    fig.update_layout(barmode="group", bargap=0.25)
+    fig.update_xaxes(title="time per call (ms)", range=[0, float(frame["measured_ms"].max()) * 1.35])
+    fig.update_yaxes(title="", categoryorder="array", categoryarray=labels[::-1])
+    return _styled(fig, "Time vs floor, per stage", 150 + 52 * len(labels))
 
 
-def bench_times(frame: pd.DataFrame) -> go.Figure:
+IMPL_COLORS = {"tuned": "#2E6FD8", "default": "#F28E2B", "fla": "#59A14F", "fla_fast": "#8CD17D", "torch": "#9C9C9C"}
+
+
+def impl_color(series: str) -> str:
+    """One colour per implementation in every chart (its graph-replay series a darker shade of the same hue)."""
+    base = IMPL_COLORS.get(series.split(" ")[0], "#B07AA1")
+    if "(graph)" not in series:
+        return base
+    r, g, b = (int(base[i : i + 2], 16) * 6 // 10 for i in (1, 3, 5))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def bench_times(frame: pd.DataFrame, kernel: str) -> go.Figure:
+    """One kernel's median time per call for each implementation, grouped by shape (linear, from zero)."""
     fig = px.bar(
         frame,
         x="shape",
         y="median_ms",
         color="series",
+        color_discrete_map={s: impl_color(str(s)) for s in frame["series"].unique()},
         barmode="group",
-        facet_row="kernel" if frame["kernel"].nunique() > 1 else None,
-        hover_data=["speedup_vs_default", "speedup_vs_fla", "meaningful"],
+        hover_data={"speedup_vs_default": ":.3f", "speedup_vs_fla": ":.3f", "meaningful": True},
     )
-    fig.update_yaxes(title="median ms (log scale, lower is better)", type="log")
-    fig.update_xaxes(title="shape")
-    return _styled(fig, "Time per call: tuned vs each baseline")
-
-
-def stage_breakdown(frame: pd.DataFrame) -> go.Figure:
-    fig = px.bar(
-        frame,
-        x="median_ms",
-        y="shape",
-        color="stage",
-        orientation="h",
-        hover_data=[
-            c for c in ("share", "registers", "spills", "shared_mem", "x_floor", "bound") if c in frame.columns
-        ],
-    )
-    fig.update_xaxes(title="ms per call (stacked by stage)")
-    fig.update_yaxes(title="")
-    return _styled(fig, "Per-stage time breakdown")
+    fig.update_yaxes(title="median time per call (ms)", rangemode="tozero")
+    fig.update_xaxes(title="shape (B batch, T tokens, H heads, D head dim)")
+    return _styled(fig, f"{kernel} (lower is better)", 400)
 
 
 def roofline(points: pd.DataFrame, roof_list: list[Roofs]) -> go.Figure:
-    lo = 10 ** math.floor(math.log10(max(points["intensity"].min(), 1e-3)) - 0.5)
-    hi = 10 ** math.ceil(math.log10(max(points["intensity"].max(), *(r.ridge for r in roof_list), 1.0)) + 0.5)
+    """Achieved TFLOP/s against nominal arithmetic intensity, with the roofs; axes clipped to the data."""
+    lo = 10 ** (math.floor(math.log10(max(points["intensity"].min(), 1e-3))) - 0.3)
+    top = max([points["intensity"].max(), *(r.ridge for r in roof_list), 1.0])
+    hi = 10 ** (math.ceil(math.log10(top)) + 0.3)
     fig = go.Figure()
     lines = d.roof_lines(roof_list, lo, hi)
     for i, (name, grp) in enumerate(lines.groupby("roof", sort=False) if len(lines) else []):
@@ -90,43 +182,71 @@ def roofline(points: pd.DataFrame, roof_list: list[Roofs]) -> go.Figure:
                 hovertemplate="%{text}<br>%{x:.1f} FLOP/B, %{y:.2f} TFLOP/s<extra></extra>",
             )
         )
-    fig.update_xaxes(type="log", title="arithmetic intensity (nominal FLOP / compulsory byte)")
-    fig.update_yaxes(type="log", title="achieved TFLOP/s")
-    return _styled(fig, "Roofline")
+    y_lo = max(points["tflops"].min() / 3, 1e-3)
+    y_hi = max([points["tflops"].max(), *(r.tflops for r in roof_list)]) * 2
+    fig.update_xaxes(
+        type="log", range=[math.log10(lo), math.log10(hi)], exponentformat="none",
+        title="arithmetic intensity (nominal FLOP per compulsory byte)",
+    )  # fmt: skip
+    fig.update_yaxes(
+        type="log", range=[math.log10(y_lo), math.log10(y_hi)], exponentformat="none", title="achieved TFLOP/s"
+    )
+    return _styled(fig, "Roofline", 480)
 
 
 def search_history(frame: pd.DataFrame) -> go.Figure:
+    """Each study's best time so far relative to its first trial (the default config), so studies of different
+    scales share one axis; the trials themselves as faint dots (those slower than 1.5× are off the chart)."""
     fig = go.Figure()
-    for study, grp in frame.groupby("study", sort=True):
+    palette = px.colors.qualitative.Plotly
+    for i, (label, grp) in enumerate(frame.groupby("label", sort=True)):
+        color = palette[i % len(palette)]
         fig.add_trace(
-            go.Scatter(x=grp["number"], y=grp["best_so_far"], mode="lines", name=f"{study} best", line={"shape": "hv"})
+            go.Scatter(
+                x=grp["number"],
+                y=grp["best_relative"],
+                customdata=grp["best_so_far"],
+                mode="lines",
+                name=str(label),
+                line={"shape": "hv", "color": color, "width": 2},
+                legendgroup=str(label),
+                hovertemplate="trial %{x}: best %{customdata:.4g} ms (%{y:.3f}× the first)<extra></extra>",
+            )
         )
         fig.add_trace(
             go.Scatter(
                 x=grp["number"],
-                y=grp["time_ms"],
+                y=grp["relative"],
+                customdata=grp["time_ms"],
                 mode="markers",
-                name=f"{study} trials",
-                opacity=0.35,
-                marker={"size": 5},
+                name=f"{label}: trials",
+                opacity=0.45,
+                marker={"size": 6, "color": color},
+                legendgroup=str(label),
+                showlegend=False,
+                hovertemplate="trial %{x}: %{customdata:.4g} ms (%{y:.3f}× the first)<extra></extra>",
             )
         )
-    fig.update_xaxes(title="trial number")
-    fig.update_yaxes(title="ms (best so far)", type="log")
-    return _styled(fig, "Search history")
+    low = float(frame["best_relative"].min())
+    fig.update_xaxes(title="trial number (in each study)")
+    fig.update_yaxes(title="time / first trial's time (×)", range=[min(0.9, low - 0.05), 1.5])
+    return _styled(fig, "Search history: best so far (lines), trials (dots)")
 
 
 def param_importance(frame: pd.DataFrame) -> go.Figure:
     grid = frame.pivot_table(index="param", columns="study", values="importance", aggfunc="mean").fillna(0.0)
     grid = grid.loc[grid.mean(axis=1).sort_values().index]
+    grid.columns = [d.study_label(str(c)) for c in grid.columns]
     fig = px.imshow(grid, color_continuous_scale="Blues", zmin=0, zmax=1, text_auto=".2f", aspect="auto")
     fig.update_xaxes(title="study", tickangle=-30)
     fig.update_yaxes(title="")
-    fig.update_layout(coloraxis_colorbar={"title": "importance"})
-    return _styled(fig, f"Parameter importance ({frame['evaluator'].iloc[0]}, normalised per study)")
+    fig.update_layout(coloraxis_colorbar={"title": "importance (share)"})
+    return _styled(fig, f"Parameter importance ({frame['evaluator'].iloc[0]})")
 
 
 def failures(frame: pd.DataFrame) -> go.Figure:
     fig = px.bar(frame, x="reason", y="count", color="state", text="count")
+    fig.update_traces(textposition="outside", cliponaxis=False)
     fig.update_yaxes(title="trials")
-    return _styled(fig, "Trials lost, by reason")
+    fig.update_xaxes(title="reason")
+    return _styled(fig, "Trials lost, by reason", 360)

@@ -1,15 +1,24 @@
-"""The report's data: a run folder read into DataFrames, and one function per chart that shapes its frame.
+"""The report's data: run folders read into DataFrames, and one function per chart that shapes its frame.
 
-Every function here is pure pandas (no plotting) so the numbers behind each chart are unit-tested. A run
-folder (``dtune search --out DIR``) holds ``run.json``, ``study.db``, ``trials.csv`` and ``tuned.json``;
-``dtune bench`` and ``dtune profile`` may add ``bench.csv`` and ``profile.csv``. Anything may be missing:
-loaders return None and the report says so.
+Every function here is pure pandas (no plotting) so the numbers behind each chart are unit-tested. A run folder
+(``dtune search --out DIR``) holds ``run.json``, ``study.db``, ``trials.csv`` and ``tuned.json``; ``dtune bench`` and
+``dtune profile`` add ``bench.csv`` and ``profile.csv``. :func:`load_run` reads one or several folders *recursively*
+(a GPU sitting's folder of run folders and ``bench_<kernel>/bench.csv`` files is one report), so one report can
+show every kernel. Anything may be missing: frames are None and the report leaves the section out.
+
+Every source file keeps its commit: a ``commit`` column (``dtune bench`` / ``dtune profile`` write one), else the
+``run.json`` beside it, else a ``provenance.json`` in a folder given to :func:`load_run`
+(``{"commits": {"<glob of paths relative to that folder>": "<commit>"}, "note": "..."}``, for records made before
+commits were recorded), else "not recorded".
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,63 +30,137 @@ from dtune.tune.results import MEASURED
 
 SHAPE_COLS = ["B", "T", "H", "HV", "K", "V"]
 PROFILE_TOTAL = "total (whole op)"
+NOT_RECORDED = "not recorded"
+FLA_NAMES = {"fla": "fla default", "fla_fast": "fla safe_gate"}  # bench impl -> how the report names fla's modes
+
+
+@dataclass
+class Source:
+    """One file the report read: what it is, where, how many rows, and the commit(s) it was made at."""
+
+    kind: str  # trials, bench, profile, tuned, run
+    path: str  # relative to the folder given
+    rows: int
+    commits: list[str]
 
 
 @dataclass
 class RunData:
-    """Everything a run folder holds (None where a file is absent or unreadable), plus load problems."""
+    """Everything the folders hold (None where absent or unreadable), the files read, and load problems."""
 
     path: Path
-    run: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)  # the first run.json found (GPU profile, versions, kernel)
     trials: pd.DataFrame | None = None
-    tuned: dict[str, Any] | None = None
+    tuned: dict[str, Any] | None = None  # every tuned.json's entries, in one document
     bench: pd.DataFrame | None = None
     profile: pd.DataFrame | None = None
     study_db: Path | None = None
     problems: list[str] = field(default_factory=list)
+    study_dbs: list[Path] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # every run.json found
+    notes: list[str] = field(default_factory=list)  # provenance notes
 
     @property
     def name(self) -> str:
         return self.path.resolve().name
 
 
-def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame | None:
-    if not path.exists():
-        return None
+def _read_csv(path: Path, problems: list[str], label: str) -> pd.DataFrame | None:
     try:
         frame = pd.read_csv(path)
     except Exception as exc:  # a half-written or empty CSV must not break the report
-        problems.append(f"{path.name}: {type(exc).__name__}: {exc}")
+        problems.append(f"{label}: {type(exc).__name__}: {exc}")
         return None
     return frame if len(frame) else None
 
 
-def _read_json(path: Path, problems: list[str]) -> Any:
-    if not path.exists():
-        return None
+def _read_json(path: Path, problems: list[str], label: str) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except Exception as exc:
-        problems.append(f"{path.name}: {type(exc).__name__}: {exc}")
+        problems.append(f"{label}: {type(exc).__name__}: {exc}")
         return None
 
 
-def load_run(path: str | Path) -> RunData:
-    """Read a run folder; missing files stay None, unreadable ones are listed in ``problems``."""
-    path = Path(path)
+def _provenance(root: Path, problems: list[str]) -> tuple[dict[str, str], str]:
+    path = root / "provenance.json"
+    if not path.is_file():
+        return {}, ""
+    doc = _read_json(path, problems, str(path))
+    if not isinstance(doc, dict) or not isinstance(doc.get("commits", {}), dict):
+        problems.append(f"{path}: expected {{'commits': {{glob: commit}}, 'note': text}}")
+        return {}, ""
+    return {str(k): str(v) for k, v in doc.get("commits", {}).items()}, str(doc.get("note", ""))
+
+
+def short_commit(commit: Any) -> str:
+    """A full git hash as its first 7 characters; anything else unchanged."""
+    text = str(commit)
+    return text[:7] if re.fullmatch(r"[0-9a-f]{40}", text) else text
+
+
+def _commit_for(rel: str, folder_run: dict[str, Any] | None, provenance: dict[str, str]) -> str:
+    if folder_run and folder_run.get("commit"):
+        return short_commit(folder_run["commit"])
+    for pattern, commit in provenance.items():
+        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(str(Path(rel).parent), pattern):
+            return commit
+    return NOT_RECORDED
+
+
+def _files(root: Path, name: str) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob(name) if p.is_file())
+
+
+def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
+    """Read one or several folders (recursively); missing files stay None, unreadable ones are in ``problems``."""
+    roots = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     problems: list[str] = []
-    run = _read_json(path / "run.json", problems)
-    db = path / "study.db"
-    return RunData(
-        path=path,
-        run=run if isinstance(run, dict) else {},
-        trials=_read_csv(path / "trials.csv", problems),
-        tuned=_read_json(path / "tuned.json", problems),
-        bench=_read_csv(path / "bench.csv", problems),
-        profile=_read_csv(path / "profile.csv", problems),
-        study_db=db if db.exists() else None,
-        problems=problems,
-    )
+    data = RunData(path=roots[0] if roots else Path("."), problems=problems)
+    frames: dict[str, list[pd.DataFrame]] = {"trials": [], "bench": [], "profile": []}
+    entries: list[dict[str, Any]] = []
+    for root in roots:
+        provenance, note = _provenance(root, problems)
+        if note:
+            data.notes.append(f"{root}: {note}")
+        run_jsons: dict[Path, dict[str, Any]] = {}
+        for p in _files(root, "run.json"):
+            label = str(p.relative_to(root)) if len(roots) == 1 else str(p)
+            info = _read_json(p, problems, label)
+            if isinstance(info, dict):
+                run_jsons[p.parent] = info
+                data.runs.append(info)
+                data.sources.append(Source("run", label, 1, [_commit_for(label, info, provenance)]))
+        for kind, filename in (("trials", "trials.csv"), ("bench", "bench.csv"), ("profile", "profile.csv")):
+            for p in _files(root, filename):
+                rel = str(p.relative_to(root))
+                label = rel if len(roots) == 1 else str(p)
+                frame = _read_csv(p, problems, label)
+                if frame is None:
+                    continue
+                recorded = frame["commit"] if "commit" in frame.columns else pd.Series(dtype=object)
+                fallback = _commit_for(rel, run_jsons.get(p.parent), provenance)
+                frame["commit"] = recorded.fillna(fallback).map(short_commit) if len(recorded) else fallback
+                frame["source"] = label
+                frames[kind].append(frame)
+                data.sources.append(Source(kind, label, len(frame), sorted(frame["commit"].astype(str).unique())))
+        for p in _files(root, "tuned.json"):
+            label = str(p.relative_to(root)) if len(roots) == 1 else str(p)
+            doc = _read_json(p, problems, label)
+            if isinstance(doc, dict) and isinstance(doc.get("entries"), list):
+                entries += doc["entries"]
+                data.sources.append(Source("tuned", label, len(doc["entries"]), []))
+        data.study_dbs += _files(root, "study.db")
+    data.run = data.runs[0] if data.runs else {}
+    data.trials = pd.concat(frames["trials"], ignore_index=True) if frames["trials"] else None
+    data.bench = pd.concat(frames["bench"], ignore_index=True) if frames["bench"] else None
+    data.profile = pd.concat(frames["profile"], ignore_index=True) if frames["profile"] else None
+    data.tuned = {"entries": entries} if entries else None
+    data.study_db = data.study_dbs[0] if data.study_dbs else None
+    return data
 
 
 def shape_label(row: Any) -> str:
@@ -87,7 +170,13 @@ def shape_label(row: Any) -> str:
     return f"B{int(row['B'])} T{int(row['T'])} H{int(row['H'])} {d}"
 
 
-# --------------------------------------------------------------------------------------------- summary
+def dim_label(row: Any) -> str:
+    """``D128``, or ``K96/V64`` when they differ."""
+    k, v = int(row["K"]), int(row["V"])
+    return f"D{k}" if k == v else f"K{k}/V{v}"
+
+
+# --------------------------------------------------------------------------------------------- environment
 
 
 def environment(run: dict[str, Any]) -> dict[str, str]:
@@ -104,7 +193,7 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
             f"{gpu.get('sm_count', '?')} SMs, {gpu.get('l2_mb', '?')} MB L2 (source: {gpu.get('source', '?')})"
         )
     for key in ("kernel", "dtype", "sampler", "commit", "created"):
-        if key in run:
+        if run.get(key) is not None:
             out[key.capitalize()] = str(run[key])
     if "interpret" in run:
         out["Interpreter"] = "yes — times are NOT meaningful" if run["interpret"] else "no (GPU timings)"
@@ -114,6 +203,140 @@ def environment(run: dict[str, Any]) -> dict[str, str]:
     if shapes:
         out["Shapes"] = f"{len(shapes)}: " + ", ".join(str(s.get("shape_key", "?")) for s in shapes)
     return out
+
+
+def sources_frame(data: RunData) -> pd.DataFrame:
+    """One row per file read: kind, path, rows, and its commit(s) ("not recorded" when none is known)."""
+    rows = [
+        {"what": s.kind, "file": s.path, "rows": s.rows, "commit": ", ".join(s.commits) if s.commits else "–"}
+        for s in data.sources
+        if s.kind != "run"
+    ]
+    return pd.DataFrame(rows, columns=["what", "file", "rows", "commit"])
+
+
+def commits(data: RunData) -> list[str]:
+    """Every commit the sources were made at (recorded ones only), each once, in order of appearance."""
+    seen: list[str] = []
+    for s in data.sources:
+        for c in s.commits:
+            if c != NOT_RECORDED and c not in seen:
+                seen.append(c)
+    return seen
+
+
+def meaningful(frame: pd.DataFrame | None) -> bool:
+    """False when any row was timed under Triton's interpreter (``meaningful`` False)."""
+    return frame is None or "meaningful" not in frame.columns or bool(frame["meaningful"].astype(bool).all())
+
+
+# --------------------------------------------------------------------------------------------- the answer
+
+
+def versus(bench: pd.DataFrame | None) -> tuple[pd.DataFrame | None, str]:
+    """dtune's tuned config against fla's fastest mode per shape (else against the template's default), from the
+    timed rows of bench.csv: ``kernel, dtype, mode, B..V, dtune_ms, other_ms, other, ratio`` (``other_ms /
+    dtune_ms``: above 1, dtune is faster). Returns the frame (None if there is nothing to compare) and what the
+    comparison is against ("fla" or "default")."""
+    if bench is None or not {"impl", "median_ms"} <= set(bench.columns):
+        return None, ""
+    timed = bench[bench["median_ms"].notna() & (bench["median_ms"] > 0)]
+    if "mode" not in timed.columns:
+        timed = timed.assign(mode="eager")
+    fla = timed[timed["impl"].astype(str).str.startswith("fla")]
+    against = "fla" if len(fla) else "default"
+    others = fla if len(fla) else timed[timed["impl"] == "default"]
+    tuned = timed[timed["impl"] == "tuned"]
+    if tuned.empty or others.empty:
+        return None, ""
+    keys = ["kernel", "dtype", "mode", *SHAPE_COLS]
+    best_other = others.sort_values("median_ms").drop_duplicates(keys)
+    best_other = best_other[[*keys, "median_ms", "impl"]].rename(columns={"median_ms": "other_ms", "impl": "other"})
+    cols = [*keys, "median_ms", "meaningful"] if "meaningful" in tuned.columns else [*keys, "median_ms"]
+    mine = tuned.sort_values("median_ms").drop_duplicates(keys)[cols].rename(columns={"median_ms": "dtune_ms"})
+    out = mine.merge(best_other, on=keys, how="inner")
+    if out.empty:
+        return None, ""
+    out["other"] = out["other"].map(lambda s: FLA_NAMES.get(str(s), str(s)))
+    out["ratio"] = out["other_ms"] / out["dtune_ms"]
+    if "meaningful" not in out.columns:
+        out["meaningful"] = True
+    return out.sort_values(["kernel", "K", "mode", "T", "B"]).reset_index(drop=True), against
+
+
+def heatmap_rows(vs: pd.DataFrame) -> pd.DataFrame:
+    """``vs`` with a ``row`` label (kernel and head dim; the batch when one row would hold several at one T; the
+    mode when not eager) and a ``col`` label (``T=...``), in display order."""
+    frame = vs.copy()
+    frame["row"] = frame["kernel"] + " " + frame.apply(dim_label, axis=1)
+    clash = frame.groupby(["row", "mode", "T"])["B"].transform("nunique") > 1
+    frame.loc[clash, "row"] = frame.loc[clash, "row"] + " B" + frame.loc[clash, "B"].astype(int).astype(str)
+    graph = frame["mode"] != "eager"
+    frame.loc[graph, "row"] = frame.loc[graph, "row"] + " (" + frame.loc[graph, "mode"] + ")"
+    frame["col"] = "T=" + frame["T"].astype(int).astype(str)
+    return frame
+
+
+def headline(vs: pd.DataFrame, against: str) -> str:
+    """One sentence: how many shapes dtune wins, the range and the geometric mean of the ratios."""
+    n = len(vs)
+    wins = int((vs["ratio"] > 1.0).sum())
+    geo = math.exp(vs["ratio"].map(math.log).mean())
+    who = "flash-linear-attention's fastest mode" if against == "fla" else "the untuned default config"
+    lo, hi = vs["ratio"].min(), vs["ratio"].max()
+    return (
+        f"dtune (tuned configs) against {who}: faster on {wins} of {n} shape{'s' if n != 1 else ''}; "
+        f"time ratio {lo:.2f}× to {hi:.2f}× (geometric mean {geo:.2f}×; above 1× dtune is faster)."
+    )
+
+
+def versus_table(vs: pd.DataFrame, against: str) -> pd.DataFrame:
+    """The heatmap's numbers as a table, units in the headers."""
+    other = "fla fastest" if against == "fla" else "default"
+    out = pd.DataFrame(
+        {
+            "kernel": vs["kernel"],
+            "shape": vs.apply(shape_label, axis=1),
+            "mode": vs["mode"],
+            "dtune (ms)": vs["dtune_ms"],
+            f"{other} (ms)": vs["other_ms"],
+            f"{other} is": vs["other"],
+            f"× ({other} ms / dtune ms)": vs["ratio"],
+        }
+    )
+    return out.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------- speedup lines
+
+
+def speedup_lines(bench: pd.DataFrame | None, axis: str, against: str = "fla") -> pd.DataFrame:
+    """Speedup of the tuned config against fla's fastest mode (``against="fla"``) or the template's default, along
+    ``axis`` ("T" or "K"): one line per kernel, mode and the other dimension (and batch, where one line would hold
+    several at one point). Only lines with at least two points (a real sweep) are kept.
+    Columns: ``line, x, speedup, dtune_ms, other_ms``."""
+    cols = ["line", "x", "speedup", "dtune_ms", "other_ms"]
+    if bench is None or "impl" not in bench.columns:
+        return pd.DataFrame(columns=cols)
+    source = bench if against == "fla" else bench[~bench["impl"].astype(str).str.startswith("fla")]
+    vs, kind = versus(source)
+    if vs is None or kind != against:
+        return pd.DataFrame(columns=cols)
+    frame = vs.copy()
+    fixed = frame.apply(dim_label, axis=1) if axis == "T" else "T" + frame["T"].astype(int).astype(str)
+    frame["line"] = frame["kernel"] + " " + fixed
+    frame["x"] = frame[axis].astype(int)
+    several = frame.groupby(["line", "mode", "x"])["B"].transform("nunique") > 1
+    frame.loc[several, "line"] = frame.loc[several, "line"] + " B" + frame.loc[several, "B"].astype(int).astype(str)
+    frame["line"] = frame["line"] + frame["mode"].map(lambda m: "" if m == "eager" else f" ({m})")
+    agg = frame.groupby(["line", "x"], as_index=False).agg(
+        speedup=("ratio", "median"), dtune_ms=("dtune_ms", "median"), other_ms=("other_ms", "median")
+    )
+    points = agg.groupby("line")["x"].transform("nunique")
+    return agg[points >= 2].sort_values(["line", "x"]).reset_index(drop=True)[cols]
+
+
+# --------------------------------------------------------------------------------------------- search
 
 
 def _param_cols(trials: pd.DataFrame) -> list[str]:
@@ -149,8 +372,38 @@ def best_per_shape(trials: pd.DataFrame) -> pd.DataFrame:
             rec.update(best_ms=math.nan, best_trial=-1, config="", error_o=math.nan)
         rec["default_ms"] = default_ms
         rec["speedup"] = default_ms / rec["best_ms"] if rec["best_ms"] > 0 else math.nan
+        if "commit" in grp.columns:
+            rec["commit"] = ", ".join(sorted(grp["commit"].astype(str).unique()))
         rows.append(rec)
     return pd.DataFrame(rows)
+
+
+def search_table(best: pd.DataFrame) -> pd.DataFrame:
+    """:func:`best_per_shape` for the page: units in the headers, the config compact."""
+    cols = {
+        "kernel": "kernel",
+        "dtype": "dtype",
+        "shape": "shape",
+        "best_ms": "best (ms)",
+        "default_ms": "default at search time (ms)",
+        "speedup": "× (default / best)",
+        "error_o": "gate error (rel. RMS)",
+        "complete": "complete",
+        "failed": "failed",
+        "pruned": "pruned",
+        "commit": "commit",
+    }
+    frame = best.copy()
+    frame["shape"] = frame.apply(shape_label, axis=1)
+    return frame[[c for c in cols if c in frame.columns]].rename(columns=cols)
+
+
+def best_configs(best: pd.DataFrame) -> dict[str, str]:
+    """``kernel dtype shape`` -> the best config, compact (shown as a list under the search table)."""
+    out: dict[str, str] = {}
+    for _, r in best.iterrows():
+        out[f"{r['kernel']} {r['dtype']} {shape_label(r)}"] = compact_config(r["config"]) or "– (none passed the gate)"
+    return out
 
 
 def compact_config(text: Any) -> str:
@@ -189,7 +442,7 @@ def tuned_frame(tuned: dict[str, Any] | None) -> pd.DataFrame | None:
                 "best_ms": e.get("time_ms", math.nan),
                 "default_ms": e.get("default_time_ms", math.nan),
                 "speedup": e.get("speedup", math.nan),
-                "gate_error": e.get("gate_error", math.nan),
+                "error_o": e.get("gate_error", math.nan),
                 "config": json.dumps(e.get("config", {}), sort_keys=True),
                 "complete": trials.get("complete", 0),
                 "failed": trials.get("failed", 0),
@@ -200,7 +453,7 @@ def tuned_frame(tuned: dict[str, Any] | None) -> pd.DataFrame | None:
 
 
 def speedups(data: RunData) -> pd.DataFrame | None:
-    """Best vs default per shape: from trials.csv when present, else from tuned.json."""
+    """Best vs the default at search time, per shape: from trials.csv when present, else from tuned.json."""
     if data.trials is not None and {"state", "time_ms"} <= set(data.trials.columns):
         frame = best_per_shape(data.trials)
     else:
@@ -211,31 +464,109 @@ def speedups(data: RunData) -> pd.DataFrame | None:
     return frame if len(frame) else None
 
 
-def fla_speedups(bench: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The tuned config against fla's fastest mode per shape (eager rows of bench.csv), shaped like :func:`speedups`."""
-    if bench is None or "speedup_vs_fla" not in bench.columns:
-        return None
-    tuned = bench[(bench["impl"] == "tuned") & (bench["mode"] == "eager") & bench["speedup_vs_fla"].notna()]
-    if tuned.empty:
-        return None
-    frame = tuned.rename(columns={"speedup_vs_fla": "speedup", "median_ms": "best_ms"})
-    return frame[["kernel", "dtype", *SHAPE_COLS, "speedup", "best_ms"]].reset_index(drop=True)
+def study_label(study: str) -> str:
+    """``chunk_kda:h200:bf16:T4096-B8-H16-HV16-K128-V128`` -> ``chunk_kda T4096 B8 D128`` (short legend names)."""
+    parts = study.split(":")
+    if len(parts) < 4:
+        return study
+    dims = dict(re.findall(r"(HV|[A-Z])(\d+)", parts[3]))
+    k = dims.get("K") or dims.get("D")
+    v = dims.get("V") or k
+    d = f"D{k}" if k == v else f"K{k}/V{v}"
+    batch = f" B{dims['B']}" if "B" in dims else ""
+    return f"{parts[0]} T{dims.get('T', '?')}{batch} {d}"
 
 
-def speedup_vs_seq_len(frame: pd.DataFrame) -> pd.DataFrame:
-    """Speedup against T, one line per (kernel, dtype, head dim K): median over batch and heads, sorted by T."""
-    keys = ["kernel", "dtype", "K", "T"]
-    out = frame.groupby(keys, as_index=False).agg(speedup=("speedup", "median"), best_ms=("best_ms", "median"))
-    out["line"] = out["kernel"] + " D" + out["K"].astype(int).astype(str)
-    return out.sort_values(["kernel", "K", "T"]).reset_index(drop=True)
+def search_history(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per study, its complete trials in order with the best time so far (the search's progress), also relative to
+    the study's first complete trial (the template's default, which runs first): ``relative``, ``best_relative``."""
+    done = trials[(trials["state"] == "complete") & trials["time_ms"].notna()]
+    done = done.sort_values(["study", "number"])
+    out = done[["study", "number", "time_ms"]].copy()
+    out["best_so_far"] = out.groupby("study")["time_ms"].cummin()
+    first = out.groupby("study")["time_ms"].transform("first")
+    out["relative"] = out["time_ms"] / first
+    out["best_relative"] = out["best_so_far"] / first
+    out["label"] = out["study"].map(study_label)
+    return out.reset_index(drop=True)
 
 
-def speedup_vs_head_dim(frame: pd.DataFrame) -> pd.DataFrame:
-    """Speedup against head dim K, one line per (kernel, dtype, T): median over batch and heads, sorted by K."""
-    keys = ["kernel", "dtype", "T", "K"]
-    out = frame.groupby(keys, as_index=False).agg(speedup=("speedup", "median"), best_ms=("best_ms", "median"))
-    out["line"] = out["kernel"] + " T" + out["T"].astype(int).astype(str)
-    return out.sort_values(["kernel", "T", "K"]).reset_index(drop=True)
+def failures_by_reason(trials: pd.DataFrame) -> pd.DataFrame:
+    """How many trials were lost, by state and reason (constraint, compile, resources, gate, timeout, ...)."""
+    lost = trials[trials["state"] != "complete"]
+    if lost.empty:
+        return pd.DataFrame(columns=["state", "reason", "count"])
+    out = lost.groupby(["state", "reason"], as_index=False).size().rename(columns={"size": "count"})
+    return out.sort_values(["count", "state", "reason"], ascending=[False, True, True]).reset_index(drop=True)
+
+
+TRIAL_COLUMNS = [
+    "study",
+    "number",
+    "state",
+    "reason",
+    "time_ms",
+    "default_time_ms",
+    *MEASURED[1:],
+    "is_default",
+    "duration_s",
+    "message",
+]
+
+
+def trial_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """The full trial table: identifying columns, the ``p.*`` parameters, then measurements; sorted by study, number."""
+    front = [c for c in TRIAL_COLUMNS[:4] if c in trials.columns]
+    params = _param_cols(trials)
+    rest = [c for c in TRIAL_COLUMNS[4:] if c in trials.columns]
+    units = {"time_ms": "time (ms)", "default_time_ms": "default (ms)", "shared_mem": "shared mem (B)"}
+    units |= {"gbs": "GB/s", "tflops": "TFLOP/s", "duration_s": "duration (s)", "error_o": "error o (rel. RMS)"}
+    units |= {"error_s": "error state (rel. RMS)"}
+    frame = trials[front + params + rest].sort_values(["study", "number"]).reset_index(drop=True)
+    return frame.rename(columns=units)
+
+
+def param_importance(study_db: Path | None, min_complete: int = 5) -> tuple[pd.DataFrame, list[str]]:
+    """Optuna's parameter importance per study in ``study.db`` (fANOVA when scikit-learn is installed, else PED-ANOVA).
+
+    Returns ``(frame with study, param, importance, evaluator; notes)``; studies with fewer than ``min_complete``
+    complete trials get a "not enough trials" note instead.
+    """
+    empty = pd.DataFrame(columns=["study", "param", "importance", "evaluator"])
+    if study_db is None:
+        return empty, ["no study.db in the run folder"]
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{study_db.resolve()}"
+    try:
+        names = optuna.get_all_study_names(storage=storage)
+    except Exception as exc:
+        return empty, [f"study.db unreadable: {type(exc).__name__}: {exc}"]
+    try:
+        import sklearn  # noqa: F401
+
+        evaluator: Any = optuna.importance.FanovaImportanceEvaluator(seed=0)
+        ev_name = "fANOVA"
+    except ImportError:
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+        ev_name = "PED-ANOVA"
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=storage)
+        n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+        if n < min_complete:
+            notes.append(f"{name}: not enough trials ({n} complete, need {min_complete})")
+            continue
+        try:
+            imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
+        except Exception as exc:
+            notes.append(f"{name}: importance failed ({type(exc).__name__}: {exc})")
+            continue
+        rows.extend({"study": name, "param": k, "importance": float(v), "evaluator": ev_name} for k, v in imp.items())
+    frame = pd.DataFrame(rows) if rows else empty
+    return frame, notes
 
 
 # --------------------------------------------------------------------------------------------- bench, profile
@@ -263,6 +594,17 @@ def bench_times(bench: pd.DataFrame) -> pd.DataFrame:
     return frame[cols].reset_index(drop=True)
 
 
+BENCH_UNITS = {
+    "median_ms": "median (ms)",
+    "speedup_vs_default": "× vs default",
+    "speedup_vs_fla": "× vs fla fastest",
+    "gbs": "GB/s",
+    "tflops": "TFLOP/s",
+    "first_call_s": "first call (s)",
+    "error_o": "error (rel. RMS)",
+}
+
+
 def stage_breakdown(profile: pd.DataFrame) -> pd.DataFrame:
     """Per-stage ms and share of the summed stages, per profiled shape (the whole-op row left out)."""
     frame = profile[profile["stage"] != PROFILE_TOTAL].copy()
@@ -274,8 +616,22 @@ def stage_breakdown(profile: pd.DataFrame) -> pd.DataFrame:
     return frame[cols].reset_index(drop=True)
 
 
+def stage_floors(profile: pd.DataFrame) -> pd.DataFrame:
+    """Each stage (and the whole op) against its floor: ``label, shape, stage, measured_ms, floor_ms, x_floor, bound``
+    (floor NaN where no ceilings were known). Labels read ``kernel D128 T4096 · stage``."""
+    frame = profile.copy()
+    frame["shape"] = frame["kernel"] + " " + frame.apply(shape_label, axis=1)
+    frame["label"] = frame["kernel"] + " " + frame.apply(dim_label, axis=1) + " T" + frame["T"].astype(int).astype(str)
+    frame["label"] = frame["label"] + " · " + frame["stage"].astype(str)
+    for col in ("floor_ms", "x_floor", "bound"):
+        if col not in frame.columns:
+            frame[col] = math.nan
+    out = frame.rename(columns={"median_ms": "measured_ms"})
+    return out[["label", "shape", "stage", "measured_ms", "floor_ms", "x_floor", "bound"]].reset_index(drop=True)
+
+
 def roofline_points(bench: pd.DataFrame | None, profile: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Achieved TFLOP/s against arithmetic intensity (FLOP/byte) for every bench row and profiled stage."""
+    """Achieved TFLOP/s against arithmetic intensity (FLOP/byte) for every timed bench row and profiled stage."""
     parts = []
     if bench is not None and {"flops", "bytes", "tflops"} <= set(bench.columns):
         b = bench[bench["tflops"].notna() & (bench["tflops"] > 0)].copy()
@@ -326,89 +682,3 @@ def roof_lines(roof_list: list[Roofs], lo: float, hi: float) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows)
-
-
-# --------------------------------------------------------------------------------------------- the search
-
-
-def search_history(trials: pd.DataFrame) -> pd.DataFrame:
-    """Per study, its complete trials in order with the best time so far (the search's progress)."""
-    done = trials[(trials["state"] == "complete") & trials["time_ms"].notna()]
-    done = done.sort_values(["study", "number"])
-    out = done[["study", "number", "time_ms"]].copy()
-    out["best_so_far"] = out.groupby("study")["time_ms"].cummin()
-    return out.reset_index(drop=True)
-
-
-def failures_by_reason(trials: pd.DataFrame) -> pd.DataFrame:
-    """How many trials were lost, by state and reason (constraint, compile, resources, gate, timeout, ...)."""
-    lost = trials[trials["state"] != "complete"]
-    if lost.empty:
-        return pd.DataFrame(columns=["state", "reason", "count"])
-    out = lost.groupby(["state", "reason"], as_index=False).size().rename(columns={"size": "count"})
-    return out.sort_values(["count", "state", "reason"], ascending=[False, True, True]).reset_index(drop=True)
-
-
-TRIAL_COLUMNS = [
-    "study",
-    "number",
-    "state",
-    "reason",
-    "time_ms",
-    "default_time_ms",
-    *MEASURED[1:],
-    "is_default",
-    "duration_s",
-    "message",
-]
-
-
-def trial_table(trials: pd.DataFrame) -> pd.DataFrame:
-    """The full trial table: identifying columns, the ``p.*`` parameters, then measurements; sorted by study, number."""
-    front = [c for c in TRIAL_COLUMNS[:4] if c in trials.columns]
-    params = _param_cols(trials)
-    rest = [c for c in TRIAL_COLUMNS[4:] if c in trials.columns]
-    return trials[front + params + rest].sort_values(["study", "number"]).reset_index(drop=True)
-
-
-def param_importance(study_db: Path | None, min_complete: int = 5) -> tuple[pd.DataFrame, list[str]]:
-    """Optuna's parameter importance per study in ``study.db`` (fANOVA when scikit-learn is installed, else PED-ANOVA).
-
-    Returns ``(frame with study, param, importance, evaluator; notes)``; studies with fewer than ``min_complete``
-    complete trials get a "not enough trials" note instead.
-    """
-    empty = pd.DataFrame(columns=["study", "param", "importance", "evaluator"])
-    if study_db is None:
-        return empty, ["no study.db in the run folder"]
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{study_db.resolve()}"
-    try:
-        names = optuna.get_all_study_names(storage=storage)
-    except Exception as exc:
-        return empty, [f"study.db unreadable: {type(exc).__name__}: {exc}"]
-    try:
-        import sklearn  # noqa: F401
-
-        evaluator: Any = optuna.importance.FanovaImportanceEvaluator(seed=0)
-        ev_name = "fANOVA"
-    except ImportError:
-        evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-        ev_name = "PED-ANOVA"
-    rows: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for name in names:
-        study = optuna.load_study(study_name=name, storage=storage)
-        n = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-        if n < min_complete:
-            notes.append(f"{name}: not enough trials ({n} complete, need {min_complete})")
-            continue
-        try:
-            imp = optuna.importance.get_param_importances(study, evaluator=evaluator)
-        except Exception as exc:
-            notes.append(f"{name}: importance failed ({type(exc).__name__}: {exc})")
-            continue
-        rows.extend({"study": name, "param": k, "importance": float(v), "evaluator": ev_name} for k, v in imp.items())
-    frame = pd.DataFrame(rows) if rows else empty
-    return frame, notes

@@ -12,6 +12,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 CSS = """
+html{overflow-y:scroll}
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
 header{background:#1d2330;color:#fff;padding:18px 32px}header h1{margin:0;font-size:22px}
 header p{margin:4px 0 0;color:#b9c0cc;font-size:13px}
@@ -20,10 +21,16 @@ main{padding:8px 32px 40px}section{background:#fff;border-radius:6px;padding:14p
 box-shadow:0 1px 2px rgba(0,0,0,.08)}h2{font-size:18px;margin:4px 0 10px}
 .missing{color:#8a6d00;background:#fff8db;padding:8px 12px;border-radius:4px}
 .note{color:#555;font-size:13px}table{border-collapse:collapse;font-size:12px}
-th,td{border-bottom:1px solid #e3e6ea;padding:3px 8px;text-align:right;white-space:nowrap}
+th,td{border-bottom:1px solid #e3e6ea;padding:3px 8px;text-align:left;white-space:nowrap}.num{text-align:right}
 th{background:#f0f2f5;position:sticky;top:0;cursor:pointer;user-select:none}
-td:first-child,th:first-child{text-align:left}td:last-child{white-space:normal}.scroll{max-height:520px;overflow:auto}
-dl{display:grid;grid-template-columns:max-content auto;gap:4px 16px;margin:0}dt{font-weight:600}dd{margin:0}
+td.wrap{white-space:normal;min-width:24em}.scroll{max-height:520px;overflow:auto}
+dl{display:grid;grid-template-columns:max-content auto;gap:4px 16px;margin:0 0 8px;font-size:13px}
+dt{font-weight:600}dd{margin:0;overflow-wrap:anywhere}
+.headline{font-size:17px;font-weight:600;background:#eef4ff;border-left:4px solid #2a5db0;padding:10px 14px;
+margin:4px 0 12px}.warning{color:#8a1f11;background:#fdecea;padding:8px 12px;border-radius:4px;font-weight:600}
+ul.left-out{font-size:13px;color:#555;margin:4px 0}.chart{width:100%;overflow:hidden}
+@media (max-width:760px){header,nav{padding-left:12px;padding-right:12px}main{padding:4px 8px 24px}
+section{padding:10px 8px}dl{grid-template-columns:auto}}
 """
 
 # Click a header to sort by that column (numbers numerically), click again to reverse.
@@ -51,6 +58,40 @@ def number(x: float) -> str:
     if math.isfinite(x) and x == int(x) and abs(x) < 1e15:
         return str(int(x))
     return f"{x:.4g}"
+
+
+def cell(x: object) -> str:
+    """One table cell's text: numbers by :func:`number`, missing values as a dash."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, (int, float)) or hasattr(x, "dtype"):
+        try:
+            return number(float(x))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return str(x)
+    return str(x)
+
+
+WRAPPED = ("message", "note")  # long free-text columns: wrapped; every other cell stays on one line
+
+
+def table_html(frame: pd.DataFrame, sortable: bool = False) -> str:
+    """A plain HTML table: numeric columns right-aligned (class ``num``), free text wrapped, every value escaped."""
+    numeric = [
+        pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]) for c in frame.columns
+    ]
+    classes = [
+        " class=num" if n else (" class=wrap" if str(c) in WRAPPED else "") for c, n in zip(frame.columns, numeric)
+    ]
+    head = "".join(f"<th{' class=num' if n else ''}>{html.escape(str(c))}</th>" for c, n in zip(frame.columns, numeric))
+    body = []
+    for row in frame.itertuples(index=False):
+        tds = "".join(f"<td{k}>{html.escape(cell(x))}</td>" for x, k in zip(row, classes))
+        body.append(f"<tr>{tds}</tr>")
+    cls = ' class="dataframe sortable"' if sortable else ' class="dataframe"'
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 @dataclass
@@ -81,18 +122,25 @@ class Section:
         )
 
     def add_table(self, frame: pd.DataFrame, sortable: bool = False) -> None:
-        table = frame.to_html(
-            index=False,
-            na_rep="–",
-            border=0,
-            classes="sortable" if sortable else "",
-            float_format=number,
-            escape=True,
-        )
-        self.parts.append(f'<div class="scroll">{table}</div>')
+        self.parts.append(f'<div class="scroll">{table_html(frame, sortable)}</div>')
 
     def add_note(self, text: str) -> None:
         self.parts.append(f'<p class="note">{html.escape(text)}</p>')
+
+    def add_headline(self, text: str) -> None:
+        """The section's answer in one sentence, set apart."""
+        self.parts.append(f'<p class="headline">{html.escape(text)}</p>')
+
+    @staticmethod
+    def warning_html(text: str) -> str:
+        return f'<p class="warning">{html.escape(text)}</p>'
+
+    def add_warning(self, text: str) -> None:
+        self.parts.append(self.warning_html(text))
+
+    def add_list(self, heading: str, items: list[str]) -> None:
+        lis = "".join(f"<li>{html.escape(i)}</li>" for i in items)
+        self.parts.append(f'<p class="note">{html.escape(heading)}</p><ul class="left-out">{lis}</ul>')
 
     def add_definitions(self, items: dict[str, str]) -> None:
         rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items.items())

@@ -129,18 +129,47 @@ def _key(entry: dict[str, Any]) -> str:
     return json.dumps([entry["kernel"], entry["dtype"], entry["bucket"]], sort_keys=True)
 
 
+def export_document(run_dirs: Path | list[Path]) -> dict[str, Any]:
+    """The export of one run folder, or the merge of several (ValueError for a folder that is not a run folder)."""
+    dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    if not dirs:
+        raise ValueError("no run folder given")
+    return merge_exports([build_export(d) for d in dirs]) if len(dirs) > 1 else build_export(dirs[0])
+
+
+def write_document(doc: dict[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 def write_export(run_dirs: Path | list[Path], path: Path | None = None) -> Path:
     """Write the export of one run folder, or the merge of several, to ``path``; returns the path.
 
     ``path`` defaults to RUN/tuned.json for one run folder and is required for several.
     """
     dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
-    if not dirs:
-        raise ValueError("no run folder given")
     if path is None and len(dirs) > 1:
         raise ValueError("merging several run folders needs an output file (-o)")
-    doc = merge_exports([build_export(d) for d in dirs]) if len(dirs) > 1 else build_export(dirs[0])
-    path = path or dirs[0] / TUNED_JSON
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    return path
+    doc = export_document(dirs)
+    return write_document(doc, path or dirs[0] / TUNED_JSON)
+
+
+def why_empty(run_dir: Path) -> str:
+    """Why a run folder exports nothing: its trials by outcome and failure reason (from its studies)."""
+    info = read_run_json(run_dir)
+    storage = open_storage(info.get("storage") or default_storage_url(run_dir))
+    names = {s.study_name for s in storage.get_all_studies()}
+    trials: list[Any] = []
+    for shape in info["shapes"]:
+        name = study_name(info["kernel"], info["gpu"]["key"], info["dtype"], shape["shape_key"])
+        if name in names:
+            trials += optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    if not trials:
+        return f"{run_dir}: no trials ran"
+    c = results.counts(trials)
+    reasons = ", ".join(f"{k} {v}" for k, v in results.failures_by_reason(trials).items()) or "none recorded"
+    return (
+        f"{run_dir}: no trial passed the gate ({c['complete']} complete, {c['failed']} failed, {c['pruned']} "
+        f"pruned; failures: {reasons}; the message column of trials.csv says why)"
+    )

@@ -1,4 +1,4 @@
-"""The correctness gate (DESIGN.md §3): a config is only as good as the outputs it computes.
+"""The correctness gate (docs/DESIGN.md §3): a config is only as good as the outputs it computes.
 
 Fresh random inputs with strong decays (log gates down to -5) and a random initial state; the op's outputs
 are NaN-poisoned before launch (``dtune.kernels.config.POISON_OUTPUTS``) so elements a kernel fails to write

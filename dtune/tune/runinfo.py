@@ -5,9 +5,13 @@ from __future__ import annotations
 import datetime
 import json
 import platform
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from dtune.provenance import git_commit
+
+__all__ = ["RUN_JSON", "STUDY_DB", "TRIALS_CSV", "TUNED_JSON", "git_commit", "now_iso", "read_run_json", "versions"]
+__all__ += ["write_run_json"]
 
 RUN_JSON = "run.json"
 TRIALS_CSV = "trials.csv"
@@ -29,22 +33,6 @@ def versions() -> dict[str, str]:
         "optuna": optuna.__version__,
         "python": platform.python_version(),
     }
-
-
-def git_commit() -> str | None:
-    """The source tree's commit, when dtune runs from a git checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def now_iso() -> str:

@@ -1,4 +1,4 @@
-"""The tuning loop (DESIGN.md §3): one Optuna study per (kernel, GPU, dtype, shape), driven by a strategy.
+"""The tuning loop (docs/DESIGN.md §3): one Optuna study per (kernel, GPU, dtype, shape), driven by a strategy.
 
 For each shape a strategy (:mod:`dtune.tune.strategy`) proposes configs: ``pattern`` (:mod:`dtune.tune.pattern`,
 the default for multi-stage kernels) plans them from the default, the space's seeds, configs transferred from the

@@ -26,6 +26,7 @@ from dtune.kernels import get_kernel
 from dtune.kernels.config import next_power_of_2
 
 from dtune import _toml
+from dtune.errors import FileProblem
 from dtune.inputs import DTYPE_NAMES
 from dtune.shape import Shape, ShapeGrid
 from dtune.tune.stages import StageMap, StageSpec
@@ -65,7 +66,7 @@ _ALLOWED_NODES: tuple[type[ast.AST], ...] = (
 )
 
 
-class SpaceError(ValueError):
+class SpaceError(FileProblem):
     """A search-space file that cannot be used: the message names the file and the problem."""
 
 
@@ -146,6 +147,20 @@ def _int_list(source: str, section: str, key: str, value: Any) -> tuple[int, ...
     return tuple(value)
 
 
+def _unknown_param(name: str, kernel: str, legal: list[str]) -> str:
+    """The error for a [params] name the kernel's template lacks, naming the kernels whose template has it (a space
+    written for another kernel is the usual cause)."""
+    from dtune.kernels import KERNELS
+
+    owners = sorted(k for k, spec in KERNELS.items() if name in spec.legal_params())
+    hint = (
+        f"; {name!r} is a parameter of {', '.join(owners)}: was this space written for another kernel?"
+        if owners
+        else ""
+    )
+    return f"[params] {name!r} is not a parameter of the {kernel} template (its parameters: {', '.join(legal)}){hint}"
+
+
 def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace:
     """Validate a parsed space file against its kernel's template; SpaceError naming the problem otherwise."""
     known_top = {"kernel", "description", "params", "constraints", "seeds", "tolerance", "shapes", "stages"}
@@ -167,9 +182,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
     params: dict[str, tuple[Any, ...]] = {}
     for name, choices in raw_params.items():
         if name not in legal:
-            raise _fail(
-                source, f"unknown parameter {name!r} for {kernel_name}; the template's parameters: {sorted(legal)}"
-            )
+            raise _fail(source, _unknown_param(name, kernel_name, sorted(legal)))
         if not isinstance(choices, list) or not choices:
             raise _fail(source, f"parameter {name!r} must be a non-empty list of choices, got {choices!r}")
         for value in choices:

@@ -58,7 +58,8 @@ def open_storage(url: str) -> BaseStorage:
             except Exception as e:
                 # Workers starting together race to create the schema: the loser retries and finds it made.
                 if attempt == _ATTEMPTS - 1:
-                    raise ValueError(f"cannot open storage {url!r}: {e}") from None
+                    first = (str(e).splitlines() or [type(e).__name__])[0]  # sqlalchemy appends a "Background" line
+                    raise ValueError(f"cannot open storage {url!r}: {first}") from None
                 time.sleep(0.2 + random.random() * (attempt + 1))
         raise AssertionError("unreachable")
 

@@ -1,6 +1,6 @@
 """Chunkwise templates of the delta-rule family (DeltaNet, Gated DeltaNet, KDA): the forward in three stages.
 
-Math: DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pipeline (each stage one Triton kernel):
+Math: docs/DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pipeline (each stage one Triton kernel):
 
 1. ``intra`` (one program per chunk × value head, fully parallel): the gate's cumulative sum inside the chunk,
    ``A_kk`` and ``A_qk`` in row blocks of ``BC`` rows (sub-chunks), the triangular solve (``BC × BC`` diagonal

@@ -131,16 +131,3 @@ def test_corrupt_env_file_is_a_warning(tmp_path: Path, on_h100: None, monkeypatc
     store.reset()
     monkeypatch.setenv(store.ENV, str(write(tmp_path, doc(), "good.json")))
     assert tuned_config(KDA, problem(1, 1), torch.bfloat16, CUDA) == {"BV": 8, "num_warps": 4, "num_stages": 1}
-
-
-def test_ops_use_the_tuned_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """dtune.ops asks the store when no config is passed (the CPU path answers None: the default runs)."""
-    import dtune.ops as ops
-
-    seen: list[Any] = []
-    monkeypatch.setattr(ops, "tuned_config", lambda *a: seen.append(a) or None)
-    from dtune.measure.inputs import make_inputs
-
-    x = make_inputs(problem(2, 1, H=1, HV=1, K=16, V=16))
-    ops.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"])
-    assert seen and seen[0][0] == KDA

@@ -109,14 +109,30 @@ def test_no_final_state_unless_asked() -> None:
 
 
 def test_state_carries_across_calls() -> None:
-    """Decoding: T steps one call at a time, feeding the final state back, equals one call over T."""
-    p = Shape(2, 6, 2, 2, 32, 16, 2, Gate.CHANNEL)
-    x = make_inputs(p, seed=23)
-    o_all, s_all = run(p, x)
+    """Decoding: T steps one call at a time, each feeding its final state to the next, against the float64 loop over
+    all T tokens (outputs of every step and the last state); and a chunk prefill continued by decode steps."""
+    p = Shape(2, 6, 2, 4, 32, 16, 2, Gate.CHANNEL)
+    x = make_inputs(p, seed=23, gate_min=-5.0)
+    o_ref, s_ref = naive_recurrent(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True
+    )
+    assert s_ref is not None
     state = x["initial_state"]
     for t in range(p.T):
         step = {n: (x[n][:, t : t + 1] if n in ("q", "k", "v", "g", "beta") else x[n]) for n in x}
         step["initial_state"] = state
-        o_t, state = run(Shape(2, 1, 2, 2, 32, 16, 2, Gate.CHANNEL), step)
-        torch.testing.assert_close(o_t[:, 0], o_all[:, t], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(state, s_all, rtol=1e-5, atol=1e-5)
+        o_t, state = run(Shape(2, 1, 2, 4, 32, 16, 2, Gate.CHANNEL), step)
+        assert rel_err(o_t[:, 0], o_ref[:, t]) < 1e-5, t
+    assert rel_err(state, s_ref) < 1e-5
+    # prefill the first 4 tokens chunkwise, then decode the last 2 from its state
+    head = {n: (x[n][:, :4] if n in ("q", "k", "v", "g", "beta") else x[n]) for n in x}
+    _, state = ops.run_kernel(
+        "chunk_kda", head["q"], head["k"], head["v"], head["g"], head["beta"],
+        initial_state=x["initial_state"], output_final_state=True, config={"BT": 16, "BC": 16},
+    )  # fmt: skip
+    for t in (4, 5):
+        step = {n: (x[n][:, t : t + 1] if n in ("q", "k", "v", "g", "beta") else x[n]) for n in x}
+        step["initial_state"] = state
+        o_t, state = run(Shape(2, 1, 2, 4, 32, 16, 2, Gate.CHANNEL), step)
+        assert rel_err(o_t[:, 0], o_ref[:, t]) < 1e-4, t
+    assert rel_err(state, s_ref) < 1e-4

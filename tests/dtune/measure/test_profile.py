@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from dtune.cli.measure import register
 from dtune.measure import profile as pr
 from dtune.measure import work as roofline
+from dtune.measure.error import rel_rms_error
 from dtune.measure.resources import Resources, resources_of
 from dtune.shape import Gate, Shape
 
@@ -111,6 +112,8 @@ def test_chunk_profile_end_to_end_under_interpreter(tmp_path: Path) -> None:
     assert len(stages) >= 2 and stages[-1] == pr.TOTAL
     assert res.frame["median_ms"].gt(0).all()
     assert res.frame["flops"].gt(0).all() and res.frame["bytes"].gt(0).all()
+    # the op the profile times computes the right thing (a zeroed or unwritten output shows here)
+    assert res.frame.set_index("stage").loc[pr.TOTAL, "error_o"] < 1e-4
 
 
 def test_ncu_command(tmp_path: Path) -> None:
@@ -129,9 +132,30 @@ def test_ncu_command(tmp_path: Path) -> None:
     )
 
 
-def test_launch_spec_runs_the_op() -> None:
-    p = Shape(B=1, T=1, H=1, HV=1, K=16, V=16, N=1, gate=Gate.NONE)
-    pr._launch(pr.launch_spec("fused_recurrent_delta_rule", p, torch.float32, None), repeats=1)
+def test_launch_spec_runs_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ncu profiles: the spec's kernel, shape, dtype and config, launched ``repeats`` times, right each time."""
+    from dtune.kernels.reference import naive_recurrent
+
+    import dtune.ops
+
+    calls: list[tuple[str, Any, Any]] = []
+    real = dtune.ops.run_kernel
+
+    def spy(kernel: str, *args: Any, **kw: Any) -> Any:
+        out = real(kernel, *args, **kw)
+        calls.append((kernel, kw, out))
+        return out
+
+    monkeypatch.setattr(dtune.ops, "run_kernel", spy)
+    p = Shape(B=2, T=3, H=1, HV=2, K=16, V=8, N=2, gate=Gate.SCALAR)
+    pr._launch(pr.launch_spec("fused_recurrent_gated_delta_rule", p, torch.float32, {"BV": 8}), repeats=2)
+    assert len(calls) == 2
+    kernel, kw, (o, s) = calls[0]
+    assert kernel == "fused_recurrent_gated_delta_rule" and kw["config"] == {"BV": 8, "num_warps": 1, "num_stages": 1}
+    q, k, v, g, beta = (kw[n] for n in ("q", "k", "v", "g", "beta"))
+    assert o.shape == (2, 3, 2, 8) and o.dtype == torch.float32
+    ref, ref_s = naive_recurrent(q, k, v, g, beta, kw["scale"], kw["initial_state"], True)
+    assert rel_rms_error(o, ref) < 1e-5 and s is not None and rel_rms_error(s, ref_s) < 1e-5
 
 
 def test_profile_cli_json_and_ncu_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

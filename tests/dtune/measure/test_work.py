@@ -1,4 +1,4 @@
-"""The FLOP/byte model against the anchors' numbers (anchors/fla-0.6.0_h200.md) and the floor arithmetic."""
+"""The FLOP/byte model against the anchors' numbers (docs/anchors/fla-0.6.0_h200.md) and the floor arithmetic."""
 
 from __future__ import annotations
 

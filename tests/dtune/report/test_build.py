@@ -1,4 +1,5 @@
-"""dtune report: every section drawn from a full run folder; absent data said, not crashed on; the CLI."""
+"""dtune report: the answer first, every section drawn from a full run folder; absent data left out and listed, not
+crashed on; the CLI."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -14,18 +16,7 @@ from dtune.cli.main import app
 from dtune.report import build_report, default_output
 from tests.e2e.run_folder import make_run_folder
 
-SECTIONS = [
-    "summary",
-    "speedup-T",
-    "speedup-D",
-    "baselines",
-    "stages",
-    "roofline",
-    "history",
-    "importance",
-    "failures",
-    "trials",
-]
+SECTIONS = ["answer", "speedup-T", "speedup-D", "stages", "baselines", "roofline", "search", "trials", "environment"]
 
 
 def cli() -> typer.Typer:
@@ -39,39 +30,50 @@ def test_full_run_folder_every_section_ok(tmp_path: Path) -> None:
     assert all(v == "ok" for v in sections.values()), sections
     html = out.read_text(encoding="utf-8")
     assert html.count('<section id="') == len(SECTIONS)
-    assert "NVIDIA H200" in html and "83e632d" in html and "triton 3.9.0" in html
+    assert html.index('<section id="answer">') < html.index('<section id="speedup-T">')  # the answer first
+    assert "dtune (tuned configs) against flash-linear-attention&#x27;s fastest mode" in html
+    assert "NVIDIA H200" in html and "triton 3.9.0" in html
+    assert html.count("83e632d") >= 2  # the header and the sources table say the same commit
     assert "BC=" in html  # best configs, compact
     assert 'class="dataframe sortable"' in html
+    for unit in ("dtune (ms)", "fla fastest (ms)", "median (ms)", "time (ms)", "GB/s", "TFLOP/s"):
+        assert unit in html, unit
+    assert "Parameter importance" in html  # 8 trials per study: enough for importance
+    assert "Left out of this report" not in html
 
 
-def test_missing_data_is_said_not_crashed_on(tmp_path: Path) -> None:
+def test_missing_data_is_left_out_and_listed(tmp_path: Path) -> None:
     run = make_run_folder(tmp_path, trials_per_study=3)
     for name in ("bench.csv", "profile.csv", "study.db"):
         (run / name).unlink()
     out, sections = build_report(run, tmp_path / "partial.html")
-    assert sections["baselines"].startswith("no bench.csv")
-    assert sections["stages"].startswith("no profile.csv")
-    assert sections["roofline"].startswith("no bench.csv or profile.csv")
-    assert sections["importance"].startswith("not enough trials")
-    assert sections["history"] == "ok" and sections["summary"] == "ok"
+    for key in ("answer", "speedup-T", "speedup-D", "baselines", "stages", "roofline"):
+        assert sections[key] != "ok", key
+    assert sections["baselines"].startswith("no bench.csv") and sections["stages"].startswith("no profile.csv")
+    assert sections["search"] == "ok" and sections["trials"] == "ok" and sections["environment"] == "ok"
     html = out.read_text(encoding="utf-8")
-    assert "dtune bench --config" in html and "no study.db" in html
+    assert html.count('<section id="') == 3  # empty sections are not on the page ...
+    assert '<section id="answer">' not in html and '<section id="roofline">' not in html
+    assert "Left out of this report" in html and "dtune bench --config" in html  # ... but listed, with the fix
+    assert "Parameter importance" not in html  # 3 trials per study: not enough
 
     empty = tmp_path / "empty-run"
     empty.mkdir()
     out, sections = build_report(empty, tmp_path / "empty.html")
-    assert sections["summary"].startswith("no run.json")
-    assert all(v != "ok" for v in sections.values())
-    assert out.read_text(encoding="utf-8").endswith("</html>\n")
+    assert [k for k, v in sections.items() if v == "ok"] == ["environment"]  # only the list of what is missing
+    html = out.read_text(encoding="utf-8")
+    assert html.endswith("</html>\n") and "Left out of this report" in html
 
 
-def test_few_trials_give_importance_note(tmp_path: Path) -> None:
-    run = make_run_folder(tmp_path, trials_per_study=3)
-    out, sections = build_report(run, tmp_path / "few.html")
-    assert sections["importance"].startswith("not enough trials")
-    assert "3 complete, need 5" in out.read_text(encoding="utf-8") or "complete, need 5" in out.read_text(
-        encoding="utf-8"
-    )
+def test_interpreter_times_are_flagged_and_kept_off_the_roofline(tmp_path: Path) -> None:
+    run = make_run_folder(tmp_path, trials_per_study=4)
+    for name in ("bench.csv", "profile.csv"):
+        frame = pd.read_csv(run / name)
+        frame["meaningful"] = False
+        frame.to_csv(run / name, index=False)
+    out, sections = build_report(run, tmp_path / "interp.html")
+    assert sections["answer"] == "ok" and sections["roofline"] != "ok"
+    assert out.read_text(encoding="utf-8").count("these times are NOT meaningful") >= 3
 
 
 def test_report_cli_default_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,7 +89,7 @@ def test_report_cli_default_output(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert r.exit_code == 0 and (tmp_path / "x" / "r.html").exists() and "wrote" in r.output
     shutil.rmtree(run)
     r = CliRunner().invoke(cli(), ["report", str(run)])
-    assert r.exit_code == 2 and "is not a folder" in r.output
+    assert r.exit_code == 2 and f"{run}: no such folder" in r.output
 
 
 def test_numbers_in_tables_include_inf_and_nan() -> None:

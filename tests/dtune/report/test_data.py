@@ -84,28 +84,6 @@ def test_default_time_falls_back_to_column_without_default_trial(trials: pd.Data
     assert best.loc[STUDY_A, "speedup"] == pytest.approx(1.5)
 
 
-def test_speedup_charts(trials: pd.DataFrame) -> None:
-    extra = pd.DataFrame(
-        [
-            trial("chunk_kda:h200:bf16:T1024_D128", 1024, 128, 0, "complete", 3.0, default_time_ms=3.0),
-            trial("chunk_kda:h200:bf16:T1024_D128", 1024, 128, 1, "complete", 2.0, default_time_ms=3.0),
-        ]
-    )
-    frame = d.best_per_shape(pd.concat([trials, extra], ignore_index=True))
-    by_t = d.speedup_vs_seq_len(frame)
-    assert list(zip(by_t["line"], by_t["T"], by_t["speedup"].round(4))) == [
-        ("chunk_kda D64", 1024, 1.5),
-        ("chunk_kda D64", 4096, 1.25),
-        ("chunk_kda D128", 1024, 1.5),
-    ]
-    by_d = d.speedup_vs_head_dim(frame)
-    assert list(zip(by_d["line"], by_d["K"], by_d["speedup"].round(4))) == [
-        ("chunk_kda T1024", 64, 1.5),
-        ("chunk_kda T1024", 128, 1.5),
-        ("chunk_kda T4096", 64, 1.25),
-    ]
-
-
 def test_search_history_best_so_far(trials: pd.DataFrame) -> None:
     h = d.search_history(trials)
     a = h[h["study"] == STUDY_A]
@@ -300,13 +278,117 @@ def test_load_run_tolerates_missing_and_broken_files(tmp_path: Path) -> None:
     assert imp.empty and notes == ["no study.db in the run folder"]
 
 
-def test_fla_speedups_feed_the_speedup_charts() -> None:
-    bench = bench_rows()
-    extra = bench[bench["impl"] == "tuned"].assign(T=1024, median_ms=0.5, speedup_vs_fla=3.2)
-    fla = d.fla_speedups(pd.concat([bench, extra], ignore_index=True))
-    assert fla is not None
-    by_t = d.speedup_vs_seq_len(fla)
-    assert list(zip(by_t["T"], by_t["speedup"].round(4))) == [(1024, 3.2), (4096, 1.6)]
-    assert by_t["line"].unique().tolist() == ["chunk_kda D128"]
-    assert d.fla_speedups(bench[bench["impl"] != "fla"].assign(speedup_vs_fla=math.nan)) is None
-    assert d.fla_speedups(None) is None
+def sweep_rows() -> pd.DataFrame:
+    """tuned / default / fla / fla_fast at T in {1024, 4096} x D in {64, 128}, and one D = 256 shape at T = 4096."""
+    rows = []
+    for T, D, tuned, default, fla, fast in [
+        (1024, 64, 0.5, 0.6, 1.0, 0.8),
+        (4096, 64, 1.0, 1.2, 1.5, 1.6),
+        (1024, 128, 1.0, 1.1, 0.9, 0.95),
+        (4096, 128, 2.0, 2.0, 2.2, 1.8),
+        (4096, 256, 4.0, 4.4, 3.0, 3.2),
+    ]:
+        for impl, ms in {"tuned": tuned, "default": default, "fla": fla, "fla_fast": fast}.items():
+            rows.append(
+                {"kernel": "chunk_kda", "dtype": "bf16", "impl": impl, "mode": "eager", "B": 32768 // T, "T": T,
+                 "H": 16, "HV": 16, "K": D, "V": D, "median_ms": ms, "meaningful": True}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_versus_picks_fla_fastest_mode_per_shape() -> None:
+    vs, against = d.versus(sweep_rows())
+    assert against == "fla" and vs is not None and len(vs) == 5
+    by = vs.set_index(["T", "K"])
+    assert by.loc[(1024, 64), "other"] == "fla safe_gate" and by.loc[(1024, 64), "ratio"] == pytest.approx(1.6)
+    assert by.loc[(4096, 64), "other"] == "fla default" and by.loc[(4096, 64), "ratio"] == pytest.approx(1.5)
+    assert by.loc[(1024, 128), "ratio"] == pytest.approx(0.9)  # fla faster: below 1
+    assert by.loc[(4096, 128), "other_ms"] == 1.8
+    text = d.headline(vs, "fla")
+    assert "faster on 2 of 5 shapes" in text and "0.75× to 1.60×" in text
+    no_fla, against = d.versus(sweep_rows().query("not impl.str.startswith('fla')", engine="python"))
+    assert against == "default" and no_fla is not None
+    assert no_fla.set_index(["T", "K"]).loc[(4096, 64), "ratio"] == pytest.approx(1.2)
+    assert d.versus(None) == (None, "")
+    assert d.versus(sweep_rows().query("impl != 'tuned'")) == (None, "")
+
+
+def test_heatmap_rows_name_batch_and_mode_only_when_needed() -> None:
+    base = {"kernel": "fused_recurrent_kda", "dtype": "bf16", "T": 1, "H": 16, "HV": 16, "K": 128, "V": 128}
+    rows = [
+        {**base, "impl": impl, "mode": mode, "B": B, "median_ms": ms, "meaningful": True}
+        for B in (32, 256)
+        for mode in ("eager", "graph")
+        for impl, ms in (("tuned", 0.02 * B / 32), ("fla", 0.03 * B / 32))
+    ]
+    vs, _ = d.versus(pd.DataFrame(rows))
+    assert vs is not None
+    grid = d.heatmap_rows(vs)
+    assert sorted(grid["row"]) == [
+        "fused_recurrent_kda D128 B256",
+        "fused_recurrent_kda D128 B256 (graph)",
+        "fused_recurrent_kda D128 B32",
+        "fused_recurrent_kda D128 B32 (graph)",
+    ]
+    assert set(grid["col"]) == {"T=1"}
+    plain = d.heatmap_rows(d.versus(sweep_rows())[0])  # type: ignore[arg-type]
+    assert set(plain["row"]) == {"chunk_kda D64", "chunk_kda D128", "chunk_kda D256"}
+
+
+def test_speedup_lines_keep_real_sweeps_only() -> None:
+    by_t = d.speedup_lines(sweep_rows(), "T", "fla")
+    assert list(zip(by_t["line"], by_t["x"], by_t["speedup"].round(4))) == [
+        ("chunk_kda D128", 1024, 0.9),
+        ("chunk_kda D128", 4096, 0.9),
+        ("chunk_kda D64", 1024, 1.6),
+        ("chunk_kda D64", 4096, 1.5),
+    ]  # D256 has one T: no line
+    by_d = d.speedup_lines(sweep_rows(), "K", "default")
+    assert by_d.groupby("line")["x"].apply(list).to_dict() == {
+        "chunk_kda T1024": [64, 128],
+        "chunk_kda T4096": [64, 128, 256],
+    }
+    assert by_d.set_index(["line", "x"]).loc[("chunk_kda T4096", 256), "speedup"] == pytest.approx(1.1)
+    one_t = sweep_rows().query("T == 4096")
+    assert d.speedup_lines(one_t, "T", "fla").empty
+
+
+def test_stage_floors_label_each_stage() -> None:
+    f = d.stage_floors(profile_rows().assign(floor_ms=0.5, x_floor=2.0, bound="memory"))
+    assert f["label"].tolist()[:2] == ["chunk_kda D128 T4096 · cumsum", "chunk_kda D128 T4096 · solve"]
+    assert f["label"].iloc[-1] == "chunk_kda D128 T4096 · total (whole op)"
+    assert f["measured_ms"].tolist() == [0.1, 0.3, 0.6, 1.05]
+
+
+def test_load_run_reads_folders_recursively_with_one_commit_per_source(tmp_path: Path) -> None:
+    """A sitting's folder: run folders and bench_<kernel>/bench.csv files; commits from each file's own record."""
+    root = tmp_path / "sitting"
+    make_run_folder(root)  # run.json says commit 83e632d
+    extra = root / "bench_more"
+    extra.mkdir()
+    sweep_rows().assign(commit="abcdef0123456789abcdef0123456789abcdef01").to_csv(extra / "bench.csv", index=False)
+    old = root / "old"
+    old.mkdir()
+    sweep_rows().to_csv(old / "bench.csv", index=False)  # no commit recorded anywhere
+    data = d.load_run(root)
+    kinds = {(s.kind, s.path): s.commits for s in data.sources}
+    assert kinds[("trials", "run-h200-chunk_kda/trials.csv")] == ["83e632d"]
+    assert kinds[("bench", "run-h200-chunk_kda/bench.csv")] == ["83e632d"]  # the run.json beside it
+    assert kinds[("bench", "bench_more/bench.csv")] == ["abcdef0"]  # the file's own column, shortened
+    assert kinds[("bench", "old/bench.csv")] == [d.NOT_RECORDED]
+    assert data.bench is not None and len(data.bench) == 5 * 6 + 2 * len(sweep_rows())
+    (root / "provenance.json").write_text(json.dumps({"commits": {"old": "1234567"}, "note": "from NOTES.md"}))
+    data = d.load_run(root)
+    assert {(s.kind, s.path): s.commits for s in data.sources}[("bench", "old/bench.csv")] == ["1234567"]
+    assert data.notes == [f"{root}: from NOTES.md"]
+    assert d.commits(data) == ["83e632d", "abcdef0", "1234567"]
+
+
+def test_load_run_of_several_folders(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_run_folder(a)
+    b.mkdir()
+    sweep_rows().to_csv(b / "bench.csv", index=False)
+    data = d.load_run([a, b])
+    assert data.trials is not None and data.bench is not None
+    assert set(data.bench["source"]) == {str(a / "run-h200-chunk_kda" / "bench.csv"), str(b / "bench.csv")}

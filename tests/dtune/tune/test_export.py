@@ -3,6 +3,7 @@ sitting supersedes a shipped file bucket by bucket."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,3 +62,47 @@ def test_newer_sitting_supersedes_per_bucket() -> None:
 def test_supersede_refuses_another_gpu() -> None:
     with pytest.raises(ValueError, match="configs keep their GPU"):
         supersede(_doc("h200", ("chunk_kda", 4096, 1.0)), [_doc("h100", ("chunk_kda", 4096, 1.0))])
+
+
+def test_export_takes_only_complete_trials_that_passed(tmp_path: Path) -> None:
+    """Trials that look faster but did not pass are never exported: a PRUNED trial with a value and every passing
+    attribute, a COMPLETE one that failed the gate, a COMPLETE one with a failure reason. The winner is known by
+    construction (trial 4), not by the code the export uses."""
+    import optuna
+
+    from dtune.gpu import get_profile
+    from dtune.tune.export import build_export
+    from dtune.tune.runinfo import write_run_json
+    from dtune.tune.storage import study_name
+
+    shape = {"shape_key": "T4-B1-H1-HV1-K16-V16", "B": 1, "T": 4, "H": 1, "HV": 1, "K": 16, "V": 16}
+    write_run_json(
+        tmp_path,
+        {"kernel": "fused_recurrent_kda", "gpu": get_profile("cpu").as_dict(), "dtype": "fp32", "shapes": [shape]},
+    )
+    study = optuna.create_study(
+        study_name=study_name("fused_recurrent_kda", "cpu", "fp32", shape["shape_key"]),
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+    )
+    dist = {"BV": optuna.distributions.CategoricalDistribution([8, 16, 32])}
+    passed = {"gate_passed": True, "reason": None}
+    S = optuna.trial.TrialState
+    for state, value, bv, attrs in [
+        (S.COMPLETE, 2.0, 16, {**passed, "is_default": True}),  # 0: the default
+        (S.PRUNED, 0.1, 8, passed),  # 1: fastest value, but pruned
+        (S.COMPLETE, 0.2, 8, {"gate_passed": False, "reason": "gate"}),  # 2: failed the gate
+        (S.COMPLETE, 0.3, 32, {"gate_passed": True, "reason": "runtime"}),  # 3: a failure reason
+        (S.COMPLETE, 1.0, 32, passed),  # 4: the winner
+        (S.FAIL, None, 8, {"gate_passed": True, "reason": None}),  # 5: failed, no value
+    ]:
+        config = {"BV": bv, "num_warps": 1, "num_stages": 1}
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=state, value=value, params={"BV": bv}, distributions=dist,
+                user_attrs={**attrs, "config": config, "error_o": 1e-7, "error_s": 2e-7},
+            )
+        )  # fmt: skip
+    (entry,) = build_export(tmp_path)["entries"]
+    assert entry["config"] == {"BV": 32, "num_warps": 1, "num_stages": 1}
+    assert entry["time_ms"] == 1.0 and entry["default_time_ms"] == 2.0 and entry["speedup"] == 2.0
+    assert entry["trials"] == {"complete": 4, "failed": 1, "pruned": 1}

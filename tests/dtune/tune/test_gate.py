@@ -1,4 +1,4 @@
-"""The gate must pass the real kernel and reject planted wrong ones (DESIGN.md §3)."""
+"""The gate must pass the real kernel and reject planted wrong ones (docs/DESIGN.md §3)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from dtune.shape import Shape
 from dtune.tune.gate import gate
+from dtune.tune.space import shipped_spaces
 
 PROBLEM = Shape(B=2, T=5, H=2, HV=4, K=16, V=32, N=2)
 CONFIG = {"BV": 16, "num_warps": 1, "num_stages": 1}
@@ -133,3 +134,75 @@ def test_gate_poisons_outputs_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gate(KDA, PROBLEM, torch.float32, "cpu", CONFIG, 1e-4, determinism=True).passed
     assert seen == [True, True, True]  # every gate launch (shape, edge case, rerun) runs with NaN-filled outputs
     assert kernel_config.POISON_OUTPUTS is False
+
+
+def off_by(fraction: float) -> Any:
+    """The real kernel with its output moved by ``fraction`` (relative RMS) in a random direction."""
+
+    def forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config):  # type: ignore[no-untyped-def]
+        o, s = real_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config)
+        noise = torch.randn(o.shape, generator=torch.Generator().manual_seed(o.numel())).to(o.dtype)
+        step = fraction * o.double().norm() / noise.double().norm()
+        return (o.double() + step * noise.double()).to(o.dtype), s
+
+    return forward
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol", "times", "passes"),
+    [
+        (torch.float32, 1e-3, 0.5, True),
+        (torch.float32, 1e-3, 0.8, True),
+        (torch.float32, 1e-3, 1.25, False),
+        (torch.float32, 1e-3, 2.5, False),
+        (torch.bfloat16, 2e-2, 0.5, True),
+        (torch.bfloat16, 2e-2, 2.5, False),
+    ],
+    ids=["fp32-0.5x", "fp32-0.8x", "fp32-1.25x", "fp32-2.5x", "bf16-0.5x", "bf16-2.5x"],
+)
+def test_tolerance_boundary(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, tol: float, times: float, passes: bool
+) -> None:
+    """An output off by half the tolerance passes, one off by 1.25-2.5x it fails: the gate applies the tolerance it
+    is given (bf16's own rounding, ~2e-3, stays well inside the margin)."""
+    monkeypatch.setattr(fr, "forward", off_by(times * tol))
+    result = gate(KDA, PROBLEM, dtype, "cpu", CONFIG, tol)
+    assert result.passed is passes, result.reason
+    assert result.error_o == pytest.approx(times * tol, rel=0.1)
+    if not passes:
+        assert result.reason is not None and f"tolerance {tol:.1e}" in result.reason
+
+
+# The shipped tolerances against what the kernels achieve: fp32 errors are ~1e-7 under the interpreter and <= 1e-6 on
+# the H200 (reports/h200/chunk_correctness-2026-11-29b.csv), bf16 3-5e-3 at real sizes. Each tolerance leaves headroom
+# for rounding, not for bugs: the planted wrong kernels above are >= 5% off, so a tolerance loosened towards that
+# would let realistic bugs through while every fp32 test still passed. These are the most each space may allow.
+MAX_TOLERANCE = {
+    "fused_recurrent": {"fp32": 1e-4, "fp16": 5e-3, "bf16": 2e-2},
+    "chunk": {"fp32": 2e-3, "fp16": 1e-2, "bf16": 2e-2},
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(shipped_spaces()))
+def test_shipped_tolerances_stay_tight(kernel: str) -> None:
+    from dtune.kernels import get_kernel
+
+    from dtune.tune.space import load_space
+
+    space = load_space(kernel)
+    limits = MAX_TOLERANCE[get_kernel(kernel).family]
+    for dtype, tol in space.tolerance.items():
+        assert tol <= limits[dtype], f"{kernel} {dtype} tolerance {tol:g} is looser than {limits[dtype]:g}"
+
+
+def test_a_subtle_bug_fails_at_each_shipped_fp32_tolerance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.5% off (a wrong decay in one channel, a dropped term): above every shipped fp32 tolerance, so the gate (whose
+    comparison the boundary test above checks) rejects it for every kernel."""
+    from dtune.tune.space import load_space
+
+    monkeypatch.setattr(fr, "forward", off_by(5e-3))
+    result = gate(KDA, PROBLEM, torch.float32, "cpu", CONFIG, 0.5)  # a loose tolerance: measure the error only
+    assert result.passed and result.error_o == pytest.approx(5e-3, rel=0.1)
+    for kernel in shipped_spaces():
+        tol = load_space(kernel).tolerance["fp32"]
+        assert result.error_o > tol, f"{kernel}: a 0.5% error passes its fp32 tolerance {tol:g}"

@@ -1,0 +1,185 @@
+"""The six public ops, called as users call them (positional ``q, k, v, [g,] beta``, keywords after), against the
+float64 loop; and the gate contract: ``-inf`` is a full forget, NaN and positive gates are refused.
+
+Every case uses a scale other than the default, grouped value heads (HV = 2H), K != V, an initial state, strong
+decays and a length that is not a multiple of the chunk, so an op that drops ``scale``, swaps ``g`` and ``beta``
+(both ``[B, T, HV]`` for Gated DeltaNet), reads the wrong key head or drops the state fails here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from dtune.kernels.reference import naive_recurrent
+
+from dtune import ops
+from dtune.measure.inputs import make_inputs
+from dtune.shape import Gate, Shape
+from tests.conftest import rel_err
+
+OPS: dict[str, tuple[Callable[..., Any], Gate]] = {
+    "fused_recurrent_delta_rule": (ops.fused_recurrent_delta_rule, Gate.NONE),
+    "fused_recurrent_gated_delta_rule": (ops.fused_recurrent_gated_delta_rule, Gate.SCALAR),
+    "fused_recurrent_kda": (ops.fused_recurrent_kda, Gate.CHANNEL),
+    "chunk_delta_rule": (ops.chunk_delta_rule, Gate.NONE),
+    "chunk_gated_delta_rule": (ops.chunk_gated_delta_rule, Gate.SCALAR),
+    "chunk_kda": (ops.chunk_kda, Gate.CHANNEL),
+}
+GATED = [name for name, (_, gate) in OPS.items() if gate is not Gate.NONE]
+CHUNK_CONFIG = {"BT": 16, "BC": 16}  # small chunks: T = 21 is one full chunk and a partial one
+SCALE = 0.37  # not K ** -0.5 = 0.25
+
+
+def call(name: str, x: dict[str, Any], g: torch.Tensor | None = None, **kw: Any) -> tuple[torch.Tensor, Any]:
+    """The op as a user calls it: ``op(q, k, v, g, beta, scale=..., ...)`` (no ``g`` for DeltaNet)."""
+    fn, gate = OPS[name]
+    gates = () if gate is Gate.NONE else (x["g"] if g is None else g,)
+    if name.startswith("chunk"):
+        kw.setdefault("config", CHUNK_CONFIG)
+    return fn(x["q"], x["k"], x["v"], *gates, x["beta"], **kw)  # type: ignore[no-any-return]
+
+
+def reference(x: dict[str, Any], g: torch.Tensor | None, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    o, s = naive_recurrent(x["q"], x["k"], x["v"], g, x["beta"], output_final_state=True, **kw)
+    assert s is not None
+    return o, s
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_public_op_matches_the_loop(name: str) -> None:
+    gate = OPS[name][1]
+    x = make_inputs(Shape(2, 21, 1, 2, 16, 24, 2, gate), seed=31, gate_min=-5.0)
+    o, s = call(name, x, scale=SCALE, initial_state=x["initial_state"], output_final_state=True)
+    o_ref, s_ref = reference(x, x["g"], scale=SCALE, initial_state=x["initial_state"])
+    assert o.shape == x["v"].shape and s is not None
+    assert rel_err(o, o_ref) < 1e-4, rel_err(o, o_ref)
+    assert rel_err(s, s_ref) < 1e-4, rel_err(s, s_ref)
+    # The default scale is K ** -0.5: a different scale must change the output (the op must not ignore it).
+    o_default, _ = call(name, x, initial_state=x["initial_state"])
+    assert rel_err(o_default, o_ref) > 0.1
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_public_op_packed_sequences(name: str) -> None:
+    gate = OPS[name][1]
+    x = make_inputs(Shape(1, 0, 1, 2, 16, 16, 3, gate, True), seed=32, seq_lens=[5, 0, 19], gate_min=-5.0)
+    kw = {"initial_state": x["initial_state"], "cu_seqlens": x["cu_seqlens"]}
+    o, s = call(name, x, scale=SCALE, output_final_state=True, **kw)
+    o_ref, s_ref = reference(x, x["g"], scale=SCALE, **kw)
+    assert s is not None and rel_err(o, o_ref) < 1e-4 and rel_err(s, s_ref) < 1e-4
+
+
+# ---- the gate contract ---------------------------------------------------------------------------------------
+
+
+def _gated_inputs(name: str, seed: int = 33) -> dict[str, Any]:
+    return make_inputs(Shape(1, 21, 1, 1, 16, 16, 1, OPS[name][1]), seed=seed, gate_min=-5.0)
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_minus_inf_gate_is_a_full_forget(name: str) -> None:
+    """A gate of -inf clears the state at that token (and, for KDA, that key channel): the reference's result."""
+    x = _gated_inputs(name)
+    g = x["g"].clone()
+    g[0, 9] = -math.inf  # a full forget of every channel of token 9
+    if g.dim() == 4:
+        g[0, 14, :, :5] = -math.inf  # KDA: a partial forget of five channels at token 14
+    o, s = call(name, x, g=g, initial_state=x["initial_state"], output_final_state=True)
+    o_ref, s_ref = reference(x, g, initial_state=x["initial_state"])
+    assert torch.isfinite(o).all() and s is not None and torch.isfinite(s).all()
+    assert rel_err(o, o_ref) < 1e-4 and rel_err(s, s_ref) < 1e-4
+
+
+@pytest.mark.parametrize("name", GATED)
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [(math.nan, "g contains NaN"), (5.0, r"g must be a log-space gate <= 0.*largest entry is 5"), (1e-3, "0.001")],
+    ids=["nan", "plus-5", "tiny-positive"],
+)
+def test_nan_or_positive_gate_is_refused(name: str, bad: float, match: str) -> None:
+    x = _gated_inputs(name)
+    g = x["g"].clone()
+    g[0, 20, 0] = bad  # the last token only: the check must read all of g
+    with pytest.raises(ValueError, match=match):
+        call(name, x, g=g)
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_gate_check_opt_out(name: str) -> None:
+    """``check_gate=False`` launches anyway (the caller validates upstream): no exception. What a NaN gate then gives
+    is undefined: the fused-recurrent kernels propagate it, the chunk kernels' clamp at load reads it as a full
+    forget (``kernels/config.py`` GATE_FLOOR)."""
+    x = _gated_inputs(name)
+    g = x["g"].clone()
+    g[0, 3] = math.nan
+    o, _ = call(name, x, g=g, check_gate=False)
+    assert o.shape == x["v"].shape
+    if name.startswith("fused_recurrent"):
+        assert torch.isnan(o).any()
+
+
+def test_zero_gate_is_allowed_and_means_no_decay() -> None:
+    """g = 0 (decay 1) is the boundary of the contract: Gated DeltaNet with g = 0 is DeltaNet."""
+    x = _gated_inputs("fused_recurrent_gated_delta_rule")
+    o, _ = call("fused_recurrent_gated_delta_rule", x, g=torch.zeros_like(x["g"]), initial_state=x["initial_state"])
+    o_dn, _ = call("fused_recurrent_delta_rule", x, initial_state=x["initial_state"])
+    torch.testing.assert_close(o, o_dn)
+
+
+def test_gate_check_is_skipped_while_capturing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """During CUDA-graph capture nothing may be read back: the check is skipped (it would break the capture)."""
+    import dtune.inputs
+
+    g = torch.full((1, 2, 1), 5.0)
+    monkeypatch.setattr(dtune.inputs, "capturing", lambda t: True)
+    dtune.inputs.check_gate_values(g)  # no exception, no read
+    monkeypatch.setattr(dtune.inputs, "capturing", lambda t: False)
+    with pytest.raises(ValueError, match="largest entry is 5"):
+        dtune.inputs.check_gate_values(g)
+
+
+# ---- the tuned config reaches the launch ---------------------------------------------------------------------
+
+TUNED = {  # a legal config for each kernel that differs from its default at K = V = 16
+    "fused_recurrent": {"BV": 8, "num_warps": 2, "num_stages": 2},
+    "chunk": {"BT": 16, "BC": 16, "INTRA": "rows", "FUSE_OUTPUT": False},
+}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_ops_launch_the_tuned_config(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no ``config=``, the op launches what the store returns for this kernel and shape (the CPU's store is
+    empty, so the lookup is replaced by one that returns a known non-default config); ``config=`` overrides it."""
+    from dtune.kernels import get_kernel
+
+    import dtune.ops
+
+    spec = get_kernel(name)
+    tuned = TUNED[spec.family]
+    asked: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(dtune.ops, "tuned_config", lambda *a: asked.append(a) or dict(tuned))
+    launched: list[dict[str, Any]] = []
+    forward = spec.module.forward
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        launched.append(args[-1])  # the config (the chunk family also gets seq_offsets= by keyword)
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(spec.module, "forward", spy)
+    gate = OPS[name][1]
+    x = make_inputs(Shape(1, 21, 1, 2, 16, 16, 1, gate), seed=34)
+    fn = OPS[name][0]
+    gates = () if gate is Gate.NONE else (x["g"],)
+    o, _ = fn(x["q"], x["k"], x["v"], *gates, x["beta"], initial_state=x["initial_state"])
+    assert [a[0] for a in asked] == [name] and asked[0][1].K == 16  # looked up for this kernel and shape
+    full = spec.check_config(16, 16, tuned)
+    assert launched == [full] and full != spec.default_config(16, 16)
+    o_ref, _ = reference(x, x["g"], initial_state=x["initial_state"])
+    assert rel_err(o, o_ref) < 1e-4
+    explicit = spec.default_config(16, 16)
+    fn(x["q"], x["k"], x["v"], *gates, x["beta"], config=explicit)
+    assert len(asked) == 1 and launched[-1] == explicit  # an explicit config wins; the store is not asked

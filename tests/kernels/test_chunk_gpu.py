@@ -1,0 +1,57 @@
+"""bf16 chunk kernels on a CUDA GPU against the float64 reference (``pytest -m gpu``, run by the GPU sittings).
+
+Triton's interpreter computes ``tl.dot`` on bfloat16 operands wrongly, so bf16 is only checked here, compiled, at
+sizes that exercise the real tiles: grouped value heads, K != V, T not a multiple of any chunk, T = 1, packed
+sequences with an empty one, D = 256, strong decays; the shipped tuned configs (what the ops launch by default) and
+each stage-1 / state-pass variant. The tolerance is the correctness gate's (the search space's bf16 tolerance).
+Skipped, with the reason shown, where there is no CUDA GPU or the interpreter is on (CI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from dtune.kernels.reference import chunk_reference
+
+from dtune import ops
+from dtune.measure.inputs import make_inputs
+from dtune.shape import Gate, Shape
+from dtune.tune.space import load_space
+from tests.conftest import rel_err
+
+pytestmark = pytest.mark.gpu
+
+CHUNK = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
+# id -> (shape, seq_lens, config); config None: what the ops pick (the shipped tuned config, else the default)
+CASES: dict[str, tuple[Shape, list[int] | None, dict[str, Any] | None]] = {}
+for gate in Gate:
+    tag = CHUNK[gate]
+    CASES[f"{tag}-B2-T1000-H4-HV8-K128-V128-shipped"] = (Shape(2, 1000, 4, 8, 128, 128, 2, gate), None, None)
+    CASES[f"{tag}-B8-T4096-H16-K128-shipped"] = (Shape(8, 4096, 16, 16, 128, 128, 8, gate), None, None)
+    CASES[f"{tag}-B4-T4096-H16-K64-shipped"] = (Shape(4, 4096, 16, 16, 64, 64, 4, gate), None, None)
+    CASES[f"{tag}-B3-T1-H2-K128"] = (Shape(3, 1, 2, 2, 128, 128, 3, gate), None, None)
+    CASES[f"{tag}-varlen-K96-V64"] = (Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 700, 0, 333, 64], None)
+    CASES[f"{tag}-B1-T1023-K256"] = (Shape(1, 1023, 2, 2, 256, 256, 1, gate), None, None)
+    for name, cfg in {
+        "rows": {"INTRA": "rows", "BT": 64, "BC": 16},
+        "vk": {"STATE_LAYOUT": "vk", "h_BV": 64},
+        "unfused-BT64": {"BT": 64, "BC": 32, "FUSE_OUTPUT": False},
+    }.items():
+        CASES[f"{tag}-B2-T777-H4-HV8-K128-{name}"] = (Shape(2, 777, 4, 8, 128, 128, 2, gate), None, cfg)
+
+
+@pytest.mark.parametrize(("shape", "seq_lens", "config"), list(CASES.values()), ids=list(CASES))
+def test_bf16_chunk_matches_float64_reference(shape: Shape, seq_lens: list[int] | None, config: Any) -> None:
+    kernel = CHUNK[shape.gate]
+    tol = load_space(kernel).tolerance["bf16"]
+    x = make_inputs(shape, torch.bfloat16, "cuda", seed=7, seq_lens=seq_lens, gate_min=-5.0)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    o, s = ops.run_kernel(kernel, *args, **kw, config=config)
+    o_ref, s_ref = chunk_reference(*args, **kw, chunk_size=16)
+    assert s is not None and s_ref is not None
+    assert o.dtype == torch.bfloat16 and torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert rel_err(o, o_ref) < tol, f"output rel err {rel_err(o, o_ref):.3g} (tolerance {tol})"
+    assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g} (tolerance {tol})"
