@@ -4,7 +4,7 @@ The ground truth for gradients is float64 autograd through :func:`.reference.nai
 *second* reference: the chunk backward written out by hand, stage by stage as the kernels compute it, so that each
 formula is checked against autograd once (tests/kernels/test_chunk_bwd.py) and the kernels can be read against it.
 
-Notation (DESIGN.md §1), per chunk of ``C`` rows, incoming state ``S_c``, ``γ`` the cumulative log gate inside the
+Notation (docs/DESIGN.md §1), per chunk of ``C`` rows, incoming state ``S_c``, ``γ`` the cumulative log gate inside the
 chunk (per key channel for KDA, one number per row for Gated DeltaNet, 0 for DeltaNet), ``γ_C`` its last row,
 ``D_ij = exp(γ_i − γ_j)`` for ``j <= i``:
 

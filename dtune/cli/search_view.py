@@ -102,7 +102,7 @@ def resume_command(ctx: typer.Context, run_dir: str) -> str:
         if getattr(param, "param_type_name", "") != "option" or param.name in ("out_dir", "resume", "as_json"):
             continue
         value = ctx.params.get(param.name or "")
-        if value is None or value == param.default:
+        if value is None or value == param.default or (isinstance(value, (list, tuple)) and not value):
             continue
         if getattr(param, "is_flag", False):
             flags = param.opts if value else param.secondary_opts
@@ -110,7 +110,8 @@ def resume_command(ctx: typer.Context, run_dir: str) -> str:
                 words.append(flags[0])
             continue
         longest = max(param.opts, key=len)
-        words += [longest, str(value)]
+        for item in value if isinstance(value, (list, tuple)) else (value,):  # a repeatable option: once per value
+            words += [longest, str(item)]
     words += ["--out", run_dir, "--resume"]
     return shlex.join(words)
 

@@ -23,7 +23,7 @@ class Intermediates:
     """What the forward stages hand each other (and what a backward pass recomputes from).
 
     With chunk ``c`` of ``C = BT`` tokens, ``γ`` the cumulative log gate inside the chunk (clamped at −20 per step,
-    see ``common.GATE_FLOOR``) and ``T = (I + A_kk)⁻¹`` (DESIGN.md §1):
+    see ``common.GATE_FLOOR``) and ``T = (I + A_kk)⁻¹`` (docs/DESIGN.md §1):
 
     * ``w`` ``[tokens, HV, K]`` dt: ``W = T (β ⊙ K ⊙ exp(γ))``
     * ``u`` ``[tokens, HV, V]`` dt: ``U = T (β ⊙ V)``

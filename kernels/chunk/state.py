@@ -14,7 +14,7 @@ Two layouts of the state tile (``STATE_LAYOUT``, the constexpr ``TRANS``):
   registers, so the chain from one chunk's state to the next need not pass through shared memory (in ``"kv"``
   the state and ``V_new`` are right operands, a shared-memory round trip each). Same loads, same arithmetic.
 
-Sequence-parallel mode (``SEG_CHUNKS > 0``, constexpr ``SEG``; DESIGN.md §1): per chunk the update is affine,
+Sequence-parallel mode (``SEG_CHUNKS > 0``, constexpr ``SEG``; docs/DESIGN.md §1): per chunk the update is affine,
 ``S_{c+1} = M_c S_c + N_c`` with ``M_c = diag(exp(γ_C)) − k̃ᵀ W`` (K × K) and ``N_c = k̃ᵀ U``, so a segment of chunks
 maps its entering state as ``S_end = M_seg S_start + N_seg``.
 

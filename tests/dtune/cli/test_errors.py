@@ -169,9 +169,9 @@ def test_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path: Path, monkeypatch
 
     original = search_mod.tune_shape
 
-    def interrupted_after_one(cfg, search, summary, pool, rows, reporter):  # type: ignore[no-untyped-def]
+    def interrupted_after_one(cfg, *rest):  # type: ignore[no-untyped-def]
         monkeypatch.setattr(cfg, "trials", 1)
-        original(cfg, search, summary, pool, rows, reporter)
+        original(cfg, *rest)
         search_mod.INTERRUPTED.set()
 
     monkeypatch.setattr(search_mod, "tune_shape", interrupted_after_one)
