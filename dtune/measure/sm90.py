@@ -24,7 +24,7 @@ from dtune.kernels.chunk.call import tile as _tile
 from dtune.kernels.chunk.intra import chunk_intra_kernel
 from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
-from dtune.kernels.chunk.segments import BKJ_COMBINE, BV_COMBINE, chunk_segment_starts_kernel
+from dtune.kernels.chunk.segments import segment_starts_spec
 from dtune.kernels.chunk.state import chunk_state_kernel
 from dtune.kernels.config import GATE_CODES
 
@@ -128,16 +128,16 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")}
         consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1)
         out.append(("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts, state[4], state[5]))
-        BK = _tile(triton.next_power_of_2(K), K)
-        starts = dict(HV=4, K=K, V=V, BK=BK, BKJ=min(BKJ_COMBINE, BK), BV=_tile(BV_COMBINE, V), USE_H0=True)
+        fn, opts = segment_starts_spec(cfg, K, V)
+        warps, n_stages = opts.pop("num_warps"), opts.pop("num_stages")
         out.append(
             (
                 "segment-starts",
-                chunk_segment_starts_kernel,
+                fn,
                 {"ext": f32, "h0": f32, "starts": f32, "ht": f32, "seq_segments": "*i32"},
-                starts | dict(STORE_HT=True, DOT_PREC=prec),
-                4,
-                1,
+                dict(HV=4, K=K, V=V, USE_H0=True, STORE_HT=True, DOT_PREC=prec) | opts,
+                warps,
+                n_stages,
             )
         )
     if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)

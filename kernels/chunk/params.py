@@ -28,6 +28,10 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "STATE_LAYOUT": ("kv", "vk"),
     # sequence-parallel state pass: segments of this many chunks (0: off, one program walks the whole sequence)
     "SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+    # its phase 2 (segment-starts): the state in registers with M_s whole per step ("regs"), or key tiles of M_s
+    # and the state read back through memory every step ("tiles"); and that kernel's V tile
+    "SEG_COMBINE": ("regs", "tiles"),
+    "seg_BV": (16, 32, 64),
 }
 
 
@@ -66,6 +70,11 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "INTRA": "blocks",
         "STATE_LAYOUT": "kv",  # "vk" is not yet timed on a GPU (2026-11-29): the searches will decide
         "SEG_CHUNKS": 0,  # the tuned configs turn it on where few long sequences under-fill the GPU
+        # phase 2 with the state in registers: one product per segment, M_s's loads pipelined (sm_90 compile:
+        # 100 registers, M_s by cp.async at num_stages 2); "tiles" waited on ~5 global round trips per segment (H200,
+        # 2026-11-30: ~6 µs per segment)
+        "SEG_COMBINE": "regs",
+        "seg_BV": 32,  # 4 programs per value head at V = 128 (the "tiles" kernel's tile before it was a parameter)
     }
     if gate == "channel":
         cfg["SAFE_DIAG"] = True

@@ -51,6 +51,9 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "BT": 64}, False),
     ("channel", "bf16", 128, {"SEG_CHUNKS": 8, "FUSE_OUTPUT": False}, True),
     ("none", "bf16", 256, {"SEG_CHUNKS": 32, "h_BV": 16, "h_num_warps": 8, "h_num_stages": 1}, False),
+    # phase 2 variants: the state in registers at seg_BV = 64 (8 warps), and key tiles through memory
+    ("none", "bf16", 128, {"SEG_CHUNKS": 64, "seg_BV": 64}, False),
+    ("channel", "fp32", 64, {"SEG_CHUNKS": 4, "SEG_COMBINE": "tiles", "seg_BV": 16}, True),
 ]
 
 
