@@ -25,7 +25,7 @@ from dtune.kernels.chunk.intra import chunk_intra_kernel
 from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
 from dtune.kernels.chunk.segments import segment_starts_spec
-from dtune.kernels.chunk.state import chunk_state_kernel
+from dtune.kernels.chunk.state import chunk_state_kernel, transitions_tile
 from dtune.kernels.config import GATE_CODES
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -36,6 +36,9 @@ PATTERNS = {
     "st.shared": r"st\.shared|stmatrix",
     "ld.shared": r"ld\.shared|ldmatrix",
     "bar.sync": r"bar\.sync",
+    "cp.async": r"cp\.async\.c[ag]",
+    "ld.global": r"ld\.global",
+    "ex2": r"ex2\.approx",
 }
 
 
@@ -126,8 +129,10 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     out = [intra, state]
     if seg:  # phase 1 (the state kernel's transition mode) and phase 2 (the segments' entering states)
         trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")}
-        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1)
-        out.append(("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts, state[4], state[5]))
+        tr_BV, tr_launch = transitions_tile(cfg, K, V)
+        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1, BV=tr_BV)
+        tr = ("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts)
+        out.append((*tr, tr_launch["num_warps"], tr_launch["num_stages"]))
         fn, opts = segment_starts_spec(cfg, K, V)
         warps, n_stages = opts.pop("num_warps"), opts.pop("num_stages")
         out.append(

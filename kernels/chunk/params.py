@@ -32,6 +32,10 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # and the state read back through memory every step ("tiles"); and that kernel's V tile
     "SEG_COMBINE": ("regs", "tiles"),
     "seg_BV": (16, 32, 64),
+    # its phase 1 (transitions): column tile of the extended state [K, V + K] and warps (0: the state pass's h_BV,
+    # h_num_warps). Wider tiles: fewer programs re-reading the same W and k rows
+    "tr_BV": (0, 16, 32, 64, 128),
+    "tr_num_warps": (0, 2, 4, 8),
 }
 
 
@@ -75,6 +79,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
         # 2026-11-30: ~6 µs per segment)
         "SEG_COMBINE": "regs",
         "seg_BV": 32,  # 4 programs per value head at V = 128 (the "tiles" kernel's tile before it was a parameter)
+        "tr_BV": 0,  # phase 1 as the state pass: h_BV, h_num_warps
+        "tr_num_warps": 0,
     }
     if gate == "channel":
         cfg["SAFE_DIAG"] = True

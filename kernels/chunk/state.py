@@ -34,8 +34,9 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
-from .call import ChunkCall
+from .call import ChunkCall, tile
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -217,6 +218,8 @@ def _launch(
     seg: int,
     fuse: bool,
     store_ht: bool,
+    BV: int,
+    launch: dict[str, Any],
 ) -> Any:
     return chunk_state_kernel[grid](
         call.q,
@@ -244,7 +247,7 @@ def _launch(
         V=call.V,
         BT=call.BT,
         BK=call.BK,
-        BV=call.h_BV,
+        BV=BV,
         GATE=call.gate,
         USE_H0=h0 is not None,
         STORE_HT=store_ht,
@@ -253,35 +256,45 @@ def _launch(
         DOT_PREC=call.dot_prec,
         TRANS=call.config["STATE_LAYOUT"] == "vk",
         SEG=seg,
-        **call.warps("h"),
+        **launch,
     )
 
 
 def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: SegmentScratch | None) -> Any:
     """The state pass (with the output when ``FUSE_OUTPUT``): per sequence, or per segment from ``scratch.starts``."""
     t = call.tables
+    BV = call.h_BV
     if scratch is None:
-        grid = (triton.cdiv(call.V, call.h_BV), call.N * call.HV)
+        grid = (triton.cdiv(call.V, BV), call.N * call.HV)
         return _launch(
             call, inter, grid, call.h0, out.final_state, out.o, t.seq_bounds, t.chunk_offsets, None, None, 0,
-            call.fuse, call.output_final_state,
+            call.fuse, call.output_final_state, BV, call.warps("h"),
         )  # fmt: skip
     seg = t.segments
     assert seg is not None
-    grid = (triton.cdiv(call.V, call.h_BV), seg.NS * call.HV)
+    grid = (triton.cdiv(call.V, BV), seg.NS * call.HV)
     return _launch(
         call, inter, grid, scratch.starts, out.final_state, out.o, seg.bounds, seg.chunk_offsets, seg.last, None, 2,
-        call.fuse, call.output_final_state,
+        call.fuse, call.output_final_state, BV, call.warps("h"),
     )  # fmt: skip
+
+
+def transitions_tile(config: Config, K: int, V: int) -> tuple[int, dict[str, Any]]:
+    """Phase 1's column tile of the extended state ``[K, V + K]`` and its launch options: ``tr_BV`` and
+    ``tr_num_warps``, or the state pass's ``h_BV`` and ``h_num_warps`` where they are 0; ``h_num_stages``. Clipped
+    like ``h_BV`` (to the padded V): the N columns take ``⌈V / BV⌉`` tiles, the M columns ``⌈K / BV⌉``."""
+    BV = tile(int(config["tr_BV"]) or int(config["h_BV"]), V)
+    warps = int(config["tr_num_warps"]) or int(config["h_num_warps"])
+    return BV, {"num_warps": warps, "num_stages": int(config["h_num_stages"])}
 
 
 def launch_transitions(call: ChunkCall, inter: Intermediates, scratch: SegmentScratch) -> Any:
     """Phase 1 of the sequence-parallel pass: ``N_seg`` and ``M_seg`` of every segment but the last of a sequence."""
     seg = call.tables.segments
     assert seg is not None
-    BV = call.h_BV
+    BV, launch = transitions_tile(call.config, call.K, call.V)
     grid = (triton.cdiv(call.V, BV) + triton.cdiv(call.K, BV), seg.NS * call.HV)
     return _launch(
         call, inter, grid, None, None, None, seg.bounds, seg.chunk_offsets, seg.last, scratch.transitions, 1,
-        False, False,
+        False, False, BV, launch,
     )  # fmt: skip
