@@ -122,7 +122,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             USE_H0=True,
         )
         | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
-        | dict(SEG=2 if seg else 0),
+        | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False))),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )

@@ -47,7 +47,9 @@ ValueError); ``INTRA`` the stage-1 variant (``"blocks"`` needs ``BT / BC <= 4``,
 ``SEG_CHUNKS`` the segment length of the sequence-parallel state pass (0: off), ``SEG_COMBINE`` its phase-2
 kernel (``"regs"``: the state in registers, one tensor-core product per segment; ``"tiles"``: key tiles through
 memory) and ``seg_BV`` that kernel's V tile; ``tr_BV``/``tr_num_warps`` phase 1's column tile and warps (0: the
-state pass's);
+state pass's); ``QK_DIRECT`` (DeltaNet, Gated DeltaNet) q and k go to the state pass's dots as loaded, the scale
+and the scalar gate's factors act on the products and on ``V_new``'s token rows (``k̃ᵀ V_new = kᵀ (exp(γ_C − γ)
+⊙ V_new)``, ``q̃ S = exp(γ) ⊙ (scale · q S)``);
 ``intra_BK``/``intra_BV`` key/value tiles of stage 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV``
 tiles of the output stage (tiles larger than the head dimension are clipped to it); ``*_num_warps`` and
 ``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``, the precision of tensor-core dots on float32 inputs

@@ -46,6 +46,10 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     params = dict(_COMMON)
     if gate == "channel":
         params["SAFE_DIAG"] = (True, False)
+    else:  # KDA's state pass reads the precomputed q~, k~ already
+        # the state pass feeds q and k to the dots as loaded (no register pass over their tiles); the scale and the
+        # scalar gate's factors act on the products and on V_new's token rows instead
+        params["QK_DIRECT"] = (False, True)
     return params
 
 
@@ -84,4 +88,6 @@ def default_config(K: int, V: int, gate: str) -> Config:
     }
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
+    else:
+        cfg["QK_DIRECT"] = False  # not yet timed on a GPU (2026-12-01)
     return cfg

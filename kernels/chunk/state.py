@@ -75,6 +75,7 @@ def chunk_state_kernel(
     DOT_PREC: tl.constexpr,
     TRANS: tl.constexpr = False,
     SEG: tl.constexpr = 0,
+    QK_DIRECT: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -152,24 +153,34 @@ def chunk_state_kernel(
         if SEG == 1:
             pass  # transitions only: no output, no chunk states
         elif FUSE_OUTPUT:
+            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
             if GATE == 2:
                 b_q = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
+            elif QK_DIRECT:
+                b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
             else:
                 b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32) * scale
                 if GATE == 1:
                     b_q *= tl.exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
-            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
             if TRANS:
                 b_o = tl.dot(b_hc, tl.trans(b_q), input_precision=DOT_PREC)
-                b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
             else:
                 b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
+            if GATE != 2 and QK_DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
+                b_qf = tl.full([BT], scale, dtype=tl.float32)
+                if GATE == 1:
+                    b_qf *= tl.exp(b_gam)
+                b_o *= b_qf[None, :] if TRANS else b_qf[:, None]
+            if TRANS:
+                b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
+            else:
                 b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
             tl.store(o + row_hv * V + off_v, b_o.to(o.dtype.element_ty), mask=m_tv)
         else:
             tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
             tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
+        b_vk = b_vnc  # V_new as the state update's operand
         if GATE == 2:
             b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
@@ -178,15 +189,20 @@ def chunk_state_kernel(
             else:
                 b_h *= b_dec[:, None]
         elif GATE == 1:
-            b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
-            b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
+            if QK_DIRECT:  # k~ᵀ V_new = kᵀ (exp(γ_C − γ) ⊙ V_new): the factor on the token rows of V_new
+                b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
+                b_dk = tl.exp(b_gC - b_gam)
+                b_vk = (b_vn * (b_dk[None, :] if TRANS else b_dk[:, None])).to(DT)
+            else:
+                b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
+                b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
             b_h *= tl.exp(b_gC)
         else:
             b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
         if TRANS:
-            b_h += tl.dot(b_vnc, b_kg, input_precision=DOT_PREC)
+            b_h += tl.dot(b_vk, b_kg, input_precision=DOT_PREC)
         else:
-            b_h += tl.dot(tl.trans(b_kg), b_vnc, input_precision=DOT_PREC)
+            b_h += tl.dot(tl.trans(b_kg), b_vk, input_precision=DOT_PREC)
 
     if SEG == 1:
         # the extended state [K, V + K] of this segment: N_seg in columns :V, M_seg in columns V:
@@ -256,6 +272,7 @@ def _launch(
         DOT_PREC=call.dot_prec,
         TRANS=call.config["STATE_LAYOUT"] == "vk",
         SEG=seg,
+        QK_DIRECT=bool(call.config.get("QK_DIRECT", False)),
         **launch,
     )
 

@@ -109,6 +109,14 @@ for gate in Gate:
         add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=vk, extra=tag)  # odd T, grouped heads, K != V
         add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=vk, extra=tag)
 add(Problem(1, 20, 1, 1, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "STATE_LAYOUT": "vk"}, extra="-vk")
+# q and k fed to the state pass's dots as loaded (QK_DIRECT): the scale and the scalar gate's factors on the products
+# and on V_new's rows; both layouts, fused (the output's factor) and unfused (the state update's factor only)
+for gate in (Gate.NONE, Gate.SCALAR):
+    for layout, fused in (("kv", True), ("vk", True), ("vk", False)):
+        qd = {"BT": 32, "BC": 16, "STATE_LAYOUT": layout, "FUSE_OUTPUT": fused, "h_BV": 16, "QK_DIRECT": True}
+        tag = f"-qkdirect-{layout}{'-fused' if fused else ''}"
+        add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=qd, extra=tag)
+    add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=qd, extra="-qkdirect-varlen")
 # head dims that are not powers of two (padded tiles, masked channels), fused and unfused
 add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
 add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)

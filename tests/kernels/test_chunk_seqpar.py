@@ -61,12 +61,12 @@ for gate in Gate:
         CASES.append((f"varlen70-0-40-9-K16-V32-{op}-{combine}{bv}", p, [70, 0, 40, 9], True, cfg))
         p = Problem(2, 67, 1, 2, 32, 16, 2, gate)
         CASES.append((f"B2-T67-H1-HV2-K32-V16-{op}-{combine}{bv}", p, None, True, {**cfg, "STATE_LAYOUT": "vk"}))
-# phase 1 at its own tile and warps (tr_BV over V = 32 and K = 16: one N tile, one M tile)
+# phase 1 at its own tile and warps (tr_BV over V = 32 and K = 16: one N tile, one M tile), QK_DIRECT in all phases
 for gate in (Gate.NONE, Gate.SCALAR):
     op = {"none": "dn", "scalar": "gdn"}[gate.value]
-    cfg = {**SEG, "tr_BV": 32, "tr_num_warps": 2, "STATE_LAYOUT": "vk", "FUSE_OUTPUT": True}
+    cfg = {**SEG, "tr_BV": 32, "tr_num_warps": 2, "QK_DIRECT": True, "STATE_LAYOUT": "vk", "FUSE_OUTPUT": True}
     p = Problem(1, 0, 1, 2, 16, 32, 3, gate, True)
-    CASES.append((f"varlen70-0-41-K16-V32-{op}-trBV32", p, [70, 0, 41], True, cfg))
+    CASES.append((f"varlen70-0-41-K16-V32-{op}-trBV32-qkdirect", p, [70, 0, 41], True, cfg))
 CASES.append(("B2-T70-K16-V32-kda-trBV16-hBV32", Problem(2, 70, 1, 1, 16, 32, 2, Gate.CHANNEL), None, True,
               {**SEG, "h_BV": 32, "tr_BV": 16, "tr_num_warps": 4}))  # fmt: skip
 # the rows intra variant, BT = 32 and K = V = 48 (padded tiles; M columns over two V-sized tiles)
