@@ -88,15 +88,19 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
     safe = cfg.get("SAFE_DIAG", True)
     diag = {"DIAG": int(G == 2 and safe)}  # both variants: 1 = dot and flag, then the exact second pass (2)
+    intra_fn = chunk_intra_kernel if cfg["INTRA"] == "rows" else chunk_intra_blocks_kernel
     intra = (
         "intra",
-        chunk_intra_kernel if cfg["INTRA"] == "rows" else chunk_intra_blocks_kernel,
+        intra_fn,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
         | ({"flags": "*i32"} if G == 2 and safe else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
         | diag
-        | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] != "rows" else {}),
+        | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] in ("blocks", "blocks_split") else {})
+        | {
+            "SOLVE": int(cfg["SOLVE"] == "squaring"),
+        },
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )

@@ -25,6 +25,9 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # stage 1: every sub-chunk in registers ("blocks"; "blocks_split": A_qk in a pass of its own, fewer live
     # registers at BT / BC = 4), or one sub-chunk after the other through memory ("rows")
     "INTRA": ("blocks", "rows", "blocks_split"),
+    # the diagonal blocks' (I + A)^-1 in the blocks variants: forward substitution ("subst", two cross-thread
+    # reductions per row) or repeated squaring ("squaring", six float32 dots; BC = 16 only); "rows" substitutes
+    "SOLVE": ("subst", "squaring"),
     "STATE_LAYOUT": ("kv", "vk"),
     # sequence-parallel state pass: segments of this many chunks (0: off, one program walks the whole sequence)
     "SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -76,6 +79,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "o_num_stages": 2,
         "F32_DOT": "ieee",
         "INTRA": "blocks",
+        "SOLVE": "subst",  # "squaring" not yet timed on a GPU (2026-12-01)
         "STATE_LAYOUT": "kv",  # "vk" is not yet timed on a GPU (2026-11-29): the searches will decide
         "SEG_CHUNKS": 0,  # the tuned configs turn it on where few long sequences under-fill the GPU
         # phase 2 with the state in registers: one product per segment, M_s's loads pipelined (sm_90 compile:

@@ -117,6 +117,14 @@ for gate in (Gate.NONE, Gate.SCALAR):
         tag = f"-qkdirect-{layout}{'-fused' if fused else ''}"
         add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=qd, extra=tag)
     add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=qd, extra="-qkdirect-varlen")
+# the diagonal blocks' inverse by repeated squaring (SOLVE = "squaring"): 1, 2 and 4 sub-chunks, blocks_split
+for gate in Gate:
+    sq = {"SOLVE": "squaring", "BC": 16}
+    add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config={**sq, "BT": 32}, extra="-squaring2")
+    add(Problem(1, 0, 1, 2, 32, 32, 3, gate, True), seq_lens=[70, 0, 45], config={**sq, "BT": 64}, extra="-squaring4")
+add(Problem(1, 20, 1, 1, 32, 32, 1, Gate.SCALAR), config={"BT": 16, "BC": 16, "SOLVE": "squaring"}, extra="-squaring1")
+add(Problem(1, 50, 1, 2, 32, 32, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "SOLVE": "squaring",
+    "INTRA": "blocks_split"}, extra="-squaring-split")  # fmt: skip
 # head dims that are not powers of two (padded tiles, masked channels), fused and unfused
 add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
 add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)
@@ -167,6 +175,10 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
         if cfg["BC"] > cfg["BT"] or (cfg.get("SAFE_DIAG") is False and cfg["BC"] == 64):
             continue
         if cfg["INTRA"] != "rows" and cfg["BT"] // cfg["BC"] > 4:
+            continue
+        if (cfg["INTRA"] == "onepass" and cfg["BT"] // cfg["BC"] > 2) or (
+            cfg["SOLVE"] == "squaring" and cfg["BC"] != 16
+        ):
             continue
         out.append(cfg)
     return out
@@ -273,6 +285,7 @@ INF_CONFIGS = {
     "rows-BC32-vk": {"BT": 64, "BC": 32, "INTRA": "rows", "STATE_LAYOUT": "vk", "h_BV": 16},
     "segments": {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16, "FUSE_OUTPUT": False},
     "blocks_split-BT64": {"BT": 64, "BC": 16, "INTRA": "blocks_split"},
+    "squaring": {"BT": 32, "BC": 16, "SOLVE": "squaring"},
 }
 
 
@@ -281,9 +294,10 @@ INF_CONFIGS = {
 def test_full_forget_gates(gate: Gate, name: str) -> None:
     """A log gate of −inf is a valid full forget: every path gives the float64 loop's result (no NaN from
     −inf − (−inf) in the cumulative gates; the guarded KDA diagonal sees a finite span)."""
+    cfg = dict(INF_CONFIGS[name])
     p = Problem(1, 0, 1, 2, 32, 16, 3, gate, True)
     x = with_full_forgets(make_inputs(p, seed=41, seq_lens=[70, 0, 41], gate_min=-3.0), gate, True, seed=42)
-    check(p, x, INF_CONFIGS[name])
+    check(p, x, cfg)
 
 
 @pytest.mark.parametrize("intra", ["blocks", "rows"])
@@ -321,6 +335,34 @@ def test_mild_gates_reach_far_blocks(gate: Gate, intra: str) -> None:
     p = Problem(1, 0, 1, 2, 32, 16, 2, gate, True)
     x = make_inputs(p, seed=46, seq_lens=[70, 45], gate_min=-0.1)
     check(p, x, {"BT": 64, "BC": 16, "INTRA": intra})
+
+
+@pytest.mark.parametrize(
+    ("gate", "cfg"),
+    [
+        (Gate.NONE, {"BT": 32, "BC": 16, "SOLVE": "squaring"}),
+        (Gate.SCALAR, {"BT": 64, "BC": 16, "SOLVE": "squaring"}),
+        (Gate.CHANNEL, {"BT": 64, "BC": 16, "SOLVE": "squaring", "INTRA": "blocks_split"}),
+    ],
+    ids=["dn-BC16", "gdn-BT64", "kda-split"],
+)
+def test_inverse_with_nearly_repeated_keys(gate: Gate, cfg: dict[str, Any]) -> None:
+    """Keys within 5% of one direction, beta near 1, mild gates: (I + A_kk) is far from the identity and every power
+    of its strictly lower part matters (under random keys and strong gates N^8 is negligible), so each factor of the
+    squaring inverse shows."""
+    p = Problem(1, 45, 1, 1, 32, 32, 1, gate)
+    x = make_inputs(p, seed=49, gate_min=-0.02)
+    gen = torch.Generator().manual_seed(50)
+    k0 = torch.randn(1, 1, 1, 32, generator=gen)
+    x["k"] = torch.nn.functional.normalize(k0 + 0.05 * torch.randn(x["k"].shape, generator=gen), dim=-1)
+    x["beta"] = 0.9 + 0.1 * torch.rand(x["beta"].shape, generator=gen)
+    check(p, x, cfg)
+
+
+def test_squaring_needs_16_row_blocks() -> None:
+    p = Problem(1, 8, 1, 1, 16, 16, 1, Gate.NONE)
+    with pytest.raises(ValueError, match="squaring"):
+        run("chunk_delta_rule", make_inputs(p, seed=1), {"BT": 32, "BC": 32, "SOLVE": "squaring"})
 
 
 def test_forward_with_intermediates_documented_layouts() -> None:

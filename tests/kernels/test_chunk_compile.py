@@ -54,6 +54,9 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     # phase 2 variants: the state in registers at seg_BV = 64 (8 warps), and key tiles through memory
     ("none", "bf16", 128, {"SEG_CHUNKS": 64, "seg_BV": 64}, False),
     ("channel", "fp32", 64, {"SEG_CHUNKS": 4, "SEG_COMBINE": "tiles", "seg_BV": 16}, True),
+    # the squaring inverse
+    ("none", "bf16", 128, {"SOLVE": "squaring"}, True),
+    ("scalar", "bf16", 128, {"SOLVE": "squaring", "BT": 64, "INTRA": "blocks_split"}, False),
     # phase 1 at a tile of its own (8 warps), q and k straight to the dots (fused and not)
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "tr_BV": 128, "tr_num_warps": 8}, False),
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True}, False),
