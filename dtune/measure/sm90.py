@@ -23,6 +23,7 @@ from dtune.kernels import KERNELS
 from dtune.kernels.chunk.call import tile as _tile
 from dtune.kernels.chunk.intra import chunk_intra_kernel
 from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
+from dtune.kernels.chunk.intra_kda import chunk_intra_onepass_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
 from dtune.kernels.chunk.segments import segment_starts_spec
 from dtune.kernels.chunk.state import chunk_state_kernel, transitions_tile
@@ -88,7 +89,9 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
     safe = cfg.get("SAFE_DIAG", True)
     diag = {"DIAG": int(G == 2 and safe)}  # both variants: 1 = dot and flag, then the exact second pass (2)
-    intra_fn = chunk_intra_kernel if cfg["INTRA"] == "rows" else chunk_intra_blocks_kernel
+    intra_fn = {"rows": chunk_intra_kernel, "onepass": chunk_intra_onepass_kernel}.get(
+        cfg["INTRA"], chunk_intra_blocks_kernel
+    )
     intra = (
         "intra",
         intra_fn,
@@ -98,9 +101,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
         | diag
         | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] in ("blocks", "blocks_split") else {})
-        | {
-            "SOLVE": int(cfg["SOLVE"] == "squaring"),
-        },
+        | {"SOLVE": int(cfg["SOLVE"] == "squaring"), "DIAG_LOWP": bool(cfg.get("DIAG_BF16")) and dtype == "bf16"},
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
@@ -150,7 +151,12 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             )
         )
     if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
-        out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
+        exact = (
+            (intra[1], intra[3])
+            if cfg["INTRA"] != "onepass"
+            else (chunk_intra_blocks_kernel, intra[3] | {"SPLIT_QK": False})
+        )
+        out.append(("intra-exact", exact[0], intra[2], exact[1] | {"DIAG": 2}, intra[4], intra[5]))
     if not fuse:
         o_BK = _tile(cfg["o_BK"], K)
         out_ptrs = {"q": p, "aqk": p, "hbuf": p, "vnew": p, "o": p, **table}

@@ -11,7 +11,11 @@ Math: DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pipeline
    ``"blocks"`` (:mod:`.intra_blocks`, default) keeps all ``BT / BC`` in {1, 2, 4} blocks in registers at once
    and inverts them together (no read-back, no barrier); ``"blocks_split"`` the same with ``A_qk`` computed in a
    pass of its own after W and U (fewer live registers at 4 blocks, more loads); ``"rows"`` (:mod:`.intra`) walks
-   the blocks one after the other, block forward substitution on W and U through memory (any ``BT / BC``).
+   the blocks one after the other, block forward substitution on W and U through memory (any ``BT / BC``);
+   ``"onepass"`` (:mod:`.intra_kda`, KDA only, ``BT / BC`` in {1, 2}) builds every gate factor of a chunk in one
+   pass over the key tiles from two exponentials per element (``"blocks"`` loads each gate element up to four
+   times, sums it three times and takes five exponentials), W's operand through the W buffer. ``SOLVE``: the
+   diagonal blocks' inverse by forward substitution or, at ``BC = 16``, by repeated squaring (six float32 dots).
 2. ``state`` (:mod:`.state`, one program per sequence × value head × ``h_BV`` value channels, sequential over
    the sequence's chunks): ``V_new = U − W S``, ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new`` with S in float32
    registers. Unfused it stores each chunk-start state (inputs' dtype) and ``V_new``; with ``FUSE_OUTPUT`` it

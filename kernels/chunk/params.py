@@ -25,7 +25,7 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # stage 1: every sub-chunk in registers ("blocks"; "blocks_split": A_qk in a pass of its own, fewer live
     # registers at BT / BC = 4), or one sub-chunk after the other through memory ("rows")
     "INTRA": ("blocks", "rows", "blocks_split"),
-    # the diagonal blocks' (I + A)^-1 in the blocks variants: forward substitution ("subst", two cross-thread
+    # the diagonal blocks' (I + A)^-1 in the blocks/onepass variants: forward substitution ("subst", two cross-thread
     # reductions per row) or repeated squaring ("squaring", six float32 dots; BC = 16 only); "rows" substitutes
     "SOLVE": ("subst", "squaring"),
     "STATE_LAYOUT": ("kv", "vk"),
@@ -49,6 +49,10 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     params = dict(_COMMON)
     if gate == "channel":
         params["SAFE_DIAG"] = (True, False)
+        # KDA: every gate factor of a chunk from one pass over the key tiles, two exp's per element (1 or 2 sub-chunks)
+        params["INTRA"] = (*params["INTRA"], "onepass")
+        # onepass: the diagonal blocks' dots on bfloat16 operands (bfloat16 inputs only), as the off-diagonal ones
+        params["DIAG_BF16"] = (False, True)
     else:  # KDA's state pass reads the precomputed q~, k~ already
         # the state pass feeds q and k to the dots as loaded (no register pass over their tiles); the scale and the
         # scalar gate's factors act on the products and on V_new's token rows instead
@@ -92,6 +96,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
     }
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
+        cfg["DIAG_BF16"] = False
     else:
         cfg["QK_DIRECT"] = False  # not yet timed on a GPU (2026-12-01)
     return cfg
