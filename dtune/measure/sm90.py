@@ -9,6 +9,7 @@ main loop the tensor-core instructions, shared-memory traffic and barriers, with
 from __future__ import annotations
 
 import glob
+import inspect
 import re
 import subprocess
 import tempfile
@@ -52,7 +53,8 @@ H100_SMEM = 232448  # bytes of shared memory per block on sm_90
 
 def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int) -> Any:
     """``triton.compile`` of one JIT function for sm_90 (pointers 16-byte aligned, as a real launch specialises
-    them; ``scale`` fp32, ``T`` i32, every other argument a constexpr); NoToolchain where no ptxas is shipped."""
+    them; ``scale`` fp32, ``T`` i32, every other argument a constexpr, its declared default where ``constexprs``
+    does not name it, else None); NoToolchain where no ptxas is shipped."""
     sig: dict[str, str] = {}
     consts: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -62,9 +64,10 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
             sig[name] = "fp32"
         elif name == "T":
             sig[name] = "i32"
-        else:  # constexprs, and pointers the launch passes as None
+        else:  # constexprs (a launch's defaults where not given), and pointers the launch passes as None
             sig[name] = "constexpr"
-            consts[(i,)] = constexprs.get(name)
+            default = fn.params[i].default
+            consts[(i,)] = constexprs.get(name, None if default is inspect.Parameter.empty else default)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     try:
