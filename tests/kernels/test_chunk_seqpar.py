@@ -69,6 +69,8 @@ for gate in (Gate.NONE, Gate.SCALAR):
     CASES.append((f"varlen70-0-41-K16-V32-{op}-trBV32-qkdirect", p, [70, 0, 41], True, cfg))
 CASES.append(("B2-T70-K16-V32-kda-trBV16-hBV32", Problem(2, 70, 1, 1, 16, 32, 2, Gate.CHANNEL), None, True,
               {**SEG, "h_BV": 32, "tr_BV": 16, "tr_num_warps": 4}))  # fmt: skip
+# K = 256: phase 2's "regs" (M_s [K, K] in shared memory up to K = 128) falls back to "tiles"
+CASES.append(("B1-T40-K256-V16-dn-regs-fallback", Problem(1, 40, 1, 1, 256, 16, 1, Gate.NONE), None, True, SEG))
 # the rows intra variant, BT = 32 and K = V = 48 (padded tiles; M columns over two V-sized tiles)
 CASES.append(("B1-T150-K48-V48-kda-rows", Problem(1, 150, 1, 1, 48, 48, 1, Gate.CHANNEL), None, True,
               {"BT": 32, "BC": 16, "INTRA": "rows", "SEG_CHUNKS": 2, "h_BV": 32}))  # fmt: skip
