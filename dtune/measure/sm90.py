@@ -9,6 +9,7 @@ main loop the tensor-core instructions, shared-memory traffic and barriers, with
 from __future__ import annotations
 
 import glob
+import inspect
 import re
 import subprocess
 import tempfile
@@ -23,9 +24,10 @@ from dtune.kernels import KERNELS
 from dtune.kernels.chunk.call import tile as _tile
 from dtune.kernels.chunk.intra import chunk_intra_kernel
 from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
+from dtune.kernels.chunk.intra_kda import chunk_intra_onepass_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
-from dtune.kernels.chunk.segments import BKJ_COMBINE, BV_COMBINE, chunk_segment_starts_kernel
-from dtune.kernels.chunk.state import chunk_state_kernel
+from dtune.kernels.chunk.segments import segment_starts_spec
+from dtune.kernels.chunk.state import chunk_state_kernel, transitions_tile
 from dtune.kernels.config import GATE_CODES
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -36,6 +38,9 @@ PATTERNS = {
     "st.shared": r"st\.shared|stmatrix",
     "ld.shared": r"ld\.shared|ldmatrix",
     "bar.sync": r"bar\.sync",
+    "cp.async": r"cp\.async\.c[ag]",
+    "ld.global": r"ld\.global",
+    "ex2": r"ex2\.approx",
 }
 
 
@@ -48,7 +53,8 @@ H100_SMEM = 232448  # bytes of shared memory per block on sm_90
 
 def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int) -> Any:
     """``triton.compile`` of one JIT function for sm_90 (pointers 16-byte aligned, as a real launch specialises
-    them; ``scale`` fp32, ``T`` i32, every other argument a constexpr); NoToolchain where no ptxas is shipped."""
+    them; ``scale`` fp32, ``T`` i32, every other argument a constexpr, its declared default where ``constexprs``
+    does not name it, else None); NoToolchain where no ptxas is shipped."""
     sig: dict[str, str] = {}
     consts: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -58,9 +64,10 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
             sig[name] = "fp32"
         elif name == "T":
             sig[name] = "i32"
-        else:  # constexprs, and pointers the launch passes as None
+        else:  # constexprs (a launch's defaults where not given), and pointers the launch passes as None
             sig[name] = "constexpr"
-            consts[(i,)] = constexprs.get(name)
+            default = fn.params[i].default
+            consts[(i,)] = constexprs.get(name, None if default is inspect.Parameter.empty else default)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     try:
@@ -85,15 +92,19 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     i_BK, i_BV = _tile(cfg["intra_BK"], K), _tile(cfg["intra_BV"], V)
     safe = cfg.get("SAFE_DIAG", True)
     diag = {"DIAG": int(G == 2 and safe)}  # both variants: 1 = dot and flag, then the exact second pass (2)
+    intra_fn = {"rows": chunk_intra_kernel, "onepass": chunk_intra_onepass_kernel}.get(
+        cfg["INTRA"], chunk_intra_blocks_kernel
+    )
     intra = (
         "intra",
-        chunk_intra_kernel if cfg["INTRA"] == "rows" else chunk_intra_blocks_kernel,
+        intra_fn,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
         | ({"flags": "*i32"} if G == 2 and safe else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
         | diag
-        | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] != "rows" else {}),
+        | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] in ("blocks", "blocks_split") else {})
+        | {"SOLVE": int(cfg["SOLVE"] == "squaring"), "DIAG_LOWP": bool(cfg.get("DIAG_BF16")) and dtype == "bf16"},
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
@@ -119,29 +130,36 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             USE_H0=True,
         )
         | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
-        | dict(SEG=2 if seg else 0),
+        | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False))),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )
     out = [intra, state]
     if seg:  # phase 1 (the state kernel's transition mode) and phase 2 (the segments' entering states)
         trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")}
-        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1)
-        out.append(("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts, state[4], state[5]))
-        BK = _tile(triton.next_power_of_2(K), K)
-        starts = dict(HV=4, K=K, V=V, BK=BK, BKJ=min(BKJ_COMBINE, BK), BV=_tile(BV_COMBINE, V), USE_H0=True)
+        tr_BV, tr_launch = transitions_tile(cfg, K, V)
+        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1, BV=tr_BV)
+        tr = ("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts)
+        out.append((*tr, tr_launch["num_warps"], tr_launch["num_stages"]))
+        fn, opts = segment_starts_spec(cfg, K, V)
+        warps, n_stages = opts.pop("num_warps"), opts.pop("num_stages")
         out.append(
             (
                 "segment-starts",
-                chunk_segment_starts_kernel,
+                fn,
                 {"ext": f32, "h0": f32, "starts": f32, "ht": f32, "seq_segments": "*i32"},
-                starts | dict(STORE_HT=True, DOT_PREC=prec),
-                4,
-                1,
+                dict(HV=4, K=K, V=V, USE_H0=True, STORE_HT=True, DOT_PREC=prec) | opts,
+                warps,
+                n_stages,
             )
         )
     if diag.get("DIAG") == 1:  # the guarded KDA diagonal's second pass (exact loop, flagged chunks only)
-        out.append(("intra-exact", intra[1], intra[2], intra[3] | {"DIAG": 2}, intra[4], intra[5]))
+        exact = (
+            (intra[1], intra[3])
+            if cfg["INTRA"] != "onepass"
+            else (chunk_intra_blocks_kernel, intra[3] | {"SPLIT_QK": False})
+        )
+        out.append(("intra-exact", exact[0], intra[2], exact[1] | {"DIAG": 2}, intra[4], intra[5]))
     if not fuse:
         o_BK = _tile(cfg["o_BK"], K)
         out_ptrs = {"q": p, "aqk": p, "hbuf": p, "vnew": p, "o": p, **table}

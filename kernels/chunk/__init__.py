@@ -11,7 +11,11 @@ Math: docs/DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pip
    ``"blocks"`` (:mod:`.intra_blocks`, default) keeps all ``BT / BC`` in {1, 2, 4} blocks in registers at once
    and inverts them together (no read-back, no barrier); ``"blocks_split"`` the same with ``A_qk`` computed in a
    pass of its own after W and U (fewer live registers at 4 blocks, more loads); ``"rows"`` (:mod:`.intra`) walks
-   the blocks one after the other, block forward substitution on W and U through memory (any ``BT / BC``).
+   the blocks one after the other, block forward substitution on W and U through memory (any ``BT / BC``);
+   ``"onepass"`` (:mod:`.intra_kda`, KDA only, ``BT / BC`` in {1, 2}) builds every gate factor of a chunk in one
+   pass over the key tiles from two exponentials per element (``"blocks"`` loads each gate element up to four
+   times, sums it three times and takes five exponentials), W's operand through the W buffer. ``SOLVE``: the
+   diagonal blocks' inverse by forward substitution or, at ``BC = 16``, by repeated squaring (six float32 dots).
 2. ``state`` (:mod:`.state`, one program per sequence × value head × ``h_BV`` value channels, sequential over
    the sequence's chunks): ``V_new = U − W S``, ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new`` with S in float32
    registers. Unfused it stores each chunk-start state (inputs' dtype) and ``V_new``; with ``FUSE_OUTPUT`` it
@@ -44,7 +48,12 @@ path stays finite.
 Tunable parameters (``legal_params``): ``BT`` chunk size; ``BC`` sub-chunk rows (``BC <= BT``, else
 ValueError); ``INTRA`` the stage-1 variant (``"blocks"`` needs ``BT / BC <= 4``, else ValueError);
 ``SAFE_DIAG`` (KDA only) the diagonal-block guard; ``STATE_LAYOUT`` the state pass's tile layout;
-``SEG_CHUNKS`` the segment length of the sequence-parallel state pass (0: off);
+``SEG_CHUNKS`` the segment length of the sequence-parallel state pass (0: off), ``SEG_COMBINE`` its phase-2
+kernel (``"regs"``: the state in registers, one tensor-core product per segment; ``"tiles"``: key tiles through
+memory) and ``seg_BV`` that kernel's V tile; ``tr_BV``/``tr_num_warps`` phase 1's column tile and warps (0: the
+state pass's); ``QK_DIRECT`` (DeltaNet, Gated DeltaNet) q and k go to the state pass's dots as loaded, the scale
+and the scalar gate's factors act on the products and on ``V_new``'s token rows (``k̃ᵀ V_new = kᵀ (exp(γ_C − γ)
+⊙ V_new)``, ``q̃ S = exp(γ) ⊙ (scale · q S)``);
 ``intra_BK``/``intra_BV`` key/value tiles of stage 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV``
 tiles of the output stage (tiles larger than the head dimension are clipped to it); ``*_num_warps`` and
 ``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``, the precision of tensor-core dots on float32 inputs

@@ -27,6 +27,10 @@ def check_structure(config: Config) -> None:
     BT, BC = config["BT"], config["BC"]
     if BC > BT:
         raise ValueError(f"chunk config: BC={BC} must be <= BT={BT}")
+    if config["SOLVE"] == "squaring" and BC != 16:
+        raise ValueError(f"chunk config: SOLVE='squaring' inverts 16-row sub-chunks only, got BC={BC}")
+    if config["INTRA"] == "onepass" and BT // BC not in (1, 2):
+        raise ValueError(f"chunk config: INTRA='onepass' holds 1 or 2 sub-chunks, got BT={BT}, BC={BC}")
     if config["INTRA"] != "rows" and BT // BC not in (1, 2, 4):
         raise ValueError(f"chunk config: INTRA='{config['INTRA']}' holds 1, 2 or 4 sub-chunks, got BT={BT}, BC={BC}")
 

@@ -62,6 +62,27 @@ def _sub_row(b_T, sel):
 
 
 @triton.jit
+def _inv_squaring(b_N, BC: tl.constexpr):
+    """``(I + N)⁻¹`` of a strictly lower 16 × 16 block (nilpotent, ``N^16 = 0``) by repeated squaring:
+    ``(I − N)(I + N²)(I + N⁴)(I + N⁸)``, six float32 dots on CUDA cores (FMA: exact products) instead of 15
+    forward-substitution steps with two cross-thread reductions each.
+
+    Only for 16 rows: the powers of N grow like binomial coefficients where keys nearly repeat and beta is near 1
+    (the inverse itself stays O(1)), and the product cancels them in float32. Float64 study (``T X`` for a random X,
+    blocks of ``β k kᵀ``): random keys ~4e-7 relative (substitution ~5e-8); keys within 1-5% of one direction,
+    beta 0.9-1: up to ~9e-5 (substitution ~1e-7). At 32 rows the same keys give O(1) errors: not offered."""
+    tl.static_assert(BC == 16, "the squaring inverse is for 16-row blocks only")
+    o_c = tl.arange(0, BC)
+    b_eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
+    b_M = tl.dot(b_N, b_N, input_precision="ieee")  # N^2
+    b_P = tl.dot(b_eye - b_N, b_eye + b_M, input_precision="ieee")
+    b_M = tl.dot(b_M, b_M, input_precision="ieee")  # N^4
+    b_P = tl.dot(b_P, b_eye + b_M, input_precision="ieee")
+    b_M = tl.dot(b_M, b_M, input_precision="ieee")  # N^8
+    return tl.dot(b_P, b_eye + b_M, input_precision="ieee")
+
+
+@triton.jit
 def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT_PREC: tl.constexpr):
     """Diagonal block of A_kk / A_qk under a per-channel gate, and the block's half span (0 unless ``DIAG == 1``).
 
@@ -299,6 +320,7 @@ def chunk_intra_blocks_kernel(
     SPLIT_QK: tl.constexpr = False,
     ai=None,
     STORE_AI: tl.constexpr = False,
+    SOLVE: tl.constexpr = 0,
 ):
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -411,31 +433,41 @@ def chunk_intra_blocks_kernel(
         tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
 
     # ---- 2. the inverse: diagonal blocks by forward substitution (interleaved), the rest by block substitution ----
-    b_T1 = -b_D1
-    if NB >= 2:
-        b_T2 = -b_D2
-    if NB >= 4:
-        b_T3 = -b_D3
-        b_T4 = -b_D4
-    for i in range(1, BC):
-        sel = (o_c == i)[:, None]
-        b_T1 = _sub_row(b_T1, sel)
+    if SOLVE == 0:  # forward substitution, the blocks' steps interleaved
+        b_T1 = -b_D1
         if NB >= 2:
-            b_T2 = _sub_row(b_T2, sel)
+            b_T2 = -b_D2
         if NB >= 4:
-            b_T3 = _sub_row(b_T3, sel)
-            b_T4 = _sub_row(b_T4, sel)
-    b_eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
-    b_T1 += b_eye
+            b_T3 = -b_D3
+            b_T4 = -b_D4
+        for i in range(1, BC):
+            sel = (o_c == i)[:, None]
+            b_T1 = _sub_row(b_T1, sel)
+            if NB >= 2:
+                b_T2 = _sub_row(b_T2, sel)
+            if NB >= 4:
+                b_T3 = _sub_row(b_T3, sel)
+                b_T4 = _sub_row(b_T4, sel)
+        b_eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
+        b_T1 += b_eye
+        if NB >= 2:
+            b_T2 += b_eye
+        if NB >= 4:
+            b_T3 += b_eye
+            b_T4 += b_eye
+    else:  # by repeated squaring (SOLVE = "squaring")
+        b_T1 = _inv_squaring(b_D1, BC)
+        if NB >= 2:
+            b_T2 = _inv_squaring(b_D2, BC)
+        if NB >= 4:
+            b_T3 = _inv_squaring(b_D3, BC)
+            b_T4 = _inv_squaring(b_D4, BC)
     b_I11 = b_T1.to(DT)
     if NB >= 2:
-        b_T2 += b_eye
         b_I22 = b_T2.to(DT)
         b_T21 = -tl.dot(tl.dot(b_T2, b_A21, input_precision="ieee"), b_T1, input_precision="ieee")
         b_I21 = b_T21.to(DT)
     if NB >= 4:
-        b_T3 += b_eye
-        b_T4 += b_eye
         b_T32 = -tl.dot(tl.dot(b_T3, b_A32, input_precision="ieee"), b_T2, input_precision="ieee")
         b_T43 = -tl.dot(tl.dot(b_T4, b_A43, input_precision="ieee"), b_T3, input_precision="ieee")
         b_T31 = tl.dot(b_A31, b_T1, input_precision="ieee") + tl.dot(b_A32, b_T21, input_precision="ieee")
@@ -645,7 +677,10 @@ def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
         call.tables.chunk_info, inter.flags, call.scale, call.T,
     )  # fmt: skip
     grid = (call.NC, call.HV)
-    kw = intra_launch_options(call) | {"SPLIT_QK": call.config["INTRA"] == "blocks_split"}
+    kw = intra_launch_options(call) | {
+        "SPLIT_QK": call.config["INTRA"] == "blocks_split",
+        "SOLVE": int(call.config["SOLVE"] == "squaring"),
+    }
     two_pass = inter.flags is not None
     first = chunk_intra_blocks_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
     if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)

@@ -25,9 +25,20 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # stage 1: every sub-chunk in registers ("blocks"; "blocks_split": A_qk in a pass of its own, fewer live
     # registers at BT / BC = 4), or one sub-chunk after the other through memory ("rows")
     "INTRA": ("blocks", "rows", "blocks_split"),
+    # the diagonal blocks' (I + A)^-1 in the blocks/onepass variants: forward substitution ("subst", two cross-thread
+    # reductions per row) or repeated squaring ("squaring", six float32 dots; BC = 16 only); "rows" substitutes
+    "SOLVE": ("subst", "squaring"),
     "STATE_LAYOUT": ("kv", "vk"),
     # sequence-parallel state pass: segments of this many chunks (0: off, one program walks the whole sequence)
     "SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+    # its phase 2 (segment-starts): the state in registers with M_s whole per step ("regs"), or key tiles of M_s
+    # and the state read back through memory every step ("tiles"); and that kernel's V tile
+    "SEG_COMBINE": ("regs", "tiles"),
+    "seg_BV": (16, 32, 64),
+    # its phase 1 (transitions): column tile of the extended state [K, V + K] and warps (0: the state pass's h_BV,
+    # h_num_warps). Wider tiles: fewer programs re-reading the same W and k rows
+    "tr_BV": (0, 16, 32, 64, 128),
+    "tr_num_warps": (0, 2, 4, 8),
 }
 
 
@@ -38,6 +49,14 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     params = dict(_COMMON)
     if gate == "channel":
         params["SAFE_DIAG"] = (True, False)
+        # KDA: every gate factor of a chunk from one pass over the key tiles, two exp's per element (1 or 2 sub-chunks)
+        params["INTRA"] = (*params["INTRA"], "onepass")
+        # onepass: the diagonal blocks' dots on bfloat16 operands (bfloat16 inputs only), as the off-diagonal ones
+        params["DIAG_BF16"] = (False, True)
+    else:  # KDA's state pass reads the precomputed q~, k~ already
+        # the state pass feeds q and k to the dots as loaded (no register pass over their tiles); the scale and the
+        # scalar gate's factors act on the products and on V_new's token rows instead
+        params["QK_DIRECT"] = (False, True)
     return params
 
 
@@ -64,9 +83,20 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "o_num_stages": 2,
         "F32_DOT": "ieee",
         "INTRA": "blocks",
+        "SOLVE": "subst",  # "squaring" not yet timed on a GPU (2026-12-01)
         "STATE_LAYOUT": "kv",  # "vk" is not yet timed on a GPU (2026-11-29): the searches will decide
         "SEG_CHUNKS": 0,  # the tuned configs turn it on where few long sequences under-fill the GPU
+        # phase 2 with the state in registers: one product per segment, M_s's loads pipelined (sm_90 compile:
+        # 100 registers, M_s by cp.async at num_stages 2); "tiles" waited on ~5 global round trips per segment (H200,
+        # 2026-11-30: ~6 µs per segment)
+        "SEG_COMBINE": "regs",
+        "seg_BV": 32,  # 4 programs per value head at V = 128 (the "tiles" kernel's tile before it was a parameter)
+        "tr_BV": 0,  # phase 1 as the state pass: h_BV, h_num_warps
+        "tr_num_warps": 0,
     }
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
+        cfg["DIAG_BF16"] = False
+    else:
+        cfg["QK_DIRECT"] = False  # not yet timed on a GPU (2026-12-01)
     return cfg

@@ -20,6 +20,7 @@ from .call import ChunkCall, prepare_call
 from .cost import stage_costs
 from .intra import launch_intra_rows
 from .intra_blocks import launch_intra_blocks
+from .intra_kda import launch_intra_onepass
 from .output import launch_output
 from .segments import launch_segment_starts
 from .state import launch_state, launch_transitions
@@ -52,7 +53,7 @@ def build_stages(call: ChunkCall) -> tuple[list[Stage], Intermediates, Outputs]:
     inter, out = allocate(call)
     scratch = allocate_segments(call)
     costs = stage_costs(call)
-    intra = launch_intra_rows if call.config["INTRA"] == "rows" else launch_intra_blocks
+    intra = {"rows": launch_intra_rows, "onepass": launch_intra_onepass}.get(call.config["INTRA"], launch_intra_blocks)
     stages = [Stage("intra", partial(intra, call, inter), *costs["intra"])]
     if scratch is not None:
         stages.append(Stage("transitions", partial(launch_transitions, call, inter, scratch), *costs["transitions"]))

@@ -34,8 +34,9 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
-from .call import ChunkCall
+from .call import ChunkCall, tile
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -74,6 +75,7 @@ def chunk_state_kernel(
     DOT_PREC: tl.constexpr,
     TRANS: tl.constexpr = False,
     SEG: tl.constexpr = 0,
+    QK_DIRECT: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -151,24 +153,34 @@ def chunk_state_kernel(
         if SEG == 1:
             pass  # transitions only: no output, no chunk states
         elif FUSE_OUTPUT:
+            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
             if GATE == 2:
                 b_q = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
+            elif QK_DIRECT:
+                b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
             else:
                 b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32) * scale
                 if GATE == 1:
                     b_q *= tl.exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
-            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
             if TRANS:
                 b_o = tl.dot(b_hc, tl.trans(b_q), input_precision=DOT_PREC)
-                b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
             else:
                 b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
+            if GATE != 2 and QK_DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
+                b_qf = tl.full([BT], scale, dtype=tl.float32)
+                if GATE == 1:
+                    b_qf *= tl.exp(b_gam)
+                b_o *= b_qf[None, :] if TRANS else b_qf[:, None]
+            if TRANS:
+                b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
+            else:
                 b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
             tl.store(o + row_hv * V + off_v, b_o.to(o.dtype.element_ty), mask=m_tv)
         else:
             tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
             tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
+        b_vk = b_vnc  # V_new as the state update's operand
         if GATE == 2:
             b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
@@ -177,15 +189,20 @@ def chunk_state_kernel(
             else:
                 b_h *= b_dec[:, None]
         elif GATE == 1:
-            b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
-            b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
+            if QK_DIRECT:  # k~ᵀ V_new = kᵀ (exp(γ_C − γ) ⊙ V_new): the factor on the token rows of V_new
+                b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
+                b_dk = tl.exp(b_gC - b_gam)
+                b_vk = (b_vn * (b_dk[None, :] if TRANS else b_dk[:, None])).to(DT)
+            else:
+                b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
+                b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
             b_h *= tl.exp(b_gC)
         else:
             b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
         if TRANS:
-            b_h += tl.dot(b_vnc, b_kg, input_precision=DOT_PREC)
+            b_h += tl.dot(b_vk, b_kg, input_precision=DOT_PREC)
         else:
-            b_h += tl.dot(tl.trans(b_kg), b_vnc, input_precision=DOT_PREC)
+            b_h += tl.dot(tl.trans(b_kg), b_vk, input_precision=DOT_PREC)
 
     if SEG == 1:
         # the extended state [K, V + K] of this segment: N_seg in columns :V, M_seg in columns V:
@@ -217,6 +234,8 @@ def _launch(
     seg: int,
     fuse: bool,
     store_ht: bool,
+    BV: int,
+    launch: dict[str, Any],
 ) -> Any:
     return chunk_state_kernel[grid](
         call.q,
@@ -244,7 +263,7 @@ def _launch(
         V=call.V,
         BT=call.BT,
         BK=call.BK,
-        BV=call.h_BV,
+        BV=BV,
         GATE=call.gate,
         USE_H0=h0 is not None,
         STORE_HT=store_ht,
@@ -253,35 +272,46 @@ def _launch(
         DOT_PREC=call.dot_prec,
         TRANS=call.config["STATE_LAYOUT"] == "vk",
         SEG=seg,
-        **call.warps("h"),
+        QK_DIRECT=bool(call.config.get("QK_DIRECT", False)),
+        **launch,
     )
 
 
 def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: SegmentScratch | None) -> Any:
     """The state pass (with the output when ``FUSE_OUTPUT``): per sequence, or per segment from ``scratch.starts``."""
     t = call.tables
+    BV = call.h_BV
     if scratch is None:
-        grid = (triton.cdiv(call.V, call.h_BV), call.N * call.HV)
+        grid = (triton.cdiv(call.V, BV), call.N * call.HV)
         return _launch(
             call, inter, grid, call.h0, out.final_state, out.o, t.seq_bounds, t.chunk_offsets, None, None, 0,
-            call.fuse, call.output_final_state,
+            call.fuse, call.output_final_state, BV, call.warps("h"),
         )  # fmt: skip
     seg = t.segments
     assert seg is not None
-    grid = (triton.cdiv(call.V, call.h_BV), seg.NS * call.HV)
+    grid = (triton.cdiv(call.V, BV), seg.NS * call.HV)
     return _launch(
         call, inter, grid, scratch.starts, out.final_state, out.o, seg.bounds, seg.chunk_offsets, seg.last, None, 2,
-        call.fuse, call.output_final_state,
+        call.fuse, call.output_final_state, BV, call.warps("h"),
     )  # fmt: skip
+
+
+def transitions_tile(config: Config, K: int, V: int) -> tuple[int, dict[str, Any]]:
+    """Phase 1's column tile of the extended state ``[K, V + K]`` and its launch options: ``tr_BV`` and
+    ``tr_num_warps``, or the state pass's ``h_BV`` and ``h_num_warps`` where they are 0; ``h_num_stages``. Clipped
+    like ``h_BV`` (to the padded V): the N columns take ``⌈V / BV⌉`` tiles, the M columns ``⌈K / BV⌉``."""
+    BV = tile(int(config["tr_BV"]) or int(config["h_BV"]), V)
+    warps = int(config["tr_num_warps"]) or int(config["h_num_warps"])
+    return BV, {"num_warps": warps, "num_stages": int(config["h_num_stages"])}
 
 
 def launch_transitions(call: ChunkCall, inter: Intermediates, scratch: SegmentScratch) -> Any:
     """Phase 1 of the sequence-parallel pass: ``N_seg`` and ``M_seg`` of every segment but the last of a sequence."""
     seg = call.tables.segments
     assert seg is not None
-    BV = call.h_BV
+    BV, launch = transitions_tile(call.config, call.K, call.V)
     grid = (triton.cdiv(call.V, BV) + triton.cdiv(call.K, BV), seg.NS * call.HV)
     return _launch(
         call, inter, grid, None, None, None, seg.bounds, seg.chunk_offsets, seg.last, scratch.transitions, 1,
-        False, False,
+        False, False, BV, launch,
     )  # fmt: skip

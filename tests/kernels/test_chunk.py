@@ -109,13 +109,41 @@ for gate in Gate:
         add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=vk, extra=tag)  # odd T, grouped heads, K != V
         add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=vk, extra=tag)
 add(Problem(1, 20, 1, 1, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "STATE_LAYOUT": "vk"}, extra="-vk")
+# q and k fed to the state pass's dots as loaded (QK_DIRECT): the scale and the scalar gate's factors on the products
+# and on V_new's rows; both layouts, fused (the output's factor) and unfused (the state update's factor only)
+for gate in (Gate.NONE, Gate.SCALAR):
+    for layout, fused in (("kv", True), ("vk", True), ("vk", False)):
+        qd = {"BT": 32, "BC": 16, "STATE_LAYOUT": layout, "FUSE_OUTPUT": fused, "h_BV": 16, "QK_DIRECT": True}
+        tag = f"-qkdirect-{layout}{'-fused' if fused else ''}"
+        add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=qd, extra=tag)
+    add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config=qd, extra="-qkdirect-varlen")
+# KDA's one-pass stage 1 (INTRA = "onepass"): 2 sub-chunks of 16 and of 32, 1 sub-chunk; the diagonal's dots in the
+# intermediates' dtype (DIAG_BF16: bfloat16 only, so a no-op here: the path runs, its numerics are the GPU's) and the
+# squaring inverse; odd T, grouped heads, K != V, varlen with an empty sequence, no initial state, unguarded
+ONEPASS = {"BT": 32, "BC": 16, "INTRA": "onepass"}
+add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config=ONEPASS, extra="-onepass")
+add(Problem(1, 0, 1, 2, 32, 32, 5, Gate.CHANNEL, True), seq_lens=[1, 17, 0, 40, 2], config=ONEPASS, extra="-onepass")
+add(Problem(1, 33, 1, 2, 16, 32, 1, Gate.CHANNEL), h0=False, config={**ONEPASS, "BT": 16}, extra="-onepass1")
+add(Problem(1, 70, 1, 2, 64, 32, 1, Gate.CHANNEL), config={**ONEPASS, "BT": 64, "BC": 32, "intra_BK": 32,
+    "DIAG_BF16": True}, extra="-onepass-BC32")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 48, 3, Gate.CHANNEL, True), seq_lens=[40, 0, 29], config={**ONEPASS, "SOLVE": "squaring",
+    "DIAG_BF16": True}, extra="-onepass-squaring")  # fmt: skip
+add(Problem(1, 45, 1, 1, 24, 40, 1, Gate.CHANNEL), config={**ONEPASS, "SAFE_DIAG": False}, extra="-onepass-unguarded")
+# the diagonal blocks' inverse by repeated squaring (SOLVE = "squaring"): 1, 2 and 4 sub-chunks, blocks_split
+for gate in Gate:
+    sq = {"SOLVE": "squaring", "BC": 16}
+    add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config={**sq, "BT": 32}, extra="-squaring2")
+    add(Problem(1, 0, 1, 2, 32, 32, 3, gate, True), seq_lens=[70, 0, 45], config={**sq, "BT": 64}, extra="-squaring4")
+add(Problem(1, 20, 1, 1, 32, 32, 1, Gate.SCALAR), config={"BT": 16, "BC": 16, "SOLVE": "squaring"}, extra="-squaring1")
+add(Problem(1, 50, 1, 2, 32, 32, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "SOLVE": "squaring",
+    "INTRA": "blocks_split"}, extra="-squaring-split")  # fmt: skip
 # head dims that are not powers of two (padded tiles, masked channels), fused and unfused
 add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
 add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)
 add(Problem(1, 19, 1, 1, 8, 4, 1, Gate.NONE), config={"BT": 16, "BC": 16})
 
 
-@pytest.mark.parametrize("intra", ["blocks", "rows", "blocks_split"])
+@pytest.mark.parametrize("intra", ["blocks", "rows", "blocks_split", "onepass"])
 @pytest.mark.parametrize("BC", [16, 32])
 def test_kda_guarded_diagonal_under_extreme_decay(BC: int, intra: str) -> None:
     """Per-step log gates down to −60: diagonal blocks' half spans exceed 80 nats, so the guarded default takes the
@@ -159,6 +187,10 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
         if cfg["BC"] > cfg["BT"] or (cfg.get("SAFE_DIAG") is False and cfg["BC"] == 64):
             continue
         if cfg["INTRA"] != "rows" and cfg["BT"] // cfg["BC"] > 4:
+            continue
+        if (cfg["INTRA"] == "onepass" and cfg["BT"] // cfg["BC"] > 2) or (
+            cfg["SOLVE"] == "squaring" and cfg["BC"] != 16
+        ):
             continue
         out.append(cfg)
     return out
@@ -265,6 +297,7 @@ INF_CONFIGS = {
     "rows-BC32-vk": {"BT": 64, "BC": 32, "INTRA": "rows", "STATE_LAYOUT": "vk", "h_BV": 16},
     "segments": {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16, "FUSE_OUTPUT": False},
     "blocks_split-BT64": {"BT": 64, "BC": 16, "INTRA": "blocks_split"},
+    "onepass-squaring": {"BT": 32, "BC": 16, "INTRA": "onepass", "SOLVE": "squaring"},
 }
 
 
@@ -273,9 +306,12 @@ INF_CONFIGS = {
 def test_full_forget_gates(gate: Gate, name: str) -> None:
     """A log gate of −inf is a valid full forget: every path gives the float64 loop's result (no NaN from
     −inf − (−inf) in the cumulative gates; the guarded KDA diagonal sees a finite span)."""
+    cfg = dict(INF_CONFIGS[name])
+    if cfg.get("INTRA") == "onepass" and gate is not Gate.CHANNEL:
+        cfg["INTRA"] = "blocks"  # onepass is KDA's: the scalar gate runs the squaring inverse in "blocks"
     p = Problem(1, 0, 1, 2, 32, 16, 3, gate, True)
     x = with_full_forgets(make_inputs(p, seed=41, seq_lens=[70, 0, 41], gate_min=-3.0), gate, True, seed=42)
-    check(p, x, INF_CONFIGS[name])
+    check(p, x, cfg)
 
 
 @pytest.mark.parametrize("intra", ["blocks", "rows"])
@@ -305,14 +341,64 @@ def test_cu_seqlens_read_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
         chunk_mod.plan(*args)
 
 
-@pytest.mark.parametrize("intra", ["blocks", "blocks_split", "rows"])
+@pytest.mark.parametrize("intra", ["blocks", "blocks_split", "rows", "onepass"])
 @pytest.mark.parametrize("gate", [Gate.SCALAR, Gate.CHANNEL], ids=["scalar", "channel"])
 def test_mild_gates_reach_far_blocks(gate: Gate, intra: str) -> None:
-    """Log gates down to −0.1: the blocks far below the diagonal (4 sub-chunks of 16) carry weight, which under the
-    usual strong gates (−5 per step, e^-35 across a sub-chunk) they do not, so errors there would not show."""
+    """Log gates down to −0.1: the blocks far below the diagonal (4 sub-chunks of 16; "onepass": 2 of 32) carry
+    weight, which under the usual strong gates (−5 per step, e^-35 across a sub-chunk) they do not, so errors there
+    would not show."""
+    if intra == "onepass" and gate is not Gate.CHANNEL:
+        pytest.skip("onepass is KDA's")
     p = Problem(1, 0, 1, 2, 32, 16, 2, gate, True)
     x = make_inputs(p, seed=46, seq_lens=[70, 45], gate_min=-0.1)
-    check(p, x, {"BT": 64, "BC": 16, "INTRA": intra})
+    check(p, x, {"BT": 64, "BC": 32 if intra == "onepass" else 16, "INTRA": intra})
+
+
+@pytest.mark.parametrize(
+    ("gate", "cfg"),
+    [
+        (Gate.NONE, {"BT": 32, "BC": 16, "SOLVE": "squaring"}),
+        (Gate.SCALAR, {"BT": 64, "BC": 16, "SOLVE": "squaring"}),
+        (Gate.CHANNEL, {"BT": 32, "BC": 16, "SOLVE": "squaring", "INTRA": "onepass"}),
+        (Gate.CHANNEL, {"BT": 64, "BC": 16, "SOLVE": "squaring", "INTRA": "blocks_split"}),
+        (Gate.CHANNEL, {"BT": 32, "BC": 32, "INTRA": "onepass"}),
+    ],
+    ids=["dn-BC16", "gdn-BT64", "kda-onepass", "kda-split", "kda-onepass-subst-BC32"],
+)
+def test_inverse_with_nearly_repeated_keys(gate: Gate, cfg: dict[str, Any]) -> None:
+    """Keys within 5% of one direction, beta near 1, mild gates: (I + A_kk) is far from the identity and every power
+    of its strictly lower part matters (under random keys and strong gates N^8 is negligible), so each factor of the
+    squaring inverse shows."""
+    p = Problem(1, 45, 1, 1, 32, 32, 1, gate)
+    x = make_inputs(p, seed=49, gate_min=-0.02)
+    gen = torch.Generator().manual_seed(50)
+    k0 = torch.randn(1, 1, 1, 32, generator=gen)
+    x["k"] = torch.nn.functional.normalize(k0 + 0.05 * torch.randn(x["k"].shape, generator=gen), dim=-1)
+    x["beta"] = 0.9 + 0.1 * torch.rand(x["beta"].shape, generator=gen)
+    check(p, x, cfg)
+
+
+def test_onepass_float16_keeps_float32_diagonal() -> None:
+    """DIAG_BF16 only lowers the diagonal's operands for bfloat16 inputs: float16's range (e^±11) would overflow the
+    factors (up to e^±80); with float16 inputs and strong gates the result stays at float16's accuracy."""
+    p = Problem(1, 45, 1, 2, 32, 32, 1, Gate.CHANNEL)
+    x = make_inputs(p, dtype=torch.float16, seed=48, gate_min=-5.0)
+    check(p, x, {**ONEPASS, "DIAG_BF16": True})
+
+
+def test_squaring_needs_16_row_blocks() -> None:
+    p = Problem(1, 8, 1, 1, 16, 16, 1, Gate.NONE)
+    with pytest.raises(ValueError, match="squaring"):
+        run("chunk_delta_rule", make_inputs(p, seed=1), {"BT": 32, "BC": 32, "SOLVE": "squaring"})
+
+
+def test_onepass_is_kda_only() -> None:
+    p = Problem(1, 8, 1, 1, 16, 16, 1, Gate.SCALAR)
+    with pytest.raises(ValueError, match="INTRA"):
+        run("chunk_gated_delta_rule", make_inputs(p, seed=1), {"INTRA": "onepass"})
+    with pytest.raises(ValueError, match="onepass"):
+        run("chunk_kda", make_inputs(Problem(1, 8, 1, 1, 16, 16, 1, Gate.CHANNEL), seed=1), {"BT": 64, "BC": 16,
+            "INTRA": "onepass"})  # fmt: skip
 
 
 def test_forward_with_intermediates_documented_layouts() -> None:

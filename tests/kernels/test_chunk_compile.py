@@ -51,6 +51,19 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "BT": 64}, False),
     ("channel", "bf16", 128, {"SEG_CHUNKS": 8, "FUSE_OUTPUT": False}, True),
     ("none", "bf16", 256, {"SEG_CHUNKS": 32, "h_BV": 16, "h_num_warps": 8, "h_num_stages": 1}, False),
+    # phase 2 variants: the state in registers at seg_BV = 64 (8 warps), and key tiles through memory
+    ("none", "bf16", 128, {"SEG_CHUNKS": 64, "seg_BV": 64}, False),
+    ("channel", "fp32", 64, {"SEG_CHUNKS": 4, "SEG_COMBINE": "tiles", "seg_BV": 16}, True),
+    # KDA's one-pass stage 1 (and the exact pass it hands flagged chunks to), the squaring inverse
+    ("channel", "bf16", 128, {"INTRA": "onepass", "SOLVE": "squaring", "DIAG_BF16": True}, False),
+    ("channel", "bf16", 128, {"INTRA": "onepass", "BT": 64, "BC": 32, "intra_BK": 32}, True),
+    ("channel", "fp32", 64, {"INTRA": "onepass", "BT": 16, "SAFE_DIAG": False}, False),
+    ("none", "bf16", 128, {"SOLVE": "squaring"}, True),
+    ("scalar", "bf16", 128, {"SOLVE": "squaring", "BT": 64, "INTRA": "blocks_split"}, False),
+    # phase 1 at a tile of its own (8 warps), q and k straight to the dots (fused and not)
+    ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "tr_BV": 128, "tr_num_warps": 8}, False),
+    ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True}, False),
+    ("none", "bf16", 128, {"QK_DIRECT": True, "FUSE_OUTPUT": False}, True),
 ]
 
 

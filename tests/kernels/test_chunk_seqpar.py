@@ -53,6 +53,24 @@ for gate in Gate:
         (f"B1-T70-{op}-noh0-seg1", Problem(1, 70, 1, 1, 16, 16, 1, gate), None, False, {**SEG, "SEG_CHUNKS": 1})
     )
     CASES.append((f"B2-T1-{op}", Problem(2, 1, 1, 1, 16, 16, 2, gate), None, True, SEG))  # one segment: plain pass
+    # phase 2 as key tiles through memory (SEG_COMBINE = "tiles"; the cases above run "regs", the default), and
+    # "regs" with V tiles of 16 over V = 32 (two programs per head), K != V both ways, packed with an empty sequence
+    for combine, bv in (("tiles", 32), ("regs", 16)):
+        cfg = {**SEG, "SEG_COMBINE": combine, "seg_BV": bv}
+        p = Problem(1, 0, 1, 2, 16, 32, 4, gate, True)
+        CASES.append((f"varlen70-0-40-9-K16-V32-{op}-{combine}{bv}", p, [70, 0, 40, 9], True, cfg))
+        p = Problem(2, 67, 1, 2, 32, 16, 2, gate)
+        CASES.append((f"B2-T67-H1-HV2-K32-V16-{op}-{combine}{bv}", p, None, True, {**cfg, "STATE_LAYOUT": "vk"}))
+# phase 1 at its own tile and warps (tr_BV over V = 32 and K = 16: one N tile, one M tile), QK_DIRECT in all phases
+for gate in (Gate.NONE, Gate.SCALAR):
+    op = {"none": "dn", "scalar": "gdn"}[gate.value]
+    cfg = {**SEG, "tr_BV": 32, "tr_num_warps": 2, "QK_DIRECT": True, "STATE_LAYOUT": "vk", "FUSE_OUTPUT": True}
+    p = Problem(1, 0, 1, 2, 16, 32, 3, gate, True)
+    CASES.append((f"varlen70-0-41-K16-V32-{op}-trBV32-qkdirect", p, [70, 0, 41], True, cfg))
+CASES.append(("B2-T70-K16-V32-kda-trBV16-hBV32", Problem(2, 70, 1, 1, 16, 32, 2, Gate.CHANNEL), None, True,
+              {**SEG, "h_BV": 32, "tr_BV": 16, "tr_num_warps": 4}))  # fmt: skip
+# K = 256: phase 2's "regs" (M_s [K, K] in shared memory up to K = 128) falls back to "tiles"
+CASES.append(("B1-T40-K256-V16-dn-regs-fallback", Problem(1, 40, 1, 1, 256, 16, 1, Gate.NONE), None, True, SEG))
 # the rows intra variant, BT = 32 and K = V = 48 (padded tiles; M columns over two V-sized tiles)
 CASES.append(("B1-T150-K48-V48-kda-rows", Problem(1, 150, 1, 1, 48, 48, 1, Gate.CHANNEL), None, True,
               {"BT": 32, "BC": 16, "INTRA": "rows", "SEG_CHUNKS": 2, "h_BV": 32}))  # fmt: skip

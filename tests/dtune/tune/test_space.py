@@ -11,6 +11,7 @@ from dtune.shape import Shape
 from dtune.tune.space import SpaceError, load_space, load_space_file, parse_space, shipped_spaces
 
 FUSED = ["fused_recurrent_delta_rule", "fused_recurrent_gated_delta_rule", "fused_recurrent_kda"]
+CHUNK = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_kda"]
 
 GOOD = """
 kernel = "fused_recurrent_kda"
@@ -54,6 +55,29 @@ def test_shipped_spaces_are_legal(kernel: str) -> None:
     h100 = get_profile("h100").constraint_fields()
     for s in shapes:
         assert space.violations(get_kernel(kernel).default_config(s.K, s.V), s, h100) == []
+
+
+@pytest.mark.parametrize("kernel", CHUNK)
+def test_chunk_seeds_build_and_reach_their_shapes(kernel: str) -> None:
+    """Every seed of a chunk space is a buildable config (legal values, structure); the default is never pruned on
+    the default grid; at one long prompt (B = 1, T = 32768, H = 16, D = 128) the segmented seeds survive the
+    constraints, at B = 8, T = 4096 they are pruned (seg_underfilled), so they cost the grid no trials."""
+    from dtune.kernels.chunk.call import check_structure
+
+    space, spec = load_space(kernel), get_kernel(kernel)
+    h200 = get_profile("h200").constraint_fields()
+    for s in space.shapes.shapes():
+        assert space.violations(spec.default_config(s.K, s.V), s, h200) == []
+    alive: dict[int, list[dict]] = {}
+    for B, T in ((1, 32768), (8, 4096)):
+        shape = Shape(B, T, 16, 16, 128, 128)
+        default = spec.default_config(128, 128)
+        configs = [spec.check_config(128, 128, {**default, **seed}) for seed in space.seeds]
+        for cfg in configs:
+            check_structure(cfg)
+        alive[B] = [c for c in configs if not space.violations(c, shape, h200)]
+    assert any(c["SEG_CHUNKS"] > 0 for c in alive[1])
+    assert all(c["SEG_CHUNKS"] == 0 or c["h_BV"] == 128 for c in alive[8])
 
 
 def test_good_space_and_constraints() -> None:

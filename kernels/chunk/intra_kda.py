@@ -1,0 +1,281 @@
+"""Stage 1 of the chunk forward for KDA, ``INTRA = "onepass"``: every gate factor of a chunk built once, in one pass
+over the key tiles, from two exponentials per element.
+
+Same outputs and contract as :mod:`.intra_blocks` (``A_qk``, W, U, ``q̃``, ``k̃``, ``exp(γ_C)``), for the per-channel
+gate only, with ``NB = BT / BC`` in {1, 2} sub-chunks held in registers (``BT = 32`` as 2 × 16, ``BT = 64`` as
+2 × 32). ``INTRA = "blocks"`` walks the key tiles twice (``A`` first, then W's operand, ``q̃`` and ``k̃``) and, per
+element, loads the gate up to four times, takes its cumulative sum three times and five exponentials. Here, per key
+tile and block ``b`` (rows ``i``, its middle row ``m``, ``s`` the cumulative gate just before the block, ``γ_C``
+the chunk's last):
+
+* ``γ`` once (one cumulative sum of the gate tile), and two exponentials per element,
+  ``eL_i = exp(γ_i − γ_m)`` and ``eR_i = exp(γ_m − γ_i)``: the diagonal block's two factors, as in
+  :func:`.common.diag_ref`;
+* everything else is ``eL`` or ``eR`` times a per-channel vector (one exponential per channel):
+  ``exp(γ_i − s) = eL_i · exp(γ_m − s)`` (rows of the off-diagonal block, and with ``exp(s)``: ``exp(γ_i)`` for
+  ``q̃`` and W's operand), ``exp(s' − γ_j) = eR_j · exp(s' − γ_m)`` (columns of the off-diagonal block, ``s'`` the
+  end of block 1; times ``exp(γ_C − s')``: ``k̃`` of block 1), ``exp(γ_C − γ_j) = eR_j · exp(γ_C − γ_m)`` (``k̃``
+  of the last block).
+
+Numerics. Every factor above is either at most 1 (a product of such factors can only underflow where the exact
+value is below ``exp(−87)``), or a product of two factors each within ``exp(±80)`` — which holds when the block's
+half span measured from ``s``, ``max_d max(s − γ_m, γ_m − γ_last)``, is at most 80 nats. That is the guard
+(``DIAG = 1``): a chunk with a larger half span in any block is flagged, and the second launch (the ``"blocks"``
+kernel's exact pass, ``DIAG = 2``) redoes it exactly; with the guard off (``SAFE_DIAG = False``) such a chunk
+overflows to inf/NaN (loud, never a silently small error). The half span counts from ``s`` rather than the block's
+first row: one more gate step than ``"blocks"``' guard, so slightly more chunks take the exact pass.
+
+W's operand ``β k exp(γ)`` goes through the W buffer: stored in the key loop, read back after the solve (after a
+barrier; the same program's rows, in L1/L2) and overwritten with ``W = T (β k exp(γ))``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .buffers import Intermediates
+from .call import ChunkCall, intra_launch_options
+from .common import chunk_bounds, load_gate
+from .intra_blocks import (
+    _finish_diag,
+    _finish_off,
+    _inv_squaring,
+    _rows,
+    _store_rows,
+    _sub_row,
+    chunk_intra_blocks_kernel,
+)
+
+
+@triton.jit
+def _pick_row(b_x, row: tl.constexpr, BC: tl.constexpr):
+    """Row ``row`` of a ``[BC, BX]`` tile, as a vector."""
+    return tl.sum(tl.where((tl.arange(0, BC) == row)[:, None], b_x, 0.0), 0)
+
+
+@triton.jit
+def _diag_dots(b_D, b_Dq, b_kL, b_kR, b_qL, DT: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """The diagonal block's ``A_kk`` and ``A_qk`` products: float32 operands (the call's dot precision), or with
+    ``LOWP`` the intermediates' 16-bit dtype, as the off-diagonal blocks (bfloat16 keeps float32's exponent range,
+    so the factors up to ``exp(±80)`` stay finite; the launcher sets ``LOWP`` only for bfloat16)."""
+    b_kRT = tl.trans(b_kR)
+    if LOWP:
+        b_kRT = b_kRT.to(DT)
+        b_D += tl.dot(b_kL.to(DT), b_kRT, input_precision=DOT_PREC)
+        b_Dq += tl.dot(b_qL.to(DT), b_kRT, input_precision=DOT_PREC)
+    else:
+        b_D += tl.dot(b_kL, b_kRT, input_precision=DOT_PREC)
+        b_Dq += tl.dot(b_qL, b_kRT, input_precision=DOT_PREC)
+    return b_D, b_Dq
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_intra_onepass_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    w,
+    u,
+    aqk,
+    qg,
+    kg,
+    gout,
+    chunk_info,
+    flags,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    NB: tl.constexpr,
+    NK: tl.constexpr,
+    NV: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    DIAG: tl.constexpr,
+    DIAG_LOWP: tl.constexpr,
+    SOLVE: tl.constexpr,
+):
+    tl.static_assert(NB == 1 or NB == 2, "INTRA='onepass' holds 1 or 2 sub-chunks per chunk")
+    tl.static_assert(DIAG == 0 or DIAG == 1, "the exact pass (DIAG = 2) is the 'blocks' kernel's")
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
+    L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
+    DT = w.dtype.element_ty
+    MID: tl.constexpr = BC // 2
+
+    o_c = tl.arange(0, BC)
+    k_b = k + (bos * H + i_h) * K
+    q_b = q + (bos * H + i_h) * K
+    v_b = v + (bos * HV + i_hv) * V
+    g_b = g + (bos * HV + i_hv) * K
+    w_b = w + (bos * HV + i_hv) * K
+    u_b = u + (bos * HV + i_hv) * V
+    a_b = aqk + (bos * HV + i_hv) * BT
+    qg_b = qg + (bos * HV + i_hv) * K
+    kg_b = kg + (bos * HV + i_hv) * K
+    be_b = beta + (bos * HV + i_hv)
+    SK = H * K  # row stride of q, k
+    SG = HV * K  # row stride of the gate and of W, q~, k~
+    SA = HV * BT  # row stride of A_qk
+
+    r1 = o_c
+    m1 = r1 < L
+    b_be1 = tl.load(be_b + r1 * HV, mask=m1, other=0).to(tl.float32)
+    b_D1 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Dq1 = tl.zeros([BC, BC], dtype=tl.float32)
+    if NB == 2:
+        r2 = BC + o_c
+        m2 = r2 < L
+        b_be2 = tl.load(be_b + r2 * HV, mask=m2, other=0).to(tl.float32)
+        b_D2 = tl.zeros([BC, BC], dtype=tl.float32)
+        b_Dq2 = tl.zeros([BC, BC], dtype=tl.float32)
+        b_A21 = tl.zeros([BC, BC], dtype=tl.float32)
+        b_Aq21 = tl.zeros([BC, BC], dtype=tl.float32)
+    b_half = 0.0
+
+    # ---- 1. one pass over the key tiles: A's blocks, q~, k~, exp(γ_C) and W's operand (into the W buffer) ---------
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        # block 1: s = 0 (the chunk's start)
+        b_g = load_gate(g_b + (r1[:, None] * SG + o_k[None, :]), m1[:, None] & m_k[None, :])
+        b_gam = tl.cumsum(b_g, 0)
+        b_s1 = tl.sum(b_g, 0)  # γ at the end of block 1 (masked rows add 0)
+        b_gm = _pick_row(b_gam, MID, BC)
+        b_half = tl.maximum(b_half, tl.max(tl.maximum(-b_gm, b_gm - b_s1), 0))
+        b_eL = tl.exp(b_gam - b_gm[None, :])
+        b_eR = tl.exp(b_gm[None, :] - b_gam)
+        b_k = _rows(k_b, r1, SK, o_k, m1, m_k)
+        b_q = _rows(q_b, r1, SK, o_k, m1, m_k)
+        b_kL1 = b_k * b_eL  # k_i e^(γ_i − γ_m)
+        b_kR1 = b_k * b_eR  # k_j e^(γ_m − γ_j)
+        b_qL1 = b_q * b_eL
+        b_D1, b_Dq1 = _diag_dots(b_D1, b_Dq1, b_kL1, b_kR1, b_qL1, DT, DIAG_LOWP, DOT_PREC)
+        b_em = tl.exp(b_gm)[None, :]  # e^(γ_m − s), s = 0: within e^(±80) when unflagged
+        _store_rows(qg_b, r1, SG, o_k, m1, m_k, b_qL1 * (b_em * scale))
+        _store_rows(w_b, r1, SG, o_k, m1, m_k, b_kL1 * b_em * b_be1[:, None])
+        if NB == 1:
+            b_gC = b_s1
+            _store_rows(kg_b, r1, SG, o_k, m1, m_k, b_kR1 * tl.exp(b_gC - b_gm)[None, :])
+        else:
+            # block 2: s = s1; the columns of the off-diagonal block are block 1's rows, k_j e^(s1 − γ_j) <= 1
+            b_col = b_kR1 * tl.exp(b_s1 - b_gm)[None, :]
+            b_g = load_gate(g_b + (r2[:, None] * SG + o_k[None, :]), m2[:, None] & m_k[None, :])
+            b_gam = tl.cumsum(b_g, 0) + b_s1[None, :]
+            b_gC = b_s1 + tl.sum(b_g, 0)
+            b_gm = _pick_row(b_gam, MID, BC)
+            b_half = tl.maximum(b_half, tl.max(tl.maximum(b_s1 - b_gm, b_gm - b_gC), 0))
+            b_eL = tl.exp(b_gam - b_gm[None, :])
+            b_eR = tl.exp(b_gm[None, :] - b_gam)
+            b_k = _rows(k_b, r2, SK, o_k, m2, m_k)
+            b_q = _rows(q_b, r2, SK, o_k, m2, m_k)
+            b_kL = b_k * b_eL
+            b_kR = b_k * b_eR
+            b_qL = b_q * b_eL
+            b_D2, b_Dq2 = _diag_dots(b_D2, b_Dq2, b_kL, b_kR, b_qL, DT, DIAG_LOWP, DOT_PREC)
+            b_em = tl.exp(b_gm - b_s1)[None, :]  # e^(γ_m − s1) <= 1
+            b_kr = b_kL * b_em  # rows k_i e^(γ_i − s1) <= 1
+            b_qr = b_qL * b_em
+            b_colT = tl.trans(b_col.to(DT))
+            b_A21 += tl.dot(b_kr.to(DT), b_colT, input_precision=DOT_PREC)
+            b_Aq21 += tl.dot(b_qr.to(DT), b_colT, input_precision=DOT_PREC)
+            # e^(γ_i) = e^(γ_i − s1) e^(s1): factors <= 1 (the vector e^(γ_m) alone could underflow where e^(γ_i)
+            # does not)
+            b_es = tl.exp(b_s1)[None, :]
+            _store_rows(qg_b, r2, SG, o_k, m2, m_k, b_qr * (b_es * scale))
+            _store_rows(w_b, r2, SG, o_k, m2, m_k, b_kr * b_es * b_be2[:, None])
+            _store_rows(kg_b, r2, SG, o_k, m2, m_k, b_kR * tl.exp(b_gC - b_gm)[None, :])
+            _store_rows(kg_b, r1, SG, o_k, m1, m_k, b_col * tl.exp(b_gC - b_s1)[None, :])
+        tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
+
+    if DIAG == 1:  # a block too steep for the factors above: the exact pass redoes this chunk
+        tl.store(flags + i_c * HV + i_hv, tl.where(b_half > 80.0, 1, 0))
+
+    # ---- 2. finish the blocks (β, scale, store A_qk), the inverse of I + A_kk ------------------------------------------
+    b_c0 = tl.zeros([BC], dtype=tl.float32)  # no scalar gate
+    b_D1 = _finish_diag(b_D1, b_Dq1, b_c0, b_be1, a_b, r1, m1, scale, SA, BC, 2, True)
+    b_T1 = -b_D1
+    if NB == 2:
+        _store_rows(a_b + BC, r1, SA, o_c, m1, o_c < BC, tl.zeros([BC, BC], dtype=tl.float32))
+        b_A21 = _finish_off(b_A21, b_Aq21, b_c0, b_c0, b_be2, a_b, r2, m2, scale, SA, BC, 2, True)
+        b_D2 = _finish_diag(b_D2, b_Dq2, b_c0, b_be2, a_b + BC, r2, m2, scale, SA, BC, 2, True)
+        b_T2 = -b_D2
+    if SOLVE == 0:  # forward substitution, row by row
+        for i in range(1, BC):
+            sel = (o_c == i)[:, None]
+            b_T1 = _sub_row(b_T1, sel)
+            if NB == 2:
+                b_T2 = _sub_row(b_T2, sel)
+        b_eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)
+        b_T1 += b_eye
+        if NB == 2:
+            b_T2 += b_eye
+    else:  # by repeated squaring
+        b_T1 = _inv_squaring(b_D1, BC)
+        if NB == 2:
+            b_T2 = _inv_squaring(b_D2, BC)
+    b_I11 = b_T1.to(DT)
+    if NB == 2:
+        b_I22 = b_T2.to(DT)
+        b_T21 = -tl.dot(tl.dot(b_T2, b_A21, input_precision="ieee"), b_T1, input_precision="ieee")
+        b_I21 = b_T21.to(DT)
+
+    # ---- 3. W = T (β k e^γ) from the operand stored in step 1, U = T (β V) ------------------------------------------
+    tl.debug_barrier()  # the operand rows other threads of this program stored are visible
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_x1 = _rows(w_b, r1, SG, o_k, m1, m_k).to(DT)
+        b_o1 = tl.dot(b_I11, b_x1, input_precision=DOT_PREC)
+        if NB == 2:
+            b_x2 = _rows(w_b, r2, SG, o_k, m2, m_k).to(DT)
+            b_o2 = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
+            b_o2 += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
+        tl.debug_barrier()  # every thread has read this tile before any overwrites it
+        _store_rows(w_b, r1, SG, o_k, m1, m_k, b_o1)
+        if NB == 2:
+            _store_rows(w_b, r2, SG, o_k, m2, m_k, b_o2)
+    for i_v in range(NV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_x1 = (_rows(v_b, r1, HV * V, o_v, m1, m_v) * b_be1[:, None]).to(DT)
+        _store_rows(u_b, r1, HV * V, o_v, m1, m_v, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
+        if NB == 2:
+            b_x2 = (_rows(v_b, r2, HV * V, o_v, m2, m_v) * b_be2[:, None]).to(DT)
+            b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
+            _store_rows(u_b, r2, HV * V, o_v, m2, m_v, b_o)
+
+
+def launch_intra_onepass(call: ChunkCall, inter: Intermediates) -> Any:
+    """Stage 1, ``INTRA = "onepass"`` (KDA); with the guarded diagonal, the ``"blocks"`` kernel's exact pass redoes
+    the flagged chunks."""
+    if call.NC == 0:
+        return None
+    args = (
+        call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
+        call.tables.chunk_info, inter.flags, call.scale, call.T,
+    )  # fmt: skip
+    grid = (call.NC, call.HV)
+    kw = intra_launch_options(call)
+    gate = kw.pop("GATE")
+    solve = int(call.config["SOLVE"] == "squaring")
+    lowp = bool(call.config["DIAG_BF16"]) and call.dt == torch.bfloat16  # float16's range is too small
+    two_pass = inter.flags is not None
+    first = chunk_intra_onepass_kernel[grid](*args, DIAG=1 if two_pass else 0, DIAG_LOWP=lowp, SOLVE=solve, **kw)
+    if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
+        chunk_intra_blocks_kernel[grid](*args, GATE=gate, DIAG=2, SOLVE=solve, **kw)
+    return first
