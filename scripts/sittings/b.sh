@@ -27,7 +27,8 @@ search() {  # name, kernel, seconds per shape, args...
   shift 3
   local from=()
   [ -f "$RUNS/${kernel}_anchor/run.json" ] && from=(--transfer-from "$RUNS/${kernel}_anchor")
-  "${SEARCH[@]}" -k "$kernel" --timeout "$(t "$secs")" --out "$RUNS/$name" "${from[@]}" "$@"
+  "${SEARCH[@]}" -k "$kernel" --timeout "$(t "$secs")" --out "$RUNS/$name" "${from[@]}" "$@" \
+    || echo "search $name exited $? (a shape with no passing config exits 1)"
   tar czf "$OUT/$name.tgz" -C "$RUNS" "$name"
 }
 merge() {  # the tuned configs of every run so far, over the shipped file: $S/h200.json (and a copy in $OUT)
