@@ -26,7 +26,9 @@ def main() -> None:
     shipped = json.loads(args.shipped.read_text())
     merged, changes = supersede(shipped, [json.loads(p.read_text()) for p in args.newer], args.note)
     parse_configs(merged, str(args.shipped))  # the same checks as at run time: a bad merge never lands
-    args.shipped.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    tmp = args.shipped.with_name(args.shipped.name + ".tmp")  # a reader never sees half a file
+    tmp.write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(args.shipped)
     print("\n".join(changes) or "nothing new")
 
 

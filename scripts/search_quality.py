@@ -48,6 +48,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--no-shipped", action="store_true", help="do not time the shipped config")
     ap.add_argument(
+        "--known-config", type=Path, default=None, help="config file of the best known configs (default: the shipped)"
+    )
+    ap.add_argument(
         "--shared-cache", action="store_true", help="one Triton cache for all runs (later runs compile less)"
     )
     ap.add_argument("--interpret", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
@@ -61,7 +64,7 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def shipped_time(kernel: str, shape: Any, dtype: str, gpu: str) -> tuple[float, str] | None:
+def shipped_time(kernel: str, shape: Any, dtype: str, gpu: str, path: Path | None = None) -> tuple[float, str] | None:
     """The shipped config's time on ``shape`` with the trials' harness (CUDA events, L2 flushed, median), or None."""
     from dtune.kernels import get_kernel
 
@@ -70,7 +73,7 @@ def shipped_time(kernel: str, shape: Any, dtype: str, gpu: str) -> tuple[float, 
     from dtune.measure.timing import time_call
     from dtune.store import ConfigFileError, read_configs
 
-    path = Path(__file__).resolve().parents[1] / "dtune" / "configs" / f"{gpu}.json"
+    path = path or Path(__file__).resolve().parents[1] / "dtune" / "configs" / f"{gpu}.json"
     try:
         entry = read_configs(path, gpu).nearest(kernel, dtype, shape)
     except ConfigFileError:
@@ -81,7 +84,7 @@ def shipped_time(kernel: str, shape: Any, dtype: str, gpu: str) -> tuple[float, 
     config = get_kernel(kernel).check_config(shape.K, shape.V, entry.config)
     timing = time_call(run.call(config), "cuda")
     b = entry.bucket
-    return timing.median_ms, f"shipped {gpu}.json (bucket T{b['T']}-B{b['B']}, timed here)"
+    return timing.median_ms, f"{path.name} (bucket T{b['T']}-B{b['B']}, timed here)"
 
 
 def builds(run_dir: Path) -> dict[str, float]:
@@ -138,7 +141,7 @@ def main() -> None:
     known: dict[str, tuple[float, str, str]] = {}  # kernel: (ms, what, shape key)
     if not a.no_shipped and not a.interpret:
         for k in kernels:
-            got = shipped_time(k, shape, dtype, gpu.key)
+            got = shipped_time(k, shape, dtype, gpu.key, a.known_config)
             if got is not None:
                 known[k] = (*got, shape.key)
                 print(f"  {k}: {got[1]}: {got[0]:.4g} ms", flush=True)

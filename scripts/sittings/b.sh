@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The steps of sitting B (2026-11-30): tune the chunk kernels' grid by transfer, then the benchmark of record against
-# fla, the backward, the sanitizer sweep. One step per call: bash scripts/sittings/b.sh STEP (the plans b1.plan and
-# b2.plan queue them per GPU through scripts/sitting.sh). Run folders and the merged config live in $S (default
-# /tmp/sitting, outside $OUT, so the second command of a warm machine finds them); $OUT gets copies.
+# The steps of sittings B and C (2026-11-30): tune the chunk kernels' grid by transfer, then the benchmark of record
+# against fla, the backward, the sanitizer sweep, the search-quality benchmark. One step per call:
+# bash scripts/sittings/b.sh STEP (the plans b1.plan, b2.plan and c1-c3.plan queue them per GPU through
+# scripts/sitting.sh). Run folders and the merged config live in $S (default /tmp/sitting, outside $OUT, so the next
+# command of a warm machine finds them); $OUT gets copies. BASE_CONFIG: the config file the first merge starts from
+# and the benches use while $S has none (default the shipped dtune/configs/h200.json).
 # DRY=1: the same steps on the CPU under Triton's interpreter at tiny shapes (checks the plumbing, not the speed).
 set -euo pipefail
 STEP=$1
@@ -34,12 +36,17 @@ search() {  # name, kernel, seconds per shape, args...
 merge() {  # the tuned configs of every run so far, over the shipped file: $S/h200.json (and a copy in $OUT)
   local runs=()
   for d in "$RUNS"/*; do [ -f "$d/run.json" ] && runs+=("$d"); done
+  local bwd=() f
+  for f in "$S/bwd_tuned.json" "$OUT/raw/bwd/bwd_tuned.json"; do  # the backward searches' export (step bwd)
+    if [ -f "$f" ]; then bwd=("$f"); break; fi
+  done
   python3 -m dtune export "${runs[@]}" -o "$S/tuned.json"
   if [ -n "${DRY:-}" ]; then  # a CPU export cannot merge into the H200 file: the plumbing stops at the export
     cp "$S/tuned.json" "$S/h200.json"
   else
-    [ -f "$S/h200.json" ] || cp dtune/configs/h200.json "$S/h200.json"
-    python3 scripts/merge_configs.py "$S/h200.json" "$S/tuned.json" --note "H200 sitting B, 2026-11-30: $1"
+    [ -f "$S/h200.json" ] || cp "${BASE_CONFIG:-dtune/configs/h200.json}" "$S/h200.json"
+    python3 scripts/merge_configs.py "$S/h200.json" "$S/tuned.json" "${bwd[@]}" \
+      --note "H200 ${SITTING:-sitting B}, $(date +%F): $1"
   fi
   cp "$S/h200.json" "$S/tuned.json" "$OUT/"
 }
@@ -47,26 +54,28 @@ bench() {  # name, kernel, args... (the merged config when there is one)
   local name=$1 kernel=$2
   shift 2
   local cfg=()
-  [ -f "$S/h200.json" ] && cfg=(--config "$S/h200.json")
+  if [ -f "$S/h200.json" ]; then cfg=(--config "$S/h200.json")
+  elif [ -n "${BASE_CONFIG:-}" ]; then cfg=(--config "$BASE_CONFIG"); fi
   "${BENCH[@]}" -k "$kernel" "${cfg[@]}" --baselines "${BASELINES:-fla}" --out "$OUT/$name" "$@"
 }
 case $STEP in
   # tuning: each kernel's anchor bucket, then the others seeded from it (and from the shipped configs)
   kda_anchor) search chunk_kda_anchor chunk_kda 110 --seq-lens $TA --head-dims $D --heads $H ;;
   kda_d64) search kda_d64 chunk_kda 60 --seq-lens $TA --head-dims $D2 --heads $H ;;
-  kda_t) search kda_t chunk_kda 25 --seq-lens $T1,$T2 --head-dims $D --heads $H ;;
+  kda_t) search kda_t chunk_kda ${KDA_T_S:-25} --seq-lens $T1,$T2 --head-dims $D --heads $H ;;
   kda_b1) search kda_b1 chunk_kda 35 --seq-lens $LONG3 --batch 1 --head-dims $D --heads $H ;;
-  kda_packed) search kda_packed chunk_kda 35 --packed-seqs $PACKED --head-dims $D --heads $H ;;
+  kda_packed) search kda_packed chunk_kda ${PACKED_S:-35} --packed-seqs $PACKED --head-dims $D --heads $H ;;
   gdn_anchor) search chunk_gated_delta_rule_anchor chunk_gated_delta_rule 100 --seq-lens $TA --head-dims $D --heads $H ;;
   gdn_t) search gdn_t chunk_gated_delta_rule 25 --seq-lens $T1,$T2 --head-dims $D --heads $H ;;
   gdn_b1) search gdn_b1 chunk_gated_delta_rule 35 --seq-lens $LONG3 --batch 1 --head-dims $D --heads $H ;;
-  gdn_packed) search gdn_packed chunk_gated_delta_rule 35 --packed-seqs $PACKED --head-dims $D --heads $H ;;
+  gdn_packed) search gdn_packed chunk_gated_delta_rule ${PACKED_S:-35} --packed-seqs $PACKED --head-dims $D --heads $H ;;
   gdn_hv2) search gdn_hv2 chunk_gated_delta_rule 35 --seq-lens ${LONG%%,*} --batch 1 --hv-ratio 2 --head-dims $D --heads $H ;;
   dn_anchor) search chunk_delta_rule_anchor chunk_delta_rule 90 --seq-lens $TA --head-dims $D --heads $H ;;
   dn_b1) search dn_b1 chunk_delta_rule 35 --seq-lens $LONG --batch 1 --head-dims $D --heads $H ;;
-  dn_packed) search dn_packed chunk_delta_rule 35 --packed-seqs $PACKED --head-dims $D --heads $H ;;
+  dn_packed) search dn_packed chunk_delta_rule ${PACKED_S:-35} --packed-seqs $PACKED --head-dims $D --heads $H ;;
   merge1) merge "chunk_kda and chunk_gated_delta_rule" ;;
   merge2) merge "chunk_delta_rule" ;;
+  merge3) merge "${MERGE_NOTE:-chunk_delta_rule, chunk_kda T 1024/16384, the backward}" ;;
   # the benchmark of record: dtune (merged configs) vs its default and fla (default; chunk_kda also safe_gate)
   bench_grid_kda) bench "$STEP" chunk_kda --seq-lens $T1,$TA,$T2 --head-dims $D2,$D --heads $H --batch-tokens $BT ;;
   bench_grid_*)
@@ -77,9 +86,22 @@ case $STEP in
   bench_hv2) bench "$STEP" chunk_gated_delta_rule --seq-lens ${LONG%%,*} --batch 1 --hv-ratio 2 --head-dims $D --heads $H ;;
   bwd)
     if [ -n "${DRY:-}" ]; then python3 scripts/gpu_bwd.py --interpret --budget-s 120 --search-s 10
-    else python3 scripts/gpu_bwd.py --budget-s "${BWD_S:-180}" --search-s 25; fi ;;
+    else python3 scripts/gpu_bwd.py --budget-s "${BWD_S:-180}" --search-s "${BWD_SEARCH_S:-25}" \
+      --skip "${BWD_SKIP:-}" -j "${BWD_J:-6}"; fi
+    [ -f "$OUT/bwd_tuned.json" ] && cp "$OUT/bwd_tuned.json" "$S/" || true ;;
   sanitizer)
     if [ -n "${DRY:-}" ]; then python3 scripts/gpu_crash.py --interpret --no-variants --sweep-s 20
-    else python3 scripts/gpu_crash.py --no-variants --budget-s 100 --sweep-s 90; fi ;;
+    else python3 scripts/gpu_crash.py --no-variants --budget-s "${SAN_S:-100}" --sweep-s "$((${SAN_S:-100} - 10))"; fi ;;
+  # the search-quality benchmark: each strategy from the default alone, against the best known config
+  sq_*)
+    strategy=${STEP#sq_}
+    if [ -n "${DRY:-}" ]; then python3 scripts/search_quality.py --interpret --strategies "$strategy" --budget 8
+    else
+      known=()
+      [ -f "$S/h200.json" ] && known=(--known-config "$S/h200.json")
+      python3 scripts/search_quality.py --strategies "$strategy" --budget "${SQ_S:-80}" --compile-ahead 14 \
+        --kernels "${KERNELS:-chunk_kda,chunk_gated_delta_rule,chunk_delta_rule}" \
+        --deadline "${DEADLINE:-0}" "${known[@]}"
+    fi ;;
   *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
