@@ -62,6 +62,27 @@ def capturing(x: Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+_OFFSETS_CACHE: list[tuple[Tensor, int, tuple[int, ...]]] = []  # (tensor, its version, its values), newest last
+OFFSETS_CACHE_SIZE = 8
+
+
+def host_seq_offsets(cu_seqlens: Tensor) -> tuple[int, ...]:
+    """``cu_seqlens`` on the host, read once per tensor: a call with the very tensor object of one of the last
+    :data:`OFFSETS_CACHE_SIZE` calls, unchanged since (same in-place version counter), reuses its values, so the
+    layers of a model that share one ``cu_seqlens`` pay one device-to-host copy (and its sync) per batch instead of
+    one per layer. The cache holds those few small tensors alive, so a cached object can never be a new tensor at a
+    recycled address; writing into a cached tensor bumps its version and it is read again."""
+    version = cu_seqlens._version
+    for i, (t, v, offs) in enumerate(_OFFSETS_CACHE):
+        if t is cu_seqlens and v == version:
+            _OFFSETS_CACHE.append(_OFFSETS_CACHE.pop(i))
+            return offs
+    offs = tuple(int(x) for x in cu_seqlens.tolist())
+    _OFFSETS_CACHE[:] = [e for e in _OFFSETS_CACHE if e[0] is not cu_seqlens][-(OFFSETS_CACHE_SIZE - 1) :]
+    _OFFSETS_CACHE.append((cu_seqlens, version, offs))
+    return offs
+
+
 def check_gate_values(g: Tensor) -> None:
     """ValueError naming ``g`` when it holds NaN or a positive entry.
 
@@ -141,7 +162,7 @@ def check_inputs(
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
 
     N = B
-    offs: list[int] | None = None
+    offs: tuple[int, ...] | None = None
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor):
             raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
@@ -154,7 +175,7 @@ def check_inputs(
         N = cu_seqlens.numel() - 1
         # Checking the offsets' values reads them on the host: skipped while a CUDA graph is being captured.
         if not capturing(cu_seqlens):
-            offs = cu_seqlens.tolist()
+            offs = host_seq_offsets(cu_seqlens)
             if offs[0] != 0 or offs[-1] != T:
                 raise ValueError(f"cu_seqlens must run from 0 to T = {T}, got {offs[0]} ... {offs[-1]}")
             if any(b < a for a, b in zip(offs[:-1], offs[1:])):
@@ -189,7 +210,7 @@ def check_inputs(
         raise ValueError(f"tensors on {q.device.type!r} are not supported; use a CUDA GPU")
     if check_gate and g is not None:
         check_gate_values(g)
-    offsets = None if offs is None else tuple(offs)
+    offsets = offs
     return Shape(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, gate=gate, varlen=cu_seqlens is not None, seq_offsets=offsets)
 
 

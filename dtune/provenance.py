@@ -10,8 +10,11 @@ ENV = "DTUNE_COMMIT"
 
 
 def git_commit() -> str | None:
-    """The source tree's commit: ``git rev-parse HEAD`` when dtune runs from a git checkout, else ``$DTUNE_COMMIT``
-    (set it where the code runs without its ``.git``, e.g. a copy of the working tree on a GPU machine), else None."""
+    """The source tree's commit: ``$DTUNE_COMMIT`` when set (where the code runs as a copy of the working tree whose
+    ``.git`` is missing or older than the tree, e.g. on a GPU machine), else ``git rev-parse HEAD`` of the checkout,
+    else None."""
+    if os.environ.get(ENV):
+        return os.environ[ENV]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
@@ -24,4 +27,4 @@ def git_commit() -> str | None:
         found = out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         found = ""
-    return found or os.environ.get(ENV) or None
+    return found or None

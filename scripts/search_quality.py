@@ -22,6 +22,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,9 @@ def main() -> None:
                 continue
         run_dir = out / "runs" / f"{k}-{label}"
         if not a.shared_cache:
-            os.environ["TRITON_CACHE_DIR"] = str((out / "cache" / f"{k}-{label}").resolve())
+            # outside $OUT: a device command returns $OUT, and Triton caches would swell it past what comes back
+            cache_root = Path(os.environ.get("DTUNE_SQ_CACHE", tempfile.gettempdir())) / "dtune_sq_cache"
+            os.environ["TRITON_CACHE_DIR"] = str(cache_root / f"{k}-{label}")
         cfg = SearchConfig(
             kernel=k, gpu=gpu, space=load_space(k), shapes=[where], out=run_dir, dtype=dtype, timeout=this,
             strategy=strategy, seeds=False, interpret=a.interpret, compile_ahead=ca, devices=devices,

@@ -24,6 +24,7 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.used,clocks.sm --format=csv,noheader | tee "$OUT/raw/gpus.txt"
 echo "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" > "$OUT/raw/commit.txt"
+[ -n "${COMMIT:-}" ] && export DTUNE_COMMIT=$COMMIT  # what dtune records in run.json / bench.csv (the copy's .git may be older)
 
 pack() { tar czf "$OUT/sitting.tgz.tmp" -C "$OUT" raw && mv "$OUT/sitting.tgz.tmp" "$OUT/sitting.tgz"; }
 
