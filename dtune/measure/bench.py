@@ -54,6 +54,7 @@ COLUMNS = [
     "mode",
     "dtype",
     *SHAPE_COLUMNS,
+    "N",  # sequences: B for a fixed-length batch, the number of packed sequences (cu_seqlens, B = 1) otherwise
     "median_ms",
     "min_ms",
     "iqr_ms",
@@ -219,6 +220,7 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
                 "HV": p.HV,
                 "K": p.K,
                 "V": p.V,
+                "N": p.N,
                 "median_ms": ms,
                 "min_ms": t.min_ms if t else math.nan,
                 "iqr_ms": t.iqr_ms if t else math.nan,
@@ -244,7 +246,9 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
 def add_speedups(frame: pd.DataFrame) -> pd.DataFrame:
     """Per shape and mode: ``speedup_vs_default`` = default ms / ms, ``speedup_vs_fla`` = fla's fastest ms / ms."""
     frame = frame.copy()
-    keys = ["kernel", "dtype", "mode", "B", "T", "H", "HV", "K", "V"]
+    if "N" not in frame.columns:  # rows of an older bench.csv: fixed-length batches
+        frame["N"] = frame["B"]
+    keys = ["kernel", "dtype", "mode", "B", "T", "H", "HV", "K", "V", "N"]
     base = frame.groupby(keys, dropna=False)
     default_ms = base["median_ms"].transform(lambda s: s[frame.loc[s.index, "impl"] == "default"].min())
     fla_ms = base["median_ms"].transform(lambda s: s[frame.loc[s.index, "impl"].str.startswith("fla")].min())

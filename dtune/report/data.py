@@ -28,7 +28,7 @@ import pandas as pd
 from dtune.measure.work import Roofs
 from dtune.tune.results import MEASURED
 
-SHAPE_COLS = ["B", "T", "H", "HV", "K", "V"]
+SHAPE_COLS = ["B", "T", "H", "HV", "K", "V", "N"]  # N: sequences (packed batches: B = 1, N > 1; older files: N = B)
 PROFILE_TOTAL = "total (whole op)"
 NOT_RECORDED = "not recorded"
 FLA_NAMES = {"fla": "fla default", "fla_fast": "fla safe_gate"}  # bench impl -> how the report names fla's modes
@@ -145,6 +145,8 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
                 fallback = _commit_for(rel, run_jsons.get(p.parent), provenance)
                 frame["commit"] = recorded.fillna(fallback).map(short_commit) if len(recorded) else fallback
                 frame["source"] = label
+                if {"B", "T"} <= set(frame.columns) and "N" not in frame.columns:  # written before the N column
+                    frame["N"] = frame["B"]
                 frames[kind].append(frame)
                 data.sources.append(Source(kind, label, len(frame), sorted(frame["commit"].astype(str).unique())))
         for p in _files(root, "tuned.json"):
@@ -164,10 +166,25 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
 
 
 def shape_label(row: Any) -> str:
-    """``B4 T1024 H16 D128`` (``K/V`` when they differ) from anything with B, T, H, K, V."""
+    """``B4 T1024 H16 D128`` (``K/V`` when they differ, ``HV32`` with grouped value heads, ``16 packed`` for a
+    packed variable-length batch of T tokens in all) from anything with B, T, H, K, V (HV, N optional)."""
     k, v = int(row["K"]), int(row["V"])
     d = f"D{k}" if k == v else f"K{k}/V{v}"
-    return f"B{int(row['B'])} T{int(row['T'])} H{int(row['H'])} {d}"
+    label = f"B{int(row['B'])} T{int(row['T'])} H{int(row['H'])} {d}"
+    return label + variant_label(row)
+
+
+def variant_label(row: Any) -> str:
+    """`` HV=2H`` for grouped value heads, `` 16 packed`` for a packed batch of 16 sequences, else empty: the parts
+    of a shape that the kernel × head dim × T grid of the report does not show on its own."""
+    out = ""
+    H, HV = int(row["H"]), int(row.get("HV", row["H"]))
+    if HV != H:
+        out += f" HV={HV // H}H" if HV % H == 0 else f" HV{HV}"
+    n = row.get("N")
+    if n is not None and not (isinstance(n, float) and math.isnan(n)) and int(n) != int(row["B"]):
+        out += f" {int(n)} packed"
+    return out
 
 
 def dim_label(row: Any) -> str:
@@ -240,6 +257,8 @@ def versus(bench: pd.DataFrame | None) -> tuple[pd.DataFrame | None, str]:
     comparison is against ("fla" or "default")."""
     if bench is None or not {"impl", "median_ms"} <= set(bench.columns):
         return None, ""
+    if "N" not in bench.columns:  # a frame read without load_run (older bench.csv): fixed-length batches
+        bench = bench.assign(N=bench["B"])
     timed = bench[bench["median_ms"].notna() & (bench["median_ms"] > 0)]
     if "mode" not in timed.columns:
         timed = timed.assign(mode="eager")
@@ -268,7 +287,7 @@ def heatmap_rows(vs: pd.DataFrame) -> pd.DataFrame:
     """``vs`` with a ``row`` label (kernel and head dim; the batch when one row would hold several at one T; the
     mode when not eager) and a ``col`` label (``T=...``), in display order."""
     frame = vs.copy()
-    frame["row"] = frame["kernel"] + " " + frame.apply(dim_label, axis=1)
+    frame["row"] = frame["kernel"] + " " + frame.apply(dim_label, axis=1) + frame.apply(variant_label, axis=1)
     clash = frame.groupby(["row", "mode", "T"])["B"].transform("nunique") > 1
     frame.loc[clash, "row"] = frame.loc[clash, "row"] + " B" + frame.loc[clash, "B"].astype(int).astype(str)
     graph = frame["mode"] != "eager"
@@ -324,7 +343,7 @@ def speedup_lines(bench: pd.DataFrame | None, axis: str, against: str = "fla") -
         return pd.DataFrame(columns=cols)
     frame = vs.copy()
     fixed = frame.apply(dim_label, axis=1) if axis == "T" else "T" + frame["T"].astype(int).astype(str)
-    frame["line"] = frame["kernel"] + " " + fixed
+    frame["line"] = frame["kernel"] + " " + fixed + frame.apply(variant_label, axis=1)
     frame["x"] = frame[axis].astype(int)
     several = frame.groupby(["line", "mode", "x"])["B"].transform("nunique") > 1
     frame.loc[several, "line"] = frame.loc[several, "line"] + " B" + frame.loc[several, "B"].astype(int).astype(str)
@@ -438,7 +457,8 @@ def tuned_frame(tuned: dict[str, Any] | None) -> pd.DataFrame | None:
             {
                 "kernel": e.get("kernel"),
                 "dtype": e.get("dtype"),
-                **{c: b.get(c, math.nan) for c in SHAPE_COLS},
+                **{c: b.get(c, math.nan) for c in SHAPE_COLS if c != "N"},
+                "N": b.get("N", b.get("B", math.nan)),  # a bucket's N is its B
                 "best_ms": e.get("time_ms", math.nan),
                 "default_ms": e.get("default_time_ms", math.nan),
                 "speedup": e.get("speedup", math.nan),

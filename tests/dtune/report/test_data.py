@@ -335,6 +335,29 @@ def test_heatmap_rows_name_batch_and_mode_only_when_needed() -> None:
     assert set(plain["row"]) == {"chunk_kda D64", "chunk_kda D128", "chunk_kda D256"}
 
 
+def test_grouped_and_packed_shapes_keep_their_own_cells_and_lines() -> None:
+    """One 32K prompt, the same with HV = 2H, and 16 packed prompts: three rows of the heatmap, never one cell (the
+    H200 report of 2026-11-30 first showed Gated DeltaNet's grouped-head ratio, 1.07×, in the plain 32K cell)."""
+    base = {"kernel": "chunk_gated_delta_rule", "dtype": "bf16", "mode": "eager", "B": 1, "H": 16, "K": 128, "V": 128}
+    shapes = [(1024, 16, 32, 0.6, 1.0), (32768, 16, 1, 1.0, 1.5), (32768, 32, 1, 1.8, 1.9), (52640, 16, 16, 1.3, 1.5)]
+    rows = [
+        {**base, "T": T, "HV": hv, "N": n, "B": 32 if T == 1024 else 1, "impl": impl, "median_ms": ms}
+        for T, hv, n, mine, fla in shapes
+        for impl, ms in (("tuned", mine), ("fla", fla))
+    ]
+    frame = pd.DataFrame(rows)
+    vs, _ = d.versus(frame)
+    assert vs is not None and len(vs) == 4
+    grid = d.heatmap_rows(vs).set_index(["row", "col"])["ratio"]
+    assert grid[("chunk_gated_delta_rule D128", "T=32768")] == pytest.approx(1.5)
+    assert grid[("chunk_gated_delta_rule D128 HV=2H", "T=32768")] == pytest.approx(1.9 / 1.8)
+    assert grid[("chunk_gated_delta_rule D128 16 packed", "T=52640")] == pytest.approx(1.5 / 1.3)
+    lines = d.speedup_lines(frame, "T", "fla")
+    assert set(lines["line"]) == {"chunk_gated_delta_rule D128"}  # the variants have one point each: no line
+    assert lines.set_index("x").loc[32768, "speedup"] == pytest.approx(1.5)
+    assert d.shape_label(vs.iloc[-1]) in {"B1 T52640 H16 D128 16 packed", "B1 T32768 H16 D128 HV=2H"}
+
+
 def test_speedup_lines_keep_real_sweeps_only() -> None:
     by_t = d.speedup_lines(sweep_rows(), "T", "fla")
     assert list(zip(by_t["line"], by_t["x"], by_t["speedup"].round(4))) == [
