@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import json
 import os
 import random
-import re
-import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +37,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's dtune, installed or not
+
+from dtune.tune.sanitize import find_sanitizer, parse_sanitizer  # noqa: E402
+
 TRIAL10: dict[str, Any] = {
     "BT": 64, "BC": 64, "INTRA": "rows", "intra_BK": 32, "intra_BV": 64, "intra_num_warps": 4, "intra_num_stages": 1,
     "SAFE_DIAG": True, "F32_DOT": "ieee", "FUSE_OUTPUT": False, "STATE_LAYOUT": "vk", "h_BV": 32, "h_num_warps": 8,
@@ -145,30 +146,6 @@ def _run_legacy(x: dict[str, Any], cfg: dict[str, Any], p: Any) -> list[Any]:
 
 
 # -------------------------------------------------------------------------------------------------- the parent
-
-
-def find_sanitizer() -> str | None:
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    hits = sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer")) + sorted(
-        glob.glob("/usr/local/cuda*/compute-sanitizer/compute-sanitizer")
-    )
-    return hits[-1] if hits else None
-
-
-def parse_sanitizer(text: str) -> tuple[int | None, str]:
-    """(error count, first error with its location and thread/block) of compute-sanitizer's output."""
-    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        body = line.removeprefix("=========").strip()
-        if line.startswith("========= ") and body and not line.startswith("=========  "):
-            if re.match(r"(COMPUTE-SANITIZER|ERROR SUMMARY|Target application)", body):
-                continue
-            where = [x.removeprefix("=========").strip() for x in lines[i + 1 : i + 3]]
-            return (int(m.group(1)) if m else None), " ".join([body, *where])
-    return (int(m.group(1)) if m else None), ""
 
 
 def run_one(spec: dict[str, Any], sanitizer: str | None, timeout: float) -> dict[str, Any]:

@@ -152,6 +152,14 @@ def search(
             "compiling (reason `predicted`).",
         ),
     ] = True,
+    sanitize: Annotated[
+        bool,
+        typer.Option(
+            "--sanitize/--no-sanitize",
+            help="Run a crashed trial once more under compute-sanitizer (memcheck), when it is installed, and add "
+            "its first error (kernel, line, thread, block) to the trial's message.",
+        ),
+    ] = True,
     storage: Annotated[
         str | None,
         typer.Option(
@@ -291,6 +299,7 @@ def search(
             transfer_count=transfer_count,
             devices=device_list,
             resource_model=resource_model,
+            sanitize=sanitize,
         )
         common.out_dir(run_dir, "run folder")
         if as_json:

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dtune.tune import sanitize
 from dtune.tune.trials import TrialJob, TrialOutcome
 from dtune.tune.worker import CompilePool, Worker, WorkerError
 
@@ -48,15 +49,20 @@ class Evaluator:
         compile_workers: int = 0,
         devices: list[str | None] | None = None,
         pin: bool = True,
+        sanitizer: str | None = None,
     ) -> None:
-        """``devices``: one timing worker each (a label; with ``pin`` also its ``CUDA_VISIBLE_DEVICES``)."""
+        """``devices``: one timing worker each (a label; with ``pin`` also its ``CUDA_VISIBLE_DEVICES``).
+        ``sanitizer``: compute-sanitizer's path: a trial that crashes (or fails at run time) is run once more
+        under it, and its first error is added to the trial's message (:mod:`dtune.tune.sanitize`)."""
         self.trial_timeout = trial_timeout
+        self.sanitizer = sanitizer
         devices = devices or [None]
         self.devices = devices
         self.pool = CompilePool(compile_workers, env, log_dir, trial_timeout) if compile_workers > 0 else None
+        self._envs = [device_env(env, d if pin else None) for d in devices]
         self.timers = [
             Worker(
-                env=device_env(env, d if pin else None),
+                env=self._envs[i],
                 log_path=log_dir / ("worker.log" if i == 0 else f"worker-{i}.log"),
             )
             for i, d in enumerate(devices)
@@ -97,6 +103,9 @@ class Evaluator:
             with self._lock:
                 self._busy.discard(index)
             self._idle.put(index)
+        if self.sanitizer and outcome.reason in sanitize.REASONS:
+            found = sanitize.sanitize_job(job, self._envs[index], self.sanitizer, 4 * self.trial_timeout)
+            outcome = replace(outcome, message=f"{outcome.message} | {found}" if outcome.message else found)
         return Evaluated(outcome, built_ahead, self.devices[index])
 
     def abort(self) -> None:

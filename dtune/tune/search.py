@@ -48,7 +48,7 @@ from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.timing import TIMINGS, timing_mode
 from dtune.plugins import load_plugins
 from dtune.shape import Shape, ShapeGrid
-from dtune.tune import resource_model, results, transfer
+from dtune.tune import resource_model, results, sanitize, transfer
 from dtune.tune.executor import Evaluated, Evaluator
 from dtune.tune.interrupt import INTERRUPTED, on_sigint, sigint_deferred
 from dtune.tune.pattern import PatternSearch
@@ -104,6 +104,7 @@ class SearchConfig:
     transfer_count: int = transfer.DEFAULT_COUNT
     devices: tuple[str, ...] = ()  # one timing worker per entry (CUDA_VISIBLE_DEVICES); () one, as the env says
     resource_model: bool = True  # drop configs predicted to spill heavily or to overflow shared memory
+    sanitize: bool = True  # re-run a crashed trial under compute-sanitizer (when installed; not under the interpreter)
     sampler: str | None = None  # deprecated alias of strategy
 
     def __post_init__(self) -> None:
@@ -743,7 +744,10 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
     write_run_json(cfg.out, run_info(cfg))
     storage = open_storage(cfg.storage_url)
     env = worker_env(cfg.interpret)
-    evaluator = Evaluator(env, cfg.out, cfg.trial_timeout, cfg.compile_ahead, cfg.worker_devices, not cfg.interpret)
+    sanitizer = sanitize.find_sanitizer() if cfg.sanitize and not cfg.interpret else None
+    evaluator = Evaluator(
+        env, cfg.out, cfg.trial_timeout, cfg.compile_ahead, cfg.worker_devices, not cfg.interpret, sanitizer
+    )
     run = RunSummary(str(cfg.out), cfg.storage_url, cfg.kernel, cfg.gpu.key, cfg.dtype, cfg.interpret)
     run.strategy = cfg.strategy or ""
     rows: dict[str, list[dict[str, Any]]] = {}
