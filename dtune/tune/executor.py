@@ -104,7 +104,7 @@ class Evaluator:
                 self._busy.discard(index)
             self._idle.put(index)
         if self.sanitizer and outcome.reason in sanitize.REASONS:
-            found = sanitize.sanitize_job(job, self._envs[index], self.sanitizer, 4 * self.trial_timeout)
+            found = sanitize.sanitize_job(job, self._envs[index], self.sanitizer, min(180.0, 2 * self.trial_timeout))
             outcome = replace(outcome, message=f"{outcome.message} | {found}" if outcome.message else found)
         return Evaluated(outcome, built_ahead, self.devices[index])
 
@@ -113,12 +113,14 @@ class Evaluator:
         restarts on its next job."""
         if self.pool is not None:
             self.pool.kill_busy()
+        sanitize.kill_running()
         with self._lock:
             busy = list(self._busy)
         for index in busy:
             self.timers[index].close()
 
     def close(self) -> None:
+        sanitize.kill_running()
         if self.pool is not None:
             self.pool.close()
         for w in self.timers:

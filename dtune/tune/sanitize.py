@@ -16,10 +16,22 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from typing import Any
 
 # Trial outcomes worth a sanitizer run: the worker died, or the GPU raised at run time.
 REASONS = ("crash", "runtime")
+_RUNNING: set[subprocess.Popen[str]] = set()  # sanitizer runs in flight (a search that stops kills them)
+_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    """Stop every sanitizer run in flight (the search's budget ran out, or it was interrupted)."""
+    with _LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def find_sanitizer() -> str | None:
@@ -54,12 +66,25 @@ def sanitize_job(job: Any, env: dict[str, str], sanitizer: str, timeout: float) 
     cmd += [sys.executable, "-m", "dtune.tune.worker"]
     line = json.dumps(job.__dict__) + "\n"
     try:
-        proc = subprocess.run(cmd, input=line, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return f"compute-sanitizer: no answer within {timeout:g} s"
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
     except OSError as e:
         return f"compute-sanitizer could not run: {e}"
-    count, first = parse_sanitizer(proc.stdout + "\n" + proc.stderr)
+    with _LOCK:
+        _RUNNING.add(proc)
+    try:
+        out, err = proc.communicate(line, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return f"compute-sanitizer: no answer within {timeout:g} s"
+    finally:
+        with _LOCK:
+            _RUNNING.discard(proc)
+    if proc.returncode < 0:
+        return "compute-sanitizer: stopped before it finished"
+    count, first = parse_sanitizer(out + "\n" + err)
     if first:
         return f"compute-sanitizer: {count if count is not None else '?'} error(s), first: {first}"[:600]
     return f"compute-sanitizer: no error found (exit code {proc.returncode})"

@@ -98,3 +98,26 @@ def test_no_sanitizer_no_extra_run(fake: ModuleType, tmp_path: Path) -> None:
         ev.close()
     assert crashed.reason == "crash" and "compute-sanitizer" not in crashed.message
     assert os.environ.get("DTUNE_PLUGINS")  # the fake kernel reached the workers
+
+
+def test_a_stopping_search_kills_a_sanitizer_run_in_flight(tmp_path: Path) -> None:
+    """A sanitizer run can take minutes on a GPU: a search whose budget ends (Evaluator.abort/close) must not wait."""
+    import threading
+    import time
+
+    hang = tmp_path / "compute-sanitizer"
+    hang.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    hang.chmod(hang.stat().st_mode | stat.S_IEXEC)
+    got: list[str] = []
+    t = threading.Thread(target=lambda: got.append(sanitize.sanitize_job(job("crash"), {}, str(hang), timeout=120)))
+    t0 = time.monotonic()
+    t.start()
+    while not sanitize._RUNNING and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    sanitize.kill_running()
+    t.join(timeout=10)
+    assert not t.is_alive() and time.monotonic() - t0 < 20
+    assert got == ["compute-sanitizer: stopped before it finished"]
+    assert (
+        sanitize.sanitize_job(job("crash"), {}, str(hang), timeout=0.5) == "compute-sanitizer: no answer within 0.5 s"
+    )
