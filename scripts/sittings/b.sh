@@ -17,11 +17,11 @@ if [ -n "${DRY:-}" ]; then
   export TRITON_INTERPRET=1
   SEARCH=(python3 -m dtune search --interpret --dtype fp32 --gpu auto)
   BENCH=(python3 -m dtune bench --interpret --dtype fp32 --rounds 1)
-  D=16; D2=32; H=2; TA=64; T1=32; T2=96; LONG=160,200; LONG3=160,200,128; PACKED=5,17,40; DIV=8; BT=256
+  D=16; D2=32; D3=32; H=2; TA=64; T1=32; T2=96; LONG=160,200; LONG3=160,200,128; PACKED=5,17,40; DIV=8; BT=256
 else
   SEARCH=(python3 -m dtune search --dtype bf16 --gpu auto --compile-ahead 14 --trial-timeout 90)
   BENCH=(python3 -m dtune bench --dtype bf16 --rounds 3)
-  D=128; D2=64; H=16; TA=4096; T1=1024; T2=16384; LONG=32768,65536; LONG3=32768,65536,8192; DIV=1; BT=32768
+  D=128; D2=64; D3=256; H=16; TA=4096; T1=1024; T2=16384; LONG=32768,65536; LONG3=32768,65536,8192; DIV=1; BT=32768
 fi
 t() { echo $(($1 / DIV + 2)); }  # a search budget, scaled down for dry runs
 search() {  # name, kernel, seconds per shape, args...
@@ -73,6 +73,11 @@ case $STEP in
   dn_anchor) search chunk_delta_rule_anchor chunk_delta_rule 90 --seq-lens $TA --head-dims $D --heads $H ;;
   dn_b1) search dn_b1 chunk_delta_rule 35 --seq-lens $LONG --batch 1 --head-dims $D --heads $H ;;
   dn_packed) search dn_packed chunk_delta_rule ${PACKED_S:-35} --packed-seqs $PACKED --head-dims $D --heads $H ;;
+  # sitting D (planned): the buckets sittings B and C left untuned
+  kda_d64_t) search kda_d64_t chunk_kda ${KDA_T_S:-45} --seq-lens $T1,$T2 --head-dims $D2 --heads $H ;;
+  gdn_d64) search gdn_d64 chunk_gated_delta_rule 30 --seq-lens $T1,$TA,$T2 --head-dims $D2 --heads $H ;;
+  dn_d64) search dn_d64 chunk_delta_rule 30 --seq-lens $T1,$TA,$T2 --head-dims $D2 --heads $H ;;
+  d256_*) k=${STEP#d256_}; search "d256_$k" "chunk_$k" ${D256_S:-60} --seq-lens $TA --head-dims $D3 --heads $H ;;
   merge1) merge "chunk_kda and chunk_gated_delta_rule" ;;
   merge2) merge "chunk_delta_rule" ;;
   merge3) merge "${MERGE_NOTE:-chunk_delta_rule, chunk_kda T 1024/16384, the backward}" ;;
@@ -83,6 +88,33 @@ case $STEP in
     bench "$STEP" "chunk_$k" --seq-lens $T1,$TA,$T2 --head-dims $D --heads $H --batch-tokens $BT ;;
   bench_long_*) k=${STEP#bench_long_}; bench "$STEP" "chunk_$k" --seq-lens $LONG --batch 1 --head-dims $D --heads $H ;;
   bench_packed_*) k=${STEP#bench_packed_}; bench "$STEP" "chunk_$k" --packed-seqs $PACKED --head-dims $D --heads $H ;;
+  bench_d64_*) k=${STEP#bench_d64_}; bench "$STEP" "chunk_$k" --seq-lens $T1,$TA,$T2 --head-dims $D2 --heads $H \
+    --batch-tokens $BT ;;
+  bench_d256_*) k=${STEP#bench_d256_}; bench "$STEP" "chunk_$k" --seq-lens $T1,$TA --head-dims $D3 --heads $H \
+    --batch-tokens $BT ;;
+  # where the time goes at the shapes below target: per-stage times against each stage's floor (dtune profile)
+  profile_*)  # profile_<kernel without chunk_>_<T>_<B>_<D>, e.g. profile_gated_delta_rule_16384_2_128
+    IFS=_ read -r -a parts <<< "${STEP#profile_}"
+    n=${#parts[@]}
+    k=$(IFS=_; echo "${parts[*]:0:n-3}")
+    T=${parts[n-3]} B=${parts[n-2]} DD=${parts[n-1]}
+    cfg=()
+    if [ -f "$S/h200.json" ]; then cfg=(--config "$S/h200.json")
+    elif [ -n "${BASE_CONFIG:-}" ]; then cfg=(--config "$BASE_CONFIG"); fi
+    if [ -n "${DRY:-}" ]; then T=$((T / 256 + 5)); B=1; DD=$D; fi
+    python3 -m dtune profile -k "chunk_$k" --seq-len "$T" --batch "$B" --head-dim "$DD" --heads $H \
+      --dtype "$([ -n "${DRY:-}" ] && echo fp32 || echo bf16)" "${cfg[@]}" --out "$OUT/$STEP" \
+      $([ -n "${DRY:-}" ] && echo --interpret) ;;
+  # the search on two GPUs against one (issue 10's target: 1.8x the completed trials a minute), same budget
+  scaling)  # the summary line of each search ("... timed/min ...") is in this step's log
+    pair=0,1
+    [ -n "${DRY:-}" ] && pair=0  # one CPU: the plumbing only
+    for d in "$pair" 0; do
+      name=scaling_$(echo "$d" | tr , _)_$RANDOM
+      "${SEARCH[@]}" -k chunk_gated_delta_rule --no-seeds --seq-lens $TA --head-dims $D --heads $H \
+        --timeout "$(t "${SCALING_S:-90}")" --devices "$d" --out "$RUNS/$name" || echo "search on devices $d exited $?"
+      tar czf "$OUT/$name.tgz" -C "$RUNS" "$name"
+    done ;;
   bench_hv2) bench "$STEP" chunk_gated_delta_rule --seq-lens ${LONG%%,*} --batch 1 --hv-ratio 2 --head-dims $D --heads $H ;;
   bwd)
     if [ -n "${DRY:-}" ]; then python3 scripts/gpu_bwd.py --interpret --budget-s 120 --search-s 10
