@@ -166,8 +166,9 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
 
 
 def shape_label(row: Any) -> str:
-    """``B4 T1024 H16 D128`` (``K/V`` when they differ, ``HV32`` with grouped value heads, ``16 packed`` for a
-    packed variable-length batch of T tokens in all) from anything with B, T, H, K, V (HV, N optional)."""
+    """``B4 T1024 H16 D128`` (``K/V`` when they differ; `` HV=2H`` with grouped value heads, `` 16 packed`` for a
+    packed variable-length batch of T tokens in all: :func:`variant_label`) from anything with B, T, H, K, V (HV, N
+    optional)."""
     k, v = int(row["K"]), int(row["V"])
     d = f"D{k}" if k == v else f"K{k}/V{v}"
     label = f"B{int(row['B'])} T{int(row['T'])} H{int(row['H'])} {d}"
