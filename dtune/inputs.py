@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from dtune.kernels.chunk.tables import host_offsets
 from dtune.shape import Gate, Shape
 
 Tensor = torch.Tensor
@@ -60,27 +61,6 @@ def _need_float(name: str, x: Tensor) -> None:
 def capturing(x: Tensor) -> bool:
     """True while a CUDA graph is being captured on the current stream (reading a value back would break it)."""
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-_OFFSETS_CACHE: list[tuple[Tensor, int, tuple[int, ...]]] = []  # (tensor, its version, its values), newest last
-OFFSETS_CACHE_SIZE = 8
-
-
-def host_seq_offsets(cu_seqlens: Tensor) -> tuple[int, ...]:
-    """``cu_seqlens`` on the host, read once per tensor: a call with the very tensor object of one of the last
-    :data:`OFFSETS_CACHE_SIZE` calls, unchanged since (same in-place version counter), reuses its values, so the
-    layers of a model that share one ``cu_seqlens`` pay one device-to-host copy (and its sync) per batch instead of
-    one per layer. The cache holds those few small tensors alive, so a cached object can never be a new tensor at a
-    recycled address; writing into a cached tensor bumps its version and it is read again."""
-    version = cu_seqlens._version
-    for i, (t, v, offs) in enumerate(_OFFSETS_CACHE):
-        if t is cu_seqlens and v == version:
-            _OFFSETS_CACHE.append(_OFFSETS_CACHE.pop(i))
-            return offs
-    offs = tuple(int(x) for x in cu_seqlens.tolist())
-    _OFFSETS_CACHE[:] = [e for e in _OFFSETS_CACHE if e[0] is not cu_seqlens][-(OFFSETS_CACHE_SIZE - 1) :]
-    _OFFSETS_CACHE.append((cu_seqlens, version, offs))
-    return offs
 
 
 def check_gate_values(g: Tensor) -> None:
@@ -175,7 +155,7 @@ def check_inputs(
         N = cu_seqlens.numel() - 1
         # Checking the offsets' values reads them on the host: skipped while a CUDA graph is being captured.
         if not capturing(cu_seqlens):
-            offs = host_seq_offsets(cu_seqlens)
+            offs = host_offsets(cu_seqlens)  # once per tensor: layers sharing cu_seqlens read it once
             if offs[0] != 0 or offs[-1] != T:
                 raise ValueError(f"cu_seqlens must run from 0 to T = {T}, got {offs[0]} ... {offs[-1]}")
             if any(b < a for a, b in zip(offs[:-1], offs[1:])):

@@ -49,9 +49,26 @@ class ChunkTables:
     segments: SegmentTable | None  # None: SEG_CHUNKS = 0, or no sequence has more than one segment
 
 
-def host_offsets(cu_seqlens: Tensor) -> list[int]:
-    """The offsets of ``cu_seqlens`` on the host (one device-to-host copy)."""
-    return [int(x) for x in cu_seqlens.detach().to("cpu", torch.int64).tolist()]
+_OFFSETS_CACHE: list[tuple[Tensor, int, tuple[int, ...]]] = []  # (tensor, its version, its values), newest last
+OFFSETS_CACHE_SIZE = 8
+
+
+def host_offsets(cu_seqlens: Tensor) -> tuple[int, ...]:
+    """The offsets of ``cu_seqlens`` on the host, read once per tensor: a call with the very tensor object of one of
+    the last :data:`OFFSETS_CACHE_SIZE` calls, unchanged since (same in-place version counter), reuses its values,
+    so the layers of a model that share one ``cu_seqlens`` (and a backward after its forward) pay one device-to-host
+    copy, and its sync, per batch instead of one per call. The cache holds those few small tensors alive, so a
+    cached object can never be a new tensor at a recycled address; writing into a cached tensor bumps its version
+    and it is read again."""
+    version = cu_seqlens._version
+    for i, (t, v, offs) in enumerate(_OFFSETS_CACHE):
+        if t is cu_seqlens and v == version:
+            _OFFSETS_CACHE.append(_OFFSETS_CACHE.pop(i))
+            return offs
+    offs = tuple(int(x) for x in cu_seqlens.detach().to("cpu", torch.int64).tolist())
+    _OFFSETS_CACHE[:] = [e for e in _OFFSETS_CACHE if e[0] is not cu_seqlens][-(OFFSETS_CACHE_SIZE - 1) :]
+    _OFFSETS_CACHE.append((cu_seqlens, version, offs))
+    return offs
 
 
 def build_tables(

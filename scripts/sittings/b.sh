@@ -50,12 +50,16 @@ merge() {  # the tuned configs of every run so far, over the shipped file: $S/h2
   fi
   cp "$S/h200.json" "$S/tuned.json" "$OUT/"
 }
+config_args() {  # cfg=(--config FILE): the merged config when there is one, else BASE_CONFIG, else none
+  cfg=()
+  if [ -f "$S/h200.json" ]; then cfg=(--config "$S/h200.json")
+  elif [ -n "${BASE_CONFIG:-}" ]; then cfg=(--config "$BASE_CONFIG"); fi
+}
 bench() {  # name, kernel, args... (the merged config when there is one)
   local name=$1 kernel=$2
   shift 2
-  local cfg=()
-  if [ -f "$S/h200.json" ]; then cfg=(--config "$S/h200.json")
-  elif [ -n "${BASE_CONFIG:-}" ]; then cfg=(--config "$BASE_CONFIG"); fi
+  local cfg
+  config_args
   "${BENCH[@]}" -k "$kernel" "${cfg[@]}" --baselines "${BASELINES:-fla}" --out "$OUT/$name" "$@"
 }
 case $STEP in
@@ -98,9 +102,7 @@ case $STEP in
     n=${#parts[@]}
     k=$(IFS=_; echo "${parts[*]:0:n-3}")
     T=${parts[n-3]} B=${parts[n-2]} DD=${parts[n-1]}
-    cfg=()
-    if [ -f "$S/h200.json" ]; then cfg=(--config "$S/h200.json")
-    elif [ -n "${BASE_CONFIG:-}" ]; then cfg=(--config "$BASE_CONFIG"); fi
+    config_args
     if [ -n "${DRY:-}" ]; then T=$((T / 256 + 5)); B=1; DD=$D; fi
     python3 -m dtune profile -k "chunk_$k" --seq-len "$T" --batch "$B" --head-dim "$DD" --heads $H \
       --dtype "$([ -n "${DRY:-}" ] && echo fp32 || echo bf16)" "${cfg[@]}" --out "$OUT/$STEP" \

@@ -151,7 +151,7 @@ def test_dtype_names(name: str, dtype: torch.dtype) -> None:
 def test_cu_seqlens_read_once_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The layers of a model share one cu_seqlens: one host read (and sync) per tensor, not per call; an in-place
     write is seen (a stale cache would accept offsets the tensor no longer holds)."""
-    from dtune import inputs
+    from dtune.kernels.chunk import tables
 
     reads: list[int] = []
     real = torch.Tensor.tolist
@@ -163,21 +163,21 @@ def test_cu_seqlens_read_once_per_tensor(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(torch.Tensor, "tolist", counting)
     x = _packed([0, 2, 3, 6])
     for _ in range(3):
-        assert inputs.host_seq_offsets(x["cu_seqlens"]) == (0, 2, 3, 6)
+        assert tables.host_offsets(x["cu_seqlens"]) == (0, 2, 3, 6)
     assert reads == [4]
     other = torch.tensor([0, 2, 3, 6], dtype=torch.int32)  # equal values, another tensor: read on its own
-    assert inputs.host_seq_offsets(other) == (0, 2, 3, 6) and reads == [4, 4]
+    assert tables.host_offsets(other) == (0, 2, 3, 6) and reads == [4, 4]
     x["cu_seqlens"][1] = 5  # in place: the version moves, the tensor is read again
-    assert inputs.host_seq_offsets(x["cu_seqlens"]) == (0, 5, 3, 6) and reads == [4, 4, 4]
+    assert tables.host_offsets(x["cu_seqlens"]) == (0, 5, 3, 6) and reads == [4, 4, 4]
     with pytest.raises(ValueError, match="non-decreasing"):
         _call(x, kernel="fused_recurrent_gated_delta_rule")
 
 
 def test_cu_seqlens_cache_is_bounded() -> None:
-    from dtune import inputs
+    from dtune.kernels.chunk import tables
 
-    tensors = [torch.tensor([0, i + 1], dtype=torch.int32) for i in range(3 * inputs.OFFSETS_CACHE_SIZE)]
+    tensors = [torch.tensor([0, i + 1], dtype=torch.int32) for i in range(3 * tables.OFFSETS_CACHE_SIZE)]
     for t in tensors:
-        inputs.host_seq_offsets(t)
-    assert len(inputs._OFFSETS_CACHE) == inputs.OFFSETS_CACHE_SIZE
-    assert inputs._OFFSETS_CACHE[-1][0] is tensors[-1]
+        tables.host_offsets(t)
+    assert len(tables._OFFSETS_CACHE) == tables.OFFSETS_CACHE_SIZE
+    assert tables._OFFSETS_CACHE[-1][0] is tensors[-1]
