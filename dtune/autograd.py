@@ -65,8 +65,14 @@ class ChunkFunction(torch.autograd.Function):
 
 
 def needs_grad(*tensors: Tensor | None) -> bool:
-    """True when autograd must record the op: grad mode on and an input requires grad."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    """True when autograd must record the op: grad mode on and an input requires grad (runs on every call: a plain
+    loop, no generator)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 def chunk_with_grad(

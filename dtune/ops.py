@@ -9,10 +9,14 @@ The recurrence (docs/DESIGN.md §1), per value head and token: ``S ← diag(exp(
 scalar decay per head; DeltaNet: none), ``u_t = β_t (v_t − Sᵀ k_t)``, ``S ← S + k_t u_tᵀ``,
 ``o_t = Sᵀ (scale · q_t)``.
 
-The gate contract: ``g`` is a log-space decay, ``g <= 0`` everywhere. ``-inf`` is a valid full forget (the state
-is cleared at that token, as in the float64 reference). NaN or a positive entry raises a ``ValueError`` naming
-``g`` before anything is launched. That check reads ``g`` once and syncs with the GPU; it is skipped while a CUDA
-graph is being captured, and ``check_gate=False`` skips it for callers that validate their gates upstream.
+The gate contract: ``g`` is a log-space decay, ``g <= 0`` everywhere; ``-inf`` is a valid full forget (the state
+is cleared at that token, as in the float64 reference). The default call reads nothing back from the GPU (no host
+sync: it can be captured in a CUDA graph), so it does not look at ``g``'s values: a NaN gives NaN in every output it
+reaches (never a finite number in its place), and a positive entry is computed as the recurrence says (the state
+grows by ``exp(g)`` at that step; large ones overflow to inf/NaN). ``check_gate=True`` (or ``DTUNE_CHECK_GATE=1`` in
+the environment when dtune is imported, for a whole program) refuses NaN and positive entries with a ``ValueError``
+naming ``g`` before anything is launched, at the cost of one read of ``g`` and one host sync per call (skipped while a
+CUDA graph is being captured).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from dtune.autograd import chunk_with_grad, needs_grad
-from dtune.inputs import check_inputs
+from dtune.inputs import check_inputs, check_interpretable
 from dtune.kernels import get_kernel
 from dtune.shape import Gate
 from dtune.store import tuned_config
@@ -54,47 +58,52 @@ def run_kernel(
     cu_seqlens: Tensor | None = None,
     config: dict[str, Any] | None = None,
     bwd_config: dict[str, Any] | None = None,
-    check_gate: bool = True,
+    check_gate: bool | None = None,
 ) -> Result:
     """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op.
 
     With grad mode on and an input that requires grad, the chunk kernels run through their autograd Function
     (:mod:`dtune.autograd`; ``bwd_config`` overrides the backward's tuned/default config) and the fused-recurrent
     ones raise (they have no backward). ``g`` is ``None`` for the ungated kernels. ``check_gate``: refuse NaN and
-    positive gate values (see the module's docstring); the measurement harness passes ``False`` (its gates are drawn
-    valid, and fla checks nothing)."""
+    positive gate values, one host sync (see the module's docstring); ``None``: ``DTUNE_CHECK_GATE``, default off.
+    No host sync otherwise, beyond one read of a ``cu_seqlens`` tensor not seen before."""
     spec = get_kernel(kernel)
     if spec.backward:
         raise ValueError(
             f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
             f"grad (its bwd_config= sets {kernel}'s parameters)"
         )
-    problem = check_inputs(q, k, v, g, beta, Gate(spec.gate), scale, initial_state, cu_seqlens, check_gate)
+    problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, initial_state, cu_seqlens, check_gate)
+    chunk = spec.family == "chunk"
+    if chunk and q.is_cpu:
+        check_interpretable(kernel, spec.family, q, v)
     grad = needs_grad(q, k, v, g, beta, initial_state)
-    bwd_name = spec.backward_kernel
-    if bwd_name is None and (grad or bwd_config is not None):
-        raise NotImplementedError(
-            f"{kernel} has no backward (it serves inference: decoding and short prompts), but "
-            + ("an input requires grad" if grad else "a bwd_config was given")
-            + f"; for training use {kernel.replace('fused_recurrent_', 'chunk_')} (same arguments), or call it "
-            "under torch.no_grad() / with detached inputs"
-        )
     if config is None:
         config = tuned_config(spec.name, problem, v.dtype, v.device)
     full = spec.check_config(problem.K, problem.V, config)
     scale = problem.K**-0.5 if scale is None else float(scale)
-    if bwd_name is not None and (grad or bwd_config is not None):
+    args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
+    if grad or bwd_config is not None:
+        bwd_name = spec.backward_kernel
+        if bwd_name is None:
+            raise NotImplementedError(
+                f"{kernel} has no backward (it serves inference: decoding and short prompts), but "
+                + ("an input requires grad" if grad else "a bwd_config was given")
+                + f"; for training use {kernel.replace('fused_recurrent_', 'chunk_')} (same arguments), or call it "
+                "under torch.no_grad() / with detached inputs"
+            )
         bwd_spec = get_kernel(bwd_name)
         if grad and bwd_config is None:
             bwd_config = tuned_config(bwd_name, problem, v.dtype, v.device)
         bwd = bwd_spec.check_config(problem.K, problem.V, bwd_config)  # checked even when not needed: fail early
         if grad:
-            args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
             return chunk_with_grad(*args, full, bwd)
-    args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
-    if spec.family == "chunk":  # its chunk tables come from the offsets check_inputs already read (no second copy)
+    if chunk:  # its chunk tables come from the offsets check_inputs already read (no second copy)
         return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
     return spec.module.forward(*args, full)
+
+
+GATES = {gate.value: gate for gate in Gate}
 
 
 class UngatedOp(Protocol):
@@ -118,8 +127,9 @@ class UngatedOp(Protocol):
 
 
 class GatedOp(Protocol):
-    """An op with a log-space gate ``g``: ``op(q, k, v, g, beta, ..., check_gate=True)``, the rest as
-    :class:`UngatedOp`; ``check_gate=False`` skips the check of the gate's values (NaN, positive)."""
+    """An op with a log-space gate ``g``: ``op(q, k, v, g, beta, ..., check_gate=None)``, the rest as
+    :class:`UngatedOp`; ``check_gate=True`` checks the gate's values (NaN, positive: one host sync), ``None`` does
+    as ``DTUNE_CHECK_GATE`` says (default: no check)."""
 
     def __call__(
         self,
@@ -134,7 +144,7 @@ class GatedOp(Protocol):
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
-        check_gate: bool = True,
+        check_gate: bool | None = None,
     ) -> Result: ...
 
 
@@ -172,7 +182,7 @@ def _gated(kernel: str, doc: str) -> GatedOp:
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
-        check_gate: bool = True,
+        check_gate: bool | None = None,
     ) -> Result:
         args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
         return run_kernel(kernel, *args, config, bwd_config, check_gate)
@@ -212,14 +222,16 @@ GATE_ARGS = {
     g: ``[B, T, HV, K]`` log-space decay per key channel, ``<= 0``; ``-inf`` is a full forget of that channel.""",
 }
 CHECK_ARG = """
-    check_gate: refuse NaN and positive entries of ``g`` (one read of ``g`` and one host sync per call; skipped
-        during CUDA-graph capture). ``False`` skips it, for callers that validate their gates upstream."""
+    check_gate: ``True`` refuses NaN and positive entries of ``g`` with a ValueError (one read of ``g`` and one host
+        sync per call; skipped during CUDA-graph capture); ``None`` (default): only when the environment variable
+        ``DTUNE_CHECK_GATE=1`` was set when dtune was imported. Unchecked, NaN gives NaN in the outputs it reaches
+        and a positive entry is computed as the recurrence says (the state grows by ``exp(g)``)."""
 
 
 def _doc(summary: str, gate: str | None) -> str:
     if gate is None:
         return summary + ARGS.format(gate="", check="", raises="")
-    return summary + ARGS.format(gate=GATE_ARGS[gate], check=CHECK_ARG, raises=", NaN or positive ``g``")
+    return summary + ARGS.format(gate=GATE_ARGS[gate], check=CHECK_ARG, raises=", and with ``check_gate`` NaN or positive ``g``")
 
 
 fused_recurrent_delta_rule = _ungated(

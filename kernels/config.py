@@ -63,3 +63,9 @@ def check_config(
 
 def next_power_of_2(n: int) -> int:
     return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids on the host: plain integer math (``triton.cdiv`` is a constexpr function in
+    recent Triton, several microseconds per host call)."""
+    return -(-a // b)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import GATE_CODES, Config, new_output, next_power_of_2
+from .config import GATE_CODES, Config, cdiv, new_output, next_power_of_2
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "BV": (4, 8, 16, 32, 64, 128, 256),
@@ -139,7 +139,7 @@ def forward(
     o = new_output(B, T, HV, V, dtype=v.dtype, device=v.device)
     ht = new_output(N, HV, K, V, dtype=torch.float32, device=v.device) if output_final_state else None
     h0 = None if initial_state is None else initial_state.contiguous()
-    grid = (triton.cdiv(V, BV), N * HV)
+    grid = (cdiv(V, BV), N * HV)
     fused_recurrent_fwd_kernel[grid](
         q.contiguous(),
         k.contiguous(),

@@ -192,23 +192,20 @@ def check_env_config() -> None:
             fail(f"{ENV}={path}: {e}")
 
 
-INTERPRETER_BF16 = (
-    "Triton's interpreter computes tl.dot on bfloat16 inputs wrongly, so a bf16 chunk kernel cannot be checked or "
-    "timed on the CPU"
-)
-
-
 def resolve_dtype(dtype: str | None, kernels: list[str], interpret: bool) -> str:
-    """The dtype a command runs: ``--dtype`` as given, else bf16 -- except under Triton's interpreter, where the
-    chunk kernels' bf16 dots are wrong: there a chunk kernel defaults to fp32 (with a note), explicit bf16 is
-    refused."""
+    """The dtype a command runs: ``--dtype`` as given, else bf16 -- except under Triton's interpreter, where a kernel
+    the interpreter cannot compute in bf16 (:func:`dtune.inputs.interpreter_computes`: the chunk kernels' dots, the
+    rule the ops refuse by) defaults to fp32 (with a note), and explicit bf16 is refused."""
+    import torch
+
+    from dtune.inputs import INTERPRETER_BF16, interpreter_computes
     from dtune.kernels import KERNELS
 
-    chunk = [k for k in kernels if k in KERNELS and KERNELS[k].family == "chunk"]
-    if not (interpret and chunk):
+    wrong = [k for k in kernels if k in KERNELS and not interpreter_computes(KERNELS[k].family, torch.bfloat16)]
+    if not (interpret and wrong):
         return dtype or "bf16"
     if dtype is None:
-        note(f"{', '.join(chunk)} under the interpreter runs in fp32: {INTERPRETER_BF16} (bf16 needs a GPU)")
+        note(f"{', '.join(wrong)} under the interpreter runs in fp32: {INTERPRETER_BF16} (bf16 needs a GPU)")
         return "fp32"
     if dtype == "bf16":
         fail(f"--dtype bf16 with --interpret: {INTERPRETER_BF16}; use --dtype fp32 or fp16 here, bf16 on a GPU")

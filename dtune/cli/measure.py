@@ -39,9 +39,11 @@ def bench(
     baselines: Annotated[
         str,
         typer.Option(
-            "--baselines", help="Comma-separated baselines to time beside the tuned config: default,fla,torch."
+            "--baselines",
+            help="Comma-separated baselines to time beside the tuned config (dtune's default call): check_gate (the "
+            "same call with check_gate=True, gated kernels), default, fla, torch.",
         ),
-    ] = "default,fla,torch",
+    ] = "check_gate,default,fla,torch",
     seq_lens: Annotated[
         str | None, typer.Option("--seq-lens", help="Comma-separated sequence lengths T (decode kernels: 1).")
     ] = None,

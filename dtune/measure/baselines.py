@@ -1,5 +1,6 @@
-"""The contestants ``dtune bench`` times beside the tuned config: the template's default, flash-linear-attention
-(for chunk_kda both of its modes) and the PyTorch chunked reference. Each turns the harness's inputs
+"""The contestants ``dtune bench`` times beside the tuned config (dtune's default call): the same call with the opt-in
+check of the gate's values (``tuned+check_gate``, gated kernels: what the check costs), the template's default,
+flash-linear-attention (for chunk_kda both of its modes) and the PyTorch chunked reference. Each turns the harness's inputs
 (:func:`dtune.measure.inputs.workload_inputs`) into a zero-argument call. For a backward kernel (``chunk_kda_bwd``,
 ``dtune bench --mode fwd+bwd``) every contestant runs its training step on the same inputs and output gradients:
 dtune's op with the backward config, ``fla.ops.*.chunk_*`` and the reference with inputs that require grad
@@ -19,7 +20,7 @@ from dtune.kernels import get_kernel
 from dtune.measure.grad import Forward, op_kwargs, step_call
 from dtune.measure.harness import op_call
 
-BASELINES = ("default", "fla", "torch")
+BASELINES = ("check_gate", "default", "fla", "torch")
 FLA_OPS: dict[str, tuple[str, str]] = {
     "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
     "fused_recurrent_delta_rule": ("fla.ops.delta_rule", "fused_recurrent_delta_rule"),
@@ -28,6 +29,7 @@ FLA_OPS: dict[str, tuple[str, str]] = {
     "chunk_kda": ("fla.ops.kda", "chunk_kda"),
     "fused_recurrent_kda": ("fla.ops.kda", "fused_recurrent_kda"),
 }
+CHECKED = "tuned+check_gate"  # the tuned row's call with the opt-in gate check
 KDA_LOWER_BOUND = -5.0  # fla's fast mode for chunk_kda: safe_gate=True with gates in [lower_bound, 0)
 TORCH_CHUNK = 16  # the reference factors exp(γ_i)·exp(−γ_j): 16 steps of log decay ≥ −5 stay inside float32
 
@@ -46,9 +48,9 @@ class Impl:
     note: str = ""
 
 
-def ours(kernel: str, config: dict[str, Any]) -> Callable[[Inputs], Call]:
-    """dtune's op with ``config`` (``{}``: the template's default)."""
-    return lambda x: op_call(kernel, x, config)
+def ours(kernel: str, config: dict[str, Any], **options: Any) -> Callable[[Inputs], Call]:
+    """dtune's op with ``config`` (``{}``: the template's default) and the op's keywords ``options``."""
+    return lambda x: op_call(kernel, x, config, **options)
 
 
 def fla_function(kernel: str) -> tuple[Callable[..., Any] | None, str]:
@@ -124,6 +126,9 @@ def build_impls(
     notes: list[str] = []
     backward, op = spec.backward, spec.forward_kernel  # a backward kernel: every contestant runs the training step
     impls = [Impl("tuned", ours(kernel, config or {}), config, source)]
+    if "check_gate" in baselines and spec.gate != "none":
+        checked = ours(kernel, config or {}, check_gate=True)
+        impls.append(Impl(CHECKED, checked, config, source, "check_gate=True: one read of g and a host sync per call"))
     if "default" in baselines:
         impls.append(Impl("default", ours(kernel, {}), {}, "template default"))
     if "fla" in baselines:

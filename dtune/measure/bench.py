@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from dtune.inputs import dtype_name, interpreting
+from dtune.inputs import INTERPRETER_BF16, dtype_name, interpreting
 from dtune.kernels import get_kernel
 from dtune.measure.baselines import BASELINES, Impl, build_impls
 from dtune.measure.configs import ConfigSource
@@ -76,10 +76,7 @@ COLUMNS = [
     "note",
     "commit",
 ]
-INTERPRETER_BF16_DOT = (
-    "Triton's interpreter computes tl.dot on bfloat16 inputs wrongly (checked with Triton 3.9): the chunk kernels' "
-    "errors here say nothing about the GPU; use --dtype fp16 or fp32 on the CPU"
-)
+INTERPRETER_BF16_DOT = f"{INTERPRETER_BF16}: dtune's chunk ops refuse it here; use --dtype fp16 or fp32 on the CPU"
 WRONG = 0.1  # a relative RMS error this large is a wrong output, not rounding
 
 Call = Callable[[], Any]

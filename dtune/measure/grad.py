@@ -105,14 +105,19 @@ def op_kwargs(x: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_step(
-    kernel: str, x: dict[str, Any], bwd_config: dict[str, Any] | None, config: dict[str, Any] | None = None
+    kernel: str,
+    x: dict[str, Any],
+    bwd_config: dict[str, Any] | None,
+    config: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Callable[[], StepResult]:
     """dtune's training step of the forward op ``kernel`` (e.g. ``"chunk_kda"``) with ``bwd_config`` (None: the
-    tuned/default backward config) and the forward ``config`` (None: the tuned/default one)."""
+    tuned/default backward config) and the forward ``config`` (None: the tuned/default one): the default call, plus
+    the op's keywords in ``options`` (e.g. ``check_gate=True``)."""
     from dtune.ops import run_kernel
 
     def forward(xs: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
-        return run_kernel(kernel, **op_kwargs(xs), config=config, bwd_config=bwd_config, check_gate=False)
+        return run_kernel(kernel, **op_kwargs(xs), config=config, bwd_config=bwd_config, **options)
 
     return step_call(forward, x)
 

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .bwd_pairwise import kda_pairwise
-from .common import chunk_bounds
+from .common import chunk_bounds, floor_gate
 
 
 @triton.jit(do_not_specialize=["T", "SLOT", "SS"])
@@ -153,14 +153,14 @@ def chunk_bwd_dqk_kernel(
 
     # ---- the gate's factors (both <= 1) ----------------------------------------------------------------------
     if GATE == 2:
-        b_gam = tl.cumsum(tl.maximum(tl.load(g + off_hk, mask=m_tk, other=0).to(tl.float32), FLOOR), 0)
+        b_gam = tl.cumsum(floor_gate(tl.load(g + off_hk, mask=m_tk, other=0).to(tl.float32), FLOOR), 0)
         b_gC = tl.sum(tl.where((o_t == L - 1)[:, None], b_gam, 0.0), 0)  # γ at the last valid row
         b_e = tl.exp(b_gam)
         b_ekc = tl.exp(b_gC[None, :] - b_gam)
     elif GATE == 1:
         b_graw = tl.load(g + row + o_t * HV, mask=m_t, other=0).to(tl.float32)
-        b_gam1 = tl.cumsum(tl.maximum(b_graw, FLOOR), 0)
-        b_gC1 = tl.sum(tl.where(m_t, tl.maximum(b_graw, FLOOR), 0.0), 0)
+        b_gam1 = tl.cumsum(floor_gate(b_graw, FLOOR), 0)
+        b_gC1 = tl.sum(tl.where(m_t, floor_gate(b_graw, FLOOR), 0.0), 0)
         b_e = tl.exp(b_gam1)[:, None]
         b_ekc = tl.exp(b_gC1 - b_gam1)[:, None]
     else:

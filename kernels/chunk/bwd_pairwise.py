@@ -10,7 +10,8 @@ With ``dA_qk`` (causal, scale folded in) and ``dA_kk`` (strictly lower) ``[BT, B
 The chunk is cut into ``BT / BC`` blocks of ``BC`` rows; for each block ``J`` its columns of dA (``[BT, BC]``) and its
 rows (``[BC, BT]``) are read from memory (L1/L2: written by the dv stage, or by this program just before), so every
 product is a ``[BT, BC] × [BC, BK]`` dot whose result is a whole ``[BT, BK]`` tile of the accumulators (no slicing of
-register tiles). NUMERICS (no factor ever exceeds 1 off the diagonal):
+register tiles). NUMERICS (for decays no factor exceeds 1 off the diagonal; every factor is the exact ``e^{γ_i − γ_j}``
+of the pairs it multiplies, so a positive gate is computed as the recurrence says while its factors stay finite):
 
 * row side, rows after ``J`` against columns in ``J``: reference ``r = γ`` at ``J``'s last row,
   ``e^{γ_i − r} · (dA[:, J] (k_J e^{r − γ_J}))``; column side, columns before ``J`` against rows in ``J``: reference
@@ -18,7 +19,7 @@ register tiles). NUMERICS (no factor ever exceeds 1 off the diagonal):
   smaller still (below ``exp(−87)`` relative).
 * the diagonal block ``(J, J)``: the same two dots around ``J``'s middle row ``m`` (factors ``e^{±(γ − γ_m)}``, in
   float32), exact while the block's half span stays below 80 nats; otherwise an element-wise loop over the block's
-  columns, ``Σ_j dA[i,j] k_j exp(min(γ_i − γ_j, 0))`` (exact for any gate; only the flagged blocks pay it).
+  columns, ``Σ_{j <= i} dA[i,j] k_j exp(γ_i − γ_j)`` (exact for any gate; only the flagged blocks pay it).
 * ``γ`` comes in as the chunk's tile (gates clamped by the caller); each block's rows are moved out of it, not
   recomputed, so that the diagonal's factors cancel exactly at ``i = j``.
 """
@@ -125,17 +126,17 @@ def kda_pairwise(
 
         # ---- off the diagonal --------------------------------------------------------------------------------------
         if J < NB - 1:  # row side: rows after the block, reference r
-            b_kin = (b_kj * tl.exp(tl.minimum(b_r[None, :] - b_gj, 0.0))).to(DT)
-            b_out = tl.where((blk > J)[:, None], tl.exp(tl.minimum(b_gam - b_r[None, :], 0.0)), 0.0)
+            b_kin = (b_kj * tl.exp(b_r[None, :] - b_gj)).to(DT)
+            b_out = tl.where((blk > J)[:, None], tl.exp(b_gam - b_r[None, :]), 0.0)
             b_dq += b_out * tl.dot(b_aqc.to(DT), b_kin, input_precision=DOT_PREC)
             b_R = b_out * tl.dot(b_akc.to(DT), b_kin, input_precision=DOT_PREC)
             b_dkr += b_beta[:, None] * b_R
             b_db += tl.sum(b_k * b_R, 1)
         if J > 0:  # column side: columns before the block, reference s
-            b_ein = tl.exp(tl.minimum(b_gj - b_s[None, :], 0.0))
+            b_ein = tl.exp(b_gj - b_s[None, :])
             b_c = tl.dot(tl.trans(b_aqr.to(DT)), (b_qj * b_ein).to(DT), input_precision=DOT_PREC)
             b_c += tl.dot(tl.trans(b_akr.to(DT)), (b_kj * b_bj[:, None] * b_ein).to(DT), input_precision=DOT_PREC)
-            b_dkc += tl.where((blk < J)[:, None], tl.exp(tl.minimum(b_s[None, :] - b_gam, 0.0)), 0.0) * b_c
+            b_dkc += tl.where((blk < J)[:, None], tl.exp(b_s[None, :] - b_gam), 0.0) * b_c
 
         # ---- the diagonal block ------------------------------------------------------------------------------------
         b_half = tl.max(tl.max(tl.where(m_jk, tl.abs(b_gj - b_m[None, :]), 0.0), 1), 0)
@@ -165,7 +166,7 @@ def kda_pairwise(
                 b_gc = _gamma_row(b_gam, o_t, j)  # γ_j [BK]
                 b_kc = tl.sum(tl.where((o_c == c)[:, None], b_kj, 0.0), 0)  # k_j [BK]
                 # row side: column j of the block's dA against k_j, rows i >= j of the block
-                b_e = tl.exp(tl.minimum(b_gam - b_gc[None, :], 0.0))  # e^{γ_i − γ_j}
+                b_e = tl.exp(tl.where((o_t >= j)[:, None], b_gam - b_gc[None, :], 0.0))  # e^{γ_i − γ_j}, i >= j
                 b_aqj = tl.sum(tl.where((o_c == c)[None, :], b_aqd, 0.0), 1)
                 b_akj = tl.sum(tl.where((o_c == c)[None, :], b_akd, 0.0), 1)
                 b_dq += b_aqj[:, None] * b_e * b_kc[None, :]
@@ -173,7 +174,7 @@ def kda_pairwise(
                 b_dkr += b_beta[:, None] * b_R
                 b_db += tl.sum(b_k * b_R, 1)
                 # column side: row j of the output from the block's rows i >= j
-                b_ej = tl.exp(tl.minimum(b_gj - b_gc[None, :], 0.0))  # [BC, BK]
+                b_ej = tl.exp(tl.where((rj >= j)[:, None], b_gj - b_gc[None, :], 0.0))  # [BC, BK], i >= j
                 b_rq = tl.sum(tl.where((o_t == j)[None, :], b_aqr.to(tl.float32), 0.0), 1)  # dA_qk[i, j], i in J
                 b_rk = tl.sum(tl.where((o_t == j)[None, :], b_akr.to(tl.float32), 0.0), 1)
                 b_cj = tl.sum((b_rq[:, None] * b_xq + b_rk[:, None] * b_xk) * b_ej, 0)

@@ -27,15 +27,22 @@ def chunk_bounds(chunk_info, i_c, T, BT: tl.constexpr, VARLEN: tl.constexpr):
 
 @triton.jit
 def load_gate(ptr, mask):
-    """Log gates as float32, clamped below at ``GATE_FLOOR`` (−inf → −20; masked elements read 0)."""
-    return tl.maximum(tl.load(ptr, mask=mask, other=0).to(tl.float32), GATE_FLOOR)
+    """Log gates as float32, clamped below at ``GATE_FLOOR`` (−inf → −20; masked elements read 0; NaN stays NaN)."""
+    return floor_gate(tl.load(ptr, mask=mask, other=0).to(tl.float32), GATE_FLOOR)
+
+
+@triton.jit
+def floor_gate(b_g, FLOOR: tl.constexpr):
+    """``max(b_g, FLOOR)`` that keeps NaN: Triton's default ``maximum`` returns the other operand for a NaN one (maxnum),
+    which would read a NaN gate as a full forget and return a finite wrong answer; NaN must reach the outputs."""
+    return tl.maximum(b_g, FLOOR, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def diag_exact(b_k, b_q, b_gam, BC: tl.constexpr):
-    """KDA diagonal block, element-wise: column c is Σ_d k_i[d] k_c[d] exp(min(γ_i[d] − γ_c[d], 0)) for A_kk and the
-    same with q_i for A_qk (rows i < c are masked by the caller). Exact for any gate; BC exp's per key channel per
-    row."""
+    """KDA diagonal block, element-wise: column c is Σ_d k_i[d] k_c[d] exp(γ_i[d] − γ_c[d]) for A_kk and the same
+    with q_i for A_qk, rows i >= c (rows i < c are masked by the caller: their exponent is set to 0, never
+    overflowing). Exact for any gate, positive ones included; BC exp's per key channel per row."""
     o_c = tl.arange(0, BC)
     b_D = tl.zeros([BC, BC], dtype=tl.float32)
     b_Dq = tl.zeros([BC, BC], dtype=tl.float32)
@@ -43,7 +50,7 @@ def diag_exact(b_k, b_q, b_gam, BC: tl.constexpr):
         sel = (o_c == c)[:, None]
         b_kj = tl.sum(tl.where(sel, b_k, 0.0), 0)
         b_gj = tl.sum(tl.where(sel, b_gam, 0.0), 0)
-        b_e = tl.exp(tl.minimum(b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
+        b_e = tl.exp(tl.where((o_c >= c)[:, None], b_gam - b_gj[None, :], 0.0)) * b_kj[None, :]
         b_D += tl.where((o_c == c)[None, :], tl.sum(b_k * b_e, 1)[:, None], 0.0)
         b_Dq += tl.where((o_c == c)[None, :], tl.sum(b_q * b_e, 1)[:, None], 0.0)
     return b_D, b_Dq

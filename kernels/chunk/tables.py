@@ -59,7 +59,16 @@ def host_offsets(cu_seqlens: Tensor) -> tuple[int, ...]:
     so the layers of a model that share one ``cu_seqlens`` (and a backward after its forward) pay one device-to-host
     copy, and its sync, per batch instead of one per call. The cache holds those few small tensors alive, so a
     cached object can never be a new tensor at a recycled address; writing into a cached tensor bumps its version
-    and it is read again."""
+    and it is read again.
+
+    Refused while a CUDA graph is being captured: the chunk tables are built on the host from these values, so a
+    replay with new offsets copied into the same tensor would run the old tables (a wrong answer, not an error)."""
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "the chunk ops cannot be captured in a CUDA graph with cu_seqlens: their chunk tables are built on the "
+            "host from cu_seqlens' values, which a replay could change; call them eagerly, or capture fixed-length "
+            "calls (the fused-recurrent ops read cu_seqlens on the device and can be captured with it)"
+        )
     version = cu_seqlens._version
     for i, (t, v, offs) in enumerate(_OFFSETS_CACHE):
         if t is cu_seqlens and v == version:
@@ -77,9 +86,10 @@ def build_tables(
     """Tables for sequences at ``offsets`` (host copy of ``cu_seqlens``; ``None``: ``B`` rows of ``T`` tokens).
 
     Cached (the last 64 distinct calls): the layers of one model's forward share their ``cu_seqlens``, so the
-    tables are built and uploaded once per batch, not once per layer. The cached tensors are only ever read.
+    tables are built and uploaded once per batch, not once per layer. The cached tensors are only ever read. Built
+    from host integers on host tensors (no device read), uploaded without a host sync (:func:`_upload`).
     """
-    key = None if offsets is None else tuple(int(o) for o in offsets)
+    key = None if offsets is None else offsets if isinstance(offsets, tuple) else tuple(int(o) for o in offsets)
     return _build_cached(key, B, T, BT, seg_chunks, device)
 
 
@@ -127,10 +137,25 @@ def _build_cached(
 
 
 def _upload(parts: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    """All tables as int32 in one host-to-device copy; returns views of it by name (chunk_info as [NC, 2])."""
+    """All tables as int32 in one host-to-device copy; returns views of it by name (chunk_info as [NC, 2]).
+
+    To a GPU from pinned memory, asynchronously: a pageable copy would synchronise the host with the stream (it waits
+    for every kernel queued before it). The pinned buffer is not reused before the copy is done (torch's host
+    allocator records the copy's stream). Refused while a CUDA graph is being captured: the graph would copy from a
+    buffer freed after capture, and the cache would hold tables that only a replay fills."""
     if not parts:
         return {}
-    flat = torch.cat([p.reshape(-1) for p in parts.values()]).to(torch.int32).to(device)
+    flat = torch.cat([p.reshape(-1) for p in parts.values()]).to(torch.int32)
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "dtune's chunk tables for this shape (sequence lengths, chunk size, segments) are not built yet, and "
+                "they cannot be built while a CUDA graph is captured: run the call once before capturing it (a "
+                "warm-up call, as CUDA-graph capture needs anyway)"
+            )
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    else:
+        flat = flat.to(device)
     out: dict[str, Tensor] = {}
     start = 0
     for name, p in parts.items():

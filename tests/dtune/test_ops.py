@@ -1,5 +1,6 @@
 """The six public ops, called as users call them (positional ``q, k, v, [g,] beta``, keywords after), against the
-float64 loop; and the gate contract: ``-inf`` is a full forget, NaN and positive gates are refused.
+float64 loop; and the gate contract: ``-inf`` is a full forget, the opt-in check refuses NaN and positive gates
+(what the kernels compute for them unchecked: tests/kernels/test_gate_values.py).
 
 Every case uses a scale other than the default, grouped value heads (HV = 2H), K != V, an initial state, strong
 decays and a length that is not a multiple of the chunk, so an op that drops ``scale``, swaps ``g`` and ``beta``
@@ -94,32 +95,61 @@ def test_minus_inf_gate_is_a_full_forget(name: str) -> None:
     assert rel_err(o, o_ref) < 1e-4 and rel_err(s, s_ref) < 1e-4
 
 
+BAD_GATES = [(math.nan, "g contains NaN"), (5.0, r"g must be a log-space gate <= 0.*largest entry is 5"), (1e-3, "0.001")]
+BAD_IDS = ["nan", "plus-5", "tiny-positive"]
+
+
 @pytest.mark.parametrize("name", GATED)
-@pytest.mark.parametrize(
-    ("bad", "match"),
-    [(math.nan, "g contains NaN"), (5.0, r"g must be a log-space gate <= 0.*largest entry is 5"), (1e-3, "0.001")],
-    ids=["nan", "plus-5", "tiny-positive"],
-)
-def test_nan_or_positive_gate_is_refused(name: str, bad: float, match: str) -> None:
+@pytest.mark.parametrize(("bad", "match"), BAD_GATES, ids=BAD_IDS)
+def test_check_gate_refuses_nan_or_positive(name: str, bad: float, match: str) -> None:
+    """The opt-in check: ``check_gate=True`` refuses NaN and positive gates with one line naming ``g``."""
     x = _gated_inputs(name)
     g = x["g"].clone()
     g[0, 20, 0] = bad  # the last token only: the check must read all of g
     with pytest.raises(ValueError, match=match):
-        call(name, x, g=g)
+        call(name, x, g=g, check_gate=True)
 
 
 @pytest.mark.parametrize("name", GATED)
-def test_gate_check_opt_out(name: str) -> None:
-    """``check_gate=False`` launches anyway (the caller validates upstream): no exception. What a NaN gate then gives
-    is undefined: the fused-recurrent kernels propagate it, the chunk kernels' clamp at load reads it as a full
-    forget (``kernels/config.py`` GATE_FLOOR)."""
+def test_the_default_call_does_not_read_the_gate(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default nothing reads g's values (that would be a host sync per call): a NaN gate is launched, not refused;
+    DTUNE_CHECK_GATE's switch (``dtune.inputs.CHECK_GATE``) turns the check on for every call that does not say."""
+    import dtune.inputs
+
+    def no_read(g: torch.Tensor) -> None:
+        raise AssertionError("the default call read g's values")
+
     x = _gated_inputs(name)
     g = x["g"].clone()
     g[0, 3] = math.nan
-    o, _ = call(name, x, g=g, check_gate=False)
+    monkeypatch.setattr(dtune.inputs, "check_gate_values", no_read)
+    o, _ = call(name, x, g=g)
     assert o.shape == x["v"].shape
-    if name.startswith("fused_recurrent"):
-        assert torch.isnan(o).any()
+    monkeypatch.undo()
+    monkeypatch.setattr(dtune.inputs, "CHECK_GATE", True)
+    with pytest.raises(ValueError, match="g contains NaN"):
+        call(name, x, g=g)
+    call(name, x, g=g, check_gate=False)  # an explicit False wins over the program's switch
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), ("yes", True), ("0", False), ("", False), ("off", False)])
+def test_check_gate_environment_variable(value: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dtune.inputs
+
+    monkeypatch.setenv("DTUNE_CHECK_GATE", value)
+    assert dtune.inputs._env_flag("DTUNE_CHECK_GATE") is on
+
+
+def test_check_gate_environment_variable_is_read_at_import() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = "import dtune.ops, dtune.inputs as i; print(i.CHECK_GATE)"
+    for value, want in (("1", "True"), ("0", "False")):
+        env = {**os.environ, "DTUNE_CHECK_GATE": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, out.stderr
 
 
 def test_zero_gate_is_allowed_and_means_no_decay() -> None:
