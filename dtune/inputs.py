@@ -192,7 +192,7 @@ def _checked_offsets(cu_seqlens: Tensor, T: int) -> tuple[int, ...]:
         raise ValueError(f"cu_seqlens must run from 0 to T = {T}, got {offs[0]} ... {offs[-1]}")
     if any(b < a for a, b in zip(offs[:-1], offs[1:])):
         raise ValueError("cu_seqlens must be non-decreasing")
-    _VALID_OFFSETS[:] = _VALID_OFFSETS[-15:] + [offs]  # held: an identity never belongs to another tuple meanwhile
+    _VALID_OFFSETS[:] = [*_VALID_OFFSETS[-15:], offs]  # held: an identity never belongs to another tuple meanwhile
     return offs
 
 

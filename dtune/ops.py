@@ -231,7 +231,9 @@ CHECK_ARG = """
 def _doc(summary: str, gate: str | None) -> str:
     if gate is None:
         return summary + ARGS.format(gate="", check="", raises="")
-    return summary + ARGS.format(gate=GATE_ARGS[gate], check=CHECK_ARG, raises=", and with ``check_gate`` NaN or positive ``g``")
+    return summary + ARGS.format(
+        gate=GATE_ARGS[gate], check=CHECK_ARG, raises=", and with ``check_gate`` NaN or positive ``g``"
+    )
 
 
 fused_recurrent_delta_rule = _ungated(

@@ -26,7 +26,9 @@ GATE_CODES: dict[str, int] = {"none": 0, "scalar": 1, "channel": 2}
 # to (relative 6e-8), so the result equals the reference's exact zero to rounding, and every cumulative gate of a
 # chunk stays finite (≥ −20 · BT). The floor is kept this shallow on purpose: the KDA diagonal blocks' middle-row
 # dot needs a block's half span below ~88 nats, and each clamped step adds 20 (a deeper floor would send every block
-# with a −inf gate to the guarded exact path, or overflow the unguarded one). The clamp's gradient is 0 below it.
+# with a −inf gate to the guarded exact path, or overflow the unguarded one). The clamp's gradient is 0 below it. NaN is
+# not clamped (``chunk.common.floor_gate``: a plain max would return the floor for NaN, a finite wrong answer): a NaN
+# gate reaches the outputs and gradients, as in the recurrence. (The fused-recurrent kernels do not clamp.)
 GATE_FLOOR = -20.0
 
 # Debug switch: launchers fill their outputs with NaN before launch, so elements a kernel fails to write show

@@ -1,10 +1,10 @@
-"""The contestants ``dtune bench`` times beside the tuned config (dtune's default call): the same call with the opt-in
-check of the gate's values (``tuned+check_gate``, gated kernels: what the check costs), the template's default,
-flash-linear-attention (for chunk_kda both of its modes) and the PyTorch chunked reference. Each turns the harness's inputs
-(:func:`dtune.measure.inputs.workload_inputs`) into a zero-argument call. For a backward kernel (``chunk_kda_bwd``,
-``dtune bench --mode fwd+bwd``) every contestant runs its training step on the same inputs and output gradients:
-dtune's op with the backward config, ``fla.ops.*.chunk_*`` and the reference with inputs that require grad
-(:mod:`dtune.measure.grad`).
+"""The contestants ``dtune bench`` times beside the tuned config (dtune's default call): the same call with the
+opt-in check of the gate's values (``tuned+check_gate``, gated kernels: what the check costs), the template's
+default, flash-linear-attention (for chunk_kda both of its modes) and the PyTorch chunked reference. Each turns the
+harness's inputs (:func:`dtune.measure.inputs.workload_inputs`) into a zero-argument call. For a backward kernel
+(``chunk_kda_bwd``, ``dtune bench --mode fwd+bwd``) every contestant runs its training step on the same inputs and
+output gradients: dtune's op with the backward config, ``fla.ops.*.chunk_*`` and the reference with inputs that
+require grad (:mod:`dtune.measure.grad`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 :func:`op_run` builds the inputs (:func:`dtune.measure.inputs.workload_inputs`, :data:`TIMING_SEED`) and the nominal
 work (:mod:`dtune.measure.work`) of one call; :meth:`OpRun.call` is the call itself with a config, through the public
-entry point :func:`dtune.ops.run_kernel`: the default call a user makes (input and config checks included, as users
-pay them; the opt-in check of the gate's values is off by default, and ``dtune bench`` times it as a row of its own). The
-search's trials, ``dtune bench``, ``dtune profile`` and the GPU scripts all time an ``OpRun`` with
+entry point :func:`dtune.ops.run_kernel`: the default call a user makes (input and config checks included, as
+users pay them; the opt-in check of the gate's values is off by default, ``dtune bench`` times it in a row of its
+own). The search's trials, ``dtune bench``, ``dtune profile`` and the GPU scripts all time an ``OpRun`` with
 :func:`dtune.measure.timing.time_call`, so a config's time in ``trials.csv`` and in ``dtune bench`` is the same
 measurement of the same workload.
 """
@@ -64,9 +64,7 @@ class OpRun:
         return op_call(self.kernel, self.inputs, config)
 
 
-def op_call(
-    kernel: str, x: dict[str, Any], config: dict[str, Any] | None, **options: Any
-) -> Callable[[], Result]:
+def op_call(kernel: str, x: dict[str, Any], config: dict[str, Any] | None, **options: Any) -> Callable[[], Result]:
     """``dtune.ops.run_kernel(kernel, **x, config=config)`` as a zero-argument call: the default call (``options``:
     keywords of the op to add, e.g. ``check_gate=True``); for a backward kernel (``chunk_kda_bwd``) the training
     step of its forward op with ``config`` as the backward config (:func:`dtune.measure.grad.op_step`: it returns a

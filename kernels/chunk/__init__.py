@@ -43,7 +43,8 @@ starting its own chunks at its own offset) is built on the host, once per call; 
 
 Gates: log gates are clamped at −20 per step when loaded (``common.GATE_FLOOR``): a gate of −inf (a full forget)
 gives the reference's result (the ``exp(−20)`` a clamped step lets through is below float32 rounding), and every
-path stays finite.
+path stays finite. NaN is not clamped (``common.floor_gate``): it reaches the outputs, as in the recurrence; a
+positive gate is computed as the recurrence says (the exact diagonal blocks too).
 
 Tunable parameters (``legal_params``): ``BT`` chunk size; ``BC`` sub-chunk rows (``BC <= BT``, else
 ValueError); ``INTRA`` the stage-1 variant (``"blocks"`` needs ``BT / BC <= 4``, else ValueError);

@@ -32,7 +32,7 @@ the state layout) from the forward config.
 
 Gates: entries below :data:`GATE_FLOOR` (``-inf`` included, a full forget) are clamped to it: by the backward's
 kernels at load, as the forward's kernels do (``kernels/config.py``); their
-gradient is the clamp's, zero.
+gradient is the clamp's, zero. NaN is not clamped: it reaches the gradients, as in the recurrence.
 
 Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`check_config`): ``BT``, ``BC``
 (``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage

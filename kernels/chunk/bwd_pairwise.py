@@ -127,7 +127,7 @@ def kda_pairwise(
         # ---- off the diagonal --------------------------------------------------------------------------------------
         if J < NB - 1:  # row side: rows after the block, reference r
             b_kin = (b_kj * tl.exp(b_r[None, :] - b_gj)).to(DT)
-            b_out = tl.where((blk > J)[:, None], tl.exp(b_gam - b_r[None, :]), 0.0)
+            b_out = tl.exp(tl.where((blk > J)[:, None], b_gam - b_r[None, :], float("-inf")))
             b_dq += b_out * tl.dot(b_aqc.to(DT), b_kin, input_precision=DOT_PREC)
             b_R = b_out * tl.dot(b_akc.to(DT), b_kin, input_precision=DOT_PREC)
             b_dkr += b_beta[:, None] * b_R
@@ -136,7 +136,7 @@ def kda_pairwise(
             b_ein = tl.exp(b_gj - b_s[None, :])
             b_c = tl.dot(tl.trans(b_aqr.to(DT)), (b_qj * b_ein).to(DT), input_precision=DOT_PREC)
             b_c += tl.dot(tl.trans(b_akr.to(DT)), (b_kj * b_bj[:, None] * b_ein).to(DT), input_precision=DOT_PREC)
-            b_dkc += tl.where((blk < J)[:, None], tl.exp(b_s[None, :] - b_gam), 0.0) * b_c
+            b_dkc += tl.exp(tl.where((blk < J)[:, None], b_s[None, :] - b_gam, float("-inf"))) * b_c
 
         # ---- the diagonal block ------------------------------------------------------------------------------------
         b_half = tl.max(tl.max(tl.where(m_jk, tl.abs(b_gj - b_m[None, :]), 0.0), 1), 0)

@@ -10,6 +10,7 @@ decays and a length that is not a multiple of the chunk, so an op that drops ``s
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -95,7 +96,11 @@ def test_minus_inf_gate_is_a_full_forget(name: str) -> None:
     assert rel_err(o, o_ref) < 1e-4 and rel_err(s, s_ref) < 1e-4
 
 
-BAD_GATES = [(math.nan, "g contains NaN"), (5.0, r"g must be a log-space gate <= 0.*largest entry is 5"), (1e-3, "0.001")]
+BAD_GATES = [
+    (math.nan, "g contains NaN"),
+    (5.0, r"g must be a log-space gate <= 0.*largest entry is 5"),
+    (1e-3, "0.001"),
+]
 BAD_IDS = ["nan", "plus-5", "tiny-positive"]
 
 
@@ -110,6 +115,7 @@ def test_check_gate_refuses_nan_or_positive(name: str, bad: float, match: str) -
         call(name, x, g=g, check_gate=True)
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # numpy, inside the interpreter, on the NaN
 @pytest.mark.parametrize("name", GATED)
 def test_the_default_call_does_not_read_the_gate(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """By default nothing reads g's values (that would be a host sync per call): a NaN gate is launched, not refused;
@@ -170,6 +176,58 @@ def test_gate_check_is_skipped_while_capturing(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(dtune.inputs, "capturing", lambda t: False)
     with pytest.raises(ValueError, match="largest entry is 5"):
         dtune.inputs.check_gate_values(g)
+
+
+# ---- the CPU path: what it cannot compute is refused; a normal call warns nothing -------------------------------
+
+
+@pytest.mark.parametrize("name", [n for n in OPS if n.startswith("chunk")])
+def test_bf16_chunk_op_under_the_interpreter_is_refused(name: str) -> None:
+    """Triton's interpreter computes bf16 tl.dot wrongly (~1e10): the chunk ops refuse, forward and training step,
+    saying why and what to do; float16 and float32 compute right (checked against the loop)."""
+    gate = OPS[name][1]
+    x = make_inputs(Shape(1, 21, 1, 2, 16, 16, 1, gate), torch.bfloat16, seed=36)
+    with pytest.raises(RuntimeError, match=r"bfloat16.*tl\.dot.*use float32 \(or float16\).*CUDA GPU"):
+        call(name, x)
+    x["q"].requires_grad_()
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        call(name, x)
+    for dtype, tol in ((torch.float16, 5e-3), (torch.float32, 1e-4)):
+        y = make_inputs(Shape(1, 21, 1, 2, 16, 16, 1, gate), dtype, seed=36)
+        o, _ = call(name, y, initial_state=y["initial_state"])
+        o_ref, _ = reference({n: t.double() if isinstance(t, torch.Tensor) else t for n, t in y.items()}, y["g"],
+                             initial_state=y["initial_state"])  # fmt: skip
+        assert rel_err(o, o_ref) < tol, (dtype, rel_err(o, o_ref))
+
+
+@pytest.mark.parametrize("name", [n for n in OPS if n.startswith("fused_recurrent")])
+def test_bf16_fused_recurrent_under_the_interpreter_is_right(name: str) -> None:
+    """The fused-recurrent kernels have no tl.dot: bf16 is right under the interpreter (to bf16 rounding)."""
+    x = make_inputs(Shape(1, 21, 1, 2, 16, 16, 1, OPS[name][1]), torch.bfloat16, seed=37)
+    o, _ = call(name, x, initial_state=x["initial_state"])
+    o_ref, _ = reference({n: t.double() if isinstance(t, torch.Tensor) else t for n, t in x.items()}, x["g"],
+                         initial_state=x["initial_state"])  # fmt: skip
+    assert o.dtype == torch.bfloat16 and rel_err(o, o_ref) < 1e-2
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_a_normal_call_warns_nothing(name: str) -> None:
+    """No warning on a normal call (fp32, the interpreter): the forward, the chunk ops' training step, and the opt-in
+    gate check on a g that requires grad (no "Converting a tensor with requires_grad=True to a scalar")."""
+    gate = OPS[name][1]
+    x = make_inputs(Shape(1, 21, 1, 2, 16, 16, 1, gate), seed=38)
+    kw = {"initial_state": x["initial_state"], "output_final_state": True}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call(name, x, **kw)
+        if name.startswith("chunk"):
+            leaves = {n: t.clone().requires_grad_() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
+            extra = {} if gate is Gate.NONE else {"check_gate": True}
+            o, s = call(name, leaves, **{**kw, "initial_state": leaves["initial_state"]}, **extra)
+            wrt = [t for n, t in leaves.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+            torch.autograd.grad((o, s), wrt, (torch.ones_like(o), torch.ones_like(s)))
+        elif gate is not Gate.NONE:
+            call(name, x, **kw, check_gate=True)
 
 
 # ---- the tuned config reaches the launch ---------------------------------------------------------------------

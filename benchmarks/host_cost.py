@@ -1,0 +1,328 @@
+"""Host cost of one call: the CPU time an op's default call spends before its launches are queued, dtune next to fla.
+
+Usage (one CUDA GPU, from the checkout's root):
+    python benchmarks/host_cost.py [--calls 200] [--repeats 15] [--ops fused_recurrent_kda,...] [--cases decode-B1,...]
+    python benchmarks/host_cost.py --interpret      (CPU, Triton's interpreter, tiny shapes: a dry run of every step)
+
+For every op (the six of dtune.ops and fla.ops' namesakes, fla-core) and case (bf16, H = HV = 16, K = V = 128, an
+initial state in and the final state out, as a model's layer calls them):
+
+  prefill         B = 1, T = 2048
+  prefill-varlen  4 sequences of 512, 300, 1000, 236 tokens packed (cu_seqlens, int64; the same tensor every call,
+                  as the layers of a model share it: dtune reads it once, fla caches its index tables per tensor)
+  decode-B1       T = 1, B = 1 (the state of the previous step in, the next one out)
+  decode-B32      T = 1, B = 32
+
+the default call (``dtune.ops.<op>(q, k, v, [g,] beta, initial_state=..., output_final_state=True, cu_seqlens=...)``;
+fla's with the same arguments by keyword) is timed three ways, after three warm-up calls (compiles, fla's autotuning):
+
+* ``host_us``: the CPU time per call to queue its launches. The GPU is first made busy with ``torch.cuda._sleep``
+  (long enough to cover the whole batch), then N calls are made back to back and timed with ``time.perf_counter``;
+  an event recorded after the sleep must still be pending when the last call returns. Then no call can have waited
+  for the GPU (a host sync would have waited for the sleep), and the GPU was never the bottleneck: the time is the
+  host's alone. When the event has completed, the batch is retried with a longer sleep and fewer calls (a full
+  launch queue also blocks); if it still completes, the call waits for the GPU (``waits`` = True: a host sync) and
+  ``host_us`` is the isolated time below.
+* ``isolated_us``: one call between two ``torch.cuda.synchronize()`` (the clock stops before the second), median:
+  host time including any sync's round trip on an idle GPU.
+* ``loop_us``: N calls back to back with one synchronize at the end, per call: what an eager decode loop sees
+  (the larger of host and GPU time per call).
+
+Writes under $OUT (default ./out): host_cost.csv (one row per op, case and implementation) and, for dtune's decode-B1
+calls, profile_<op>.txt (cProfile of 200 calls, by own time: where dtune's host time goes). Prints a table last:
+dtune's and fla's host_us side by side and fla / dtune (above 1: dtune queues its launches faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import csv
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS = (
+    "fused_recurrent_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_kda",
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_kda",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    B: int
+    T: int
+    seq_lens: tuple[int, ...] | None = None
+
+
+GPU_CASES = (
+    Case("prefill", 1, 2048),
+    Case("prefill-varlen", 1, 0, (512, 300, 1000, 236)),
+    Case("decode-B1", 1, 1),
+    Case("decode-B32", 32, 1),
+)
+CPU_CASES = (
+    Case("prefill", 1, 16),
+    Case("prefill-varlen", 1, 0, (5, 11)),
+    Case("decode-B1", 1, 1),
+    Case("decode-B4", 4, 1),
+)
+COLUMNS = ["op", "case", "impl", "B", "T", "N", "H", "K", "dtype", "host_us", "isolated_us", "loop_us", "calls"]
+COLUMNS += ["repeats", "waits", "meaningful", "note"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")
+    ap.add_argument("--calls", type=int, default=200, help="calls per timed batch (decode; prefill: a quarter)")
+    ap.add_argument("--repeats", type=int, default=15, help="timed batches per op and case (median)")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated ops")
+    ap.add_argument("--cases", default=None, help="comma-separated cases (default: all)")
+    ap.add_argument("--no-fla", action="store_true", help="time dtune only")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default $OUT or ./out)")
+    return ap.parse_args(argv)
+
+
+def build_inputs(op: str, case: Case, interpret: bool) -> dict[str, Any]:
+    """The op's inputs for ``case`` (bf16 on the GPU; fp32, H = 1, K = V = 16 under the interpreter)."""
+    import torch
+    from dtune.kernels import get_kernel
+
+    from dtune.measure.inputs import make_inputs
+    from dtune.shape import Gate, Shape
+
+    H, D = (1, 16) if interpret else (16, 128)
+    gate = Gate(get_kernel(op).gate)
+    n = len(case.seq_lens) if case.seq_lens else case.B
+    shape = Shape(case.B, case.T, H, H, D, D, n, gate, case.seq_lens is not None)
+    dtype, device = (torch.float32, "cpu") if interpret else (torch.bfloat16, "cuda")
+    x = make_inputs(shape, dtype, device, seed=1, seq_lens=list(case.seq_lens) if case.seq_lens else None)
+    if x["cu_seqlens"] is not None:
+        x["cu_seqlens"] = x["cu_seqlens"].long()  # fla's type; dtune takes int32 or int64
+    x["scale"] = D**-0.5
+    x["output_final_state"] = True
+    return x
+
+
+def dtune_call(op: str, x: dict[str, Any]) -> Callable[[], Any]:
+    """The default call, as a user writes it (positional tensors, keywords after)."""
+    from dtune import ops
+
+    fn = getattr(ops, op)
+    gates = () if x["g"] is None else (x["g"],)
+    q, k, v, beta, h0, cu = x["q"], x["k"], x["v"], x["beta"], x["initial_state"], x["cu_seqlens"]
+    return lambda: fn(q, k, v, *gates, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+
+
+def fla_call(op: str, x: dict[str, Any]) -> tuple[Callable[[], Any] | None, str]:
+    from dtune.measure.baselines import fla_forward, fla_function
+
+    fn, why = fla_function(op)
+    if fn is None:
+        return None, why
+    forward = fla_forward(fn, x["g"] is not None)
+    return (lambda: forward(x)), ""
+
+
+class Clock:
+    """The GPU's sleep clock: cycles of ``torch.cuda._sleep`` per microsecond, measured once."""
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 20_000_000
+        a.record()
+        torch.cuda._sleep(cycles)
+        b.record()
+        b.synchronize()
+        self.cycles_per_us = cycles / (a.elapsed_time(b) * 1e3)
+
+    def sleep(self, us: float) -> None:
+        import torch
+
+        torch.cuda._sleep(int(us * self.cycles_per_us))
+
+
+def _queued(call: Callable[[], Any], n: int, sleep_us: float, clock: Clock) -> tuple[float, bool]:
+    """Seconds per call of ``n`` calls queued behind a sleeping GPU, and whether the GPU still slept at the end."""
+    import torch
+
+    torch.cuda.synchronize()
+    clock.sleep(sleep_us)
+    slept = torch.cuda.Event()
+    slept.record()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    dt = time.perf_counter() - t0
+    busy = not slept.query()
+    torch.cuda.synchronize()
+    return dt / n, busy
+
+
+def _isolated(call: Callable[[], Any], reps: int, cuda: bool) -> float:
+    import torch
+
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    if cuda:
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _loop(call: Callable[[], Any], n: int, cuda: bool) -> float:
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def measure(call: Callable[[], Any], calls: int, repeats: int, clock: Clock | None) -> dict[str, Any]:
+    """``host_us``, ``isolated_us``, ``loop_us`` (see the module docstring), the batch size used and ``waits``."""
+    cuda = clock is not None
+    for _ in range(3):
+        call()
+    isolated = _isolated(call, max(5, repeats * 3), cuda)
+    loop = statistics.median(_loop(call, calls, cuda) for _ in range(max(1, repeats // 5)))
+    out = {"isolated_us": isolated * 1e6, "loop_us": loop * 1e6, "calls": calls, "waits": False}
+    if clock is None:  # the interpreter runs each kernel inside the call: no queue to measure
+        out["host_us"] = isolated * 1e6
+        return out
+    n, sleep_us, busy = calls, max(3 * isolated * calls * 1e6, 2000.0), False
+    for attempt in range(6):
+        _, busy = _queued(call, n, sleep_us, clock)
+        if busy:
+            break
+        if attempt % 2 == 0:
+            sleep_us *= 4
+        else:
+            n = max(8, n // 4)
+    out["calls"] = n
+    if not busy:  # even a few calls behind a long sleep end after it: the call waits for the GPU
+        out["host_us"], out["waits"] = isolated * 1e6, True
+        return out
+    samples = [_queued(call, n, sleep_us, clock) for _ in range(repeats)]
+    kept = [dt for dt, b in samples if b]
+    out["host_us"] = statistics.median(kept) * 1e6 if kept else isolated * 1e6
+    return out
+
+
+def profile(call: Callable[[], Any], path: Path, calls: int = 200) -> None:
+    """cProfile of ``calls`` calls, the 25 functions with the most own time."""
+    for _ in range(3):
+        call()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    path.write_text(buf.getvalue())
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """dtune's and fla's host time per op and case, and fla / dtune."""
+    by = {(r["op"], r["case"], r["impl"]): r for r in rows}
+    keys = list(dict.fromkeys((r["op"], r["case"]) for r in rows))
+    head = ("op", "case", "dtune us", "fla us", "fla/dtune", "dtune loop", "fla loop")
+    lines = [f"{head[0]:34s} {head[1]:15s} " + " ".join(f"{h:>10s}" for h in head[2:])]
+    for op, case in keys:
+        d, f = by.get((op, case, "dtune")), by.get((op, case, "fla"))
+
+        def cell(r: dict[str, Any] | None, col: str) -> str:
+            if r is None or r.get(col) is None:
+                return "-"
+            return f"{r[col]:.1f}" + ("*" if col == "host_us" and r["waits"] else "")
+
+        ratio = f"{f['host_us'] / d['host_us']:.2f}" if d and f and d.get("host_us") and f.get("host_us") else "-"
+        cells = (cell(d, "host_us"), cell(f, "host_us"), ratio, cell(d, "loop_us"), cell(f, "loop_us"))
+        lines.append(f"{op:34s} {case:15s} " + " ".join(f"{c:>10s}" for c in cells))
+    lines.append("host us: CPU time per call before its launches are queued (* the call waits for the GPU: a sync);")
+    lines.append("loop us: per call of back-to-back calls with one synchronize at the end")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported by the kernels
+    sys.path.insert(0, str(ROOT))  # this checkout's dtune, installed or not
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = not args.interpret
+    if cuda and not torch.cuda.is_available():
+        print("no CUDA GPU: run with --interpret for the CPU dry run", file=sys.stderr)
+        return 2
+    cases = CPU_CASES if args.interpret else GPU_CASES
+    if args.cases:
+        want = {c.strip() for c in args.cases.split(",") if c.strip()}
+        cases = tuple(c for c in cases if c.name in want)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    calls, repeats = (3, 2) if args.interpret else (args.calls, args.repeats)
+    clock = Clock() if cuda else None
+    rows: list[dict[str, Any]] = []
+    for op in ops:
+        for case in cases:
+            x = build_inputs(op, case, args.interpret)
+            impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x), "")]
+            if not args.no_fla:
+                fn, why = fla_call(op, x) if cuda else (None, "fla needs a CUDA GPU")
+                impls.append(("fla", fn, why))
+            n_calls = calls if case.T == 1 or args.interpret else max(8, calls // 4)
+            for impl, call, why in impls:
+                row: dict[str, Any] = {
+                    "op": op, "case": case.name, "impl": impl, "B": x["q"].shape[0], "T": x["q"].shape[1],
+                    "N": len(case.seq_lens) if case.seq_lens else case.B, "H": x["q"].shape[2],
+                    "K": x["q"].shape[3], "dtype": str(x["q"].dtype).removeprefix("torch."), "repeats": repeats,
+                    "meaningful": cuda, "note": why,
+                }  # fmt: skip
+                if call is not None:
+                    try:
+                        row.update(measure(call, n_calls, repeats, clock))
+                    except Exception as exc:  # one failing contestant keeps its row, with the reason
+                        row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+                rows.append(row)
+                print(f"{op} {case.name} {impl}: {row.get('host_us', float('nan')):.1f} us {row['note']}", flush=True)
+            if impls[0][1] is not None and case.name == "decode-B1" and op.startswith("fused_recurrent"):
+                profile(impls[0][1], out / f"profile_{op}.txt", 200 if cuda else 3)
+    with open(out / "host_cost.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    if args.interpret:
+        print("Triton's interpreter runs each kernel inside the call: these times are NOT meaningful (a dry run)")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
