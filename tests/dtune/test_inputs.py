@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+import dtune.inputs
 from dtune import ops
 from dtune.inputs import dtype_from_name
 from dtune.measure.inputs import make_inputs
@@ -59,8 +60,51 @@ BAD: list[tuple[str, Callable[[], dict[str, Any]], type[Exception], str]] = [
 
 @pytest.mark.parametrize(("make", "exc", "msg"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
 def test_bad_input_names_the_argument(make: Callable[[], dict[str, Any]], exc: type[Exception], msg: str) -> None:
+    """Also after a good call of the same shapes: the cache of checked argument signatures hides no bad argument."""
+    dtune.inputs._SIGNATURES.clear()
     with pytest.raises(exc, match=_escape(msg)):
         _call(make())
+    good = _inputs()
+    dtune.inputs.check_inputs(*_check_args(good))  # the good signature, checked and remembered
+    with pytest.raises(exc, match=_escape(msg)):
+        _call(make())
+
+
+def _check_args(x: dict[str, Any]) -> tuple[Any, ...]:
+    return (x["q"], x["k"], x["v"], x["g"], x["beta"], Gate.CHANNEL, None, x["initial_state"], x["cu_seqlens"])
+
+
+def test_checked_signatures_are_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signature that passed costs one lookup on its next call; a change of any dtype, shape or device is checked
+    again; the cache is bounded."""
+    dtune.inputs._SIGNATURES.clear()
+    x = _inputs()
+    first = dtune.inputs.check_inputs(*_check_args(x))
+    calls: list[int] = []
+    real = dtune.inputs._check_signature
+    monkeypatch.setattr(dtune.inputs, "_check_signature", lambda *a: calls.append(1) or real(*a))
+    assert dtune.inputs.check_inputs(*_check_args(_inputs())) == first and calls == []  # new tensors, same signature
+    with pytest.raises(TypeError, match="beta must be float32"):
+        dtune.inputs.check_inputs(*_check_args(_inputs(beta=x["beta"].to(torch.int32))))
+    assert calls == [1]
+    monkeypatch.setattr(dtune.inputs, "SIGNATURE_CACHE_SIZE", 2)
+    for t in (3, 4, 5):
+        y = make_inputs(Shape(1, t, 2, 4, 16, 8, 1, Gate.CHANNEL), seed=0)
+        dtune.inputs.check_inputs(*_check_args(y))
+    assert len(dtune.inputs._SIGNATURES) <= 2
+
+
+def test_bad_cu_seqlens_is_refused_on_every_call() -> None:
+    """Offsets that failed are never remembered as checked; good ones are checked once per tensor."""
+    x = _packed([0, 4, 2, 6])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="non-decreasing"):
+            _call(x, kernel="fused_recurrent_gated_delta_rule")
+    y = _packed([0, 2, 3, 6])
+    _call(y, kernel="fused_recurrent_gated_delta_rule")
+    y["cu_seqlens"][3] = 5  # in place: read again, checked again
+    with pytest.raises(ValueError, match="from 0 to T = 6"):
+        _call(y, kernel="fused_recurrent_gated_delta_rule")
 
 
 def _escape(s: str) -> str:

@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from dtune.kernels.chunk.common import GATE_FLOOR, floor_gate
 from dtune.kernels.reference import naive_recurrent
 
 from dtune import ops
@@ -179,3 +182,20 @@ def test_positive_gate_is_computed_as_the_recurrence_says(op: str, steep: bool) 
         for name, ref in want.grads.items():
             if ref is not None:
                 assert rel_err(got.grads[name], ref) < TOL, f"d{name}: {rel_err(got.grads[name], ref):.3g}"
+
+
+@triton.jit
+def _floor_kernel(x, y, N: tl.constexpr, FLOOR: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y + o, floor_gate(tl.load(x + o), FLOOR))
+
+
+def test_floor_gate_keeps_nan() -> None:
+    """The clamp every chunk kernel (forward and backward) applies to a loaded gate: -inf and below-floor values to
+    the floor, NaN stays NaN (Triton's default maximum would return the floor for it), the rest unchanged."""
+    x = torch.tensor([math.nan, -math.inf, -25.0, -20.0, -3.0, 0.0, 0.5, math.nan] + [-1.0] * 8)
+    y = torch.empty_like(x)
+    _floor_kernel[(1,)](x, y, 16, GATE_FLOOR)
+    floor = GATE_FLOOR.value
+    want = torch.tensor([math.nan, floor, floor, floor, -3.0, 0.0, 0.5, math.nan] + [-1.0] * 8)
+    torch.testing.assert_close(y, want, equal_nan=True, rtol=0, atol=0)
