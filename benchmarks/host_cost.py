@@ -206,9 +206,9 @@ def _loop(call: Callable[[], Any], n: int, cuda: bool) -> float:
 def measure(call: Callable[[], Any], calls: int, repeats: int, clock: Clock | None) -> dict[str, Any]:
     """``host_us``, ``isolated_us``, ``loop_us`` (see the module docstring), the batch size used and ``waits``."""
     cuda = clock is not None
-    for _ in range(3):
+    for _ in range(3 if cuda else 1):
         call()
-    isolated = _isolated(call, max(5, repeats * 3), cuda)
+    isolated = _isolated(call, max(5, repeats * 3) if cuda else repeats, cuda)
     loop = statistics.median(_loop(call, calls, cuda) for _ in range(max(1, repeats // 5)))
     out = {"isolated_us": isolated * 1e6, "loop_us": loop * 1e6, "calls": calls, "waits": False}
     if clock is None:  # the interpreter runs each kernel inside the call: no queue to measure
