@@ -31,6 +31,9 @@ fla's with the same arguments by keyword) is timed three ways, after three warm-
 Writes under $OUT (default ./out): host_cost.csv (one row per op, case and implementation) and, for dtune's decode-B1
 calls, profile_<op>.txt (cProfile of 200 calls, by own time: where dtune's host time goes). Prints a table last:
 dtune's and fla's host_us side by side and fla / dtune (above 1: dtune queues its launches faster).
+
+Run time on one H200: about a minute of measurement, plus every first call's compile (dtune's and fla's, and fla's
+autotuning: a few minutes on a cold Triton cache); ``--ops`` / ``--cases`` split it.
 """
 
 from __future__ import annotations
