@@ -1,0 +1,611 @@
+"""dtune as a backend of flash-linear-attention's dispatch (fla-core >= 0.6.0): fla's own ops, and the models built on
+them, run dtune's kernels without a line of their code changed.
+
+    import dtune.integrations.fla as dtune_fla
+    dtune_fla.enable()          # or FLA_DTUNE=1 in the environment (the import registers the backend)
+
+Importing this module registers :class:`DtuneBackend` with ``fla.backends`` for the entry points fla dispatches that
+dtune serves:
+
+- ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (fla's operation ``'gated_delta_rule'``): dtune's
+  ``chunk_gated_delta_rule``, forward and backward;
+- ``fla.ops.kda.chunk_kda`` (the function's own registry): dtune's ``chunk_kda``, forward and backward;
+- ``fla.ops.kda.fused_recurrent_kda`` (operation ``'kda'``, its ``fused_recurrent_kda_fwd``): dtune's
+  ``fused_recurrent_kda`` (decoding; inference only, as fla's).
+
+fla 0.6.0 dispatches neither its delta rule nor its Gated DeltaNet decode (``fused_recurrent_gated_delta_rule``), so no
+backend can take those calls. For the chunk delta rule this module gives :func:`chunk_delta_rule`: fla's own function
+put behind fla's own dispatch (``fla.backends.dispatch``), with this backend registered on it. Same signature, same
+results, and the same fallback to fla's function for the calls dtune declines; a model uses it by importing it from
+here instead of from ``fla.ops.delta_rule`` (the one line that changes). Nothing in fla is patched.
+
+**Switch.** Off by default, as fla's opt-in backends are (``default_enable = False``), because it must never make a
+user slower by surprise. ``FLA_DTUNE`` (fla's convention: ``FLA_FLASH_QLA``, ``FLA_TILELANG``) switches it without a
+code change and always wins: ``0`` off, ``1`` on, ``always`` on without the speed rule below. fla never imports dtune,
+so the module has to be imported once (e.g. in the launcher); :func:`enable` is that import and the switch for code
+(``enable("always")``), :func:`disable` undoes it.
+
+**Priority** 2: before FlashQLA and FlashKDA (3), TileLang (5) and fla's own Triton path (the fallback).
+
+**Verifier.** Each entry point's ``<name>_verifier`` accepts exactly the calls dtune computes right and names the
+first thing it does not honour for the rest (dtype, head dims outside 16-256, an fla option dtune does not have,
+context parallelism, CUDA-graph varlen, continuous batching, ...); the call then falls through to the next backend
+and finally to fla's own function. The in-kernel options real models pass (``use_qk_l2norm_in_kernel``,
+``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``,
+``allow_neg_eigval``, ``state_v_first``) are served as exact separate passes (:mod:`dtune.options`); ``safe_gate``,
+``disable_recompute`` and ``chunk_size`` are speed and memory choices of fla's kernels that do not change a result, and
+are accepted; ``cu_seqlens_cpu`` saves dtune's host read of ``cu_seqlens``.
+
+**Never slower** (policy ``measured``, the default). The verifier finds which backend would run the call if dtune
+declined (the next one in fla's order whose own verifier accepts it, else ``"fla"``: fla's Triton path) and accepts
+only where the tuned-config entry of the call's bucket records, side by side in one run, dtune at least as fast as
+that one (``side_by_side_ms``: the forward entry for a call without gradients, the ``*_bwd`` entry's training step for
+one with them). No such measurement near the call's shape (within a factor of :data:`NEAR` in tokens per sequence,
+sequences and heads), or a faster peer: dtune declines and says why. The verdict is cached by shape, dtype, options and
+the set of enabled backends, so a call pays a few attribute reads; :func:`decisions` lists the verdicts so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from inspect import unwrap
+from typing import Any, ClassVar
+
+import torch
+
+from dtune.autograd import needs_grad
+from dtune.inputs import FLOAT_DTYPES, interpreting
+from dtune.kernels import get_kernel
+from dtune.kernels.chunk.tables import remember_host_offsets
+from dtune.ops import run_kernel
+from dtune.options import SAFE_LOWER_BOUND, Options
+from dtune.shape import Gate, Shape
+from dtune.store import tuned_entry
+
+try:
+    import fla.backends as fla_backends
+    from fla.backends import BaseBackend, register
+    from fla.ops.delta_rule import chunk_delta_rule as _fla_chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda as _fla_chunk_kda
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"dtune.integrations.fla needs flash-linear-attention's fla-core >= 0.6.0 (fla.backends.register): "
+        f'pip install "dtune[fla]" ({exc})'
+    ) from exc
+
+Tensor = torch.Tensor
+__all__ = ["NEAR", "DtuneBackend", "chunk_delta_rule", "clear_cache", "decisions", "disable", "enable", "policy"]
+
+ENV = "FLA_DTUNE"
+POLICIES = ("measured", "always")
+NEAR = 2.0  # a measured bucket speaks for shapes within this factor of its tokens per sequence, sequences and heads
+HEAD_DIMS = (16, 256)  # the head dims dtune's templates are checked at
+PRIORITY = 2
+
+logger = logging.getLogger(__name__)
+
+_switch: dict[str, Any] = {"on": False, "policy": "measured"}  # what enable()/disable() set; FLA_DTUNE wins
+
+
+def enable(policy: str = "measured") -> None:
+    """Turn the dtune backend on (unless ``FLA_DTUNE=0``): ``"measured"`` runs dtune where the tuned configs record
+    it faster than the backend that would run otherwise; ``"always"`` wherever dtune computes the call right."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    _switch.update(on=True, policy=policy)
+    clear_cache()
+
+
+def disable() -> None:
+    """Turn the dtune backend off (``FLA_DTUNE`` still wins where it is set)."""
+    _switch.update(on=False, policy="measured")
+    clear_cache()
+
+
+def policy() -> str | None:
+    """The policy in force: ``"measured"``, ``"always"``, or None when the backend is off."""
+    env = os.environ.get(ENV)
+    if env is not None:
+        return None if env == "0" else ("always" if env == "always" else "measured")
+    return str(_switch["policy"]) if _switch["on"] else None
+
+
+# ---- one call of an fla entry point, read once ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """The arguments of one call in dtune's terms; ``unsupported`` names the first argument dtune does not honour."""
+
+    entry: str  # the fla function's name, e.g. "chunk_kda"
+    kernel: str  # the dtune kernel that serves it
+    q: Any
+    k: Any
+    v: Any
+    g: Any
+    beta: Any
+    scale: float | None
+    initial_state: Any
+    output_final_state: bool
+    cu_seqlens: Any
+    cu_seqlens_cpu: Any
+    options: Options
+    unsupported: str | None = None
+    out: Any = None  # fused_recurrent_kda_fwd: the output buffer to fill
+    inplace_final_state: bool = False  # fused_recurrent_kda_fwd: the final state written into initial_state
+
+
+def _extra(kwargs: Mapping[str, Any], allowed: tuple[str, ...]) -> str | None:
+    """The first keyword dtune does not know (fla's deprecated and future ones included), as a reason."""
+    for name in kwargs:
+        if name == "transpose_state_layout":
+            return "the deprecated transpose_state_layout (pass state_v_first instead)"
+        if name not in allowed:
+            return f"the keyword {name!r}"
+    return None
+
+
+def _gate_options(
+    use_gate_in_kernel: bool, A_log: Any, dt_bias: Any, lower_bound: float | None, **flags: bool
+) -> Options:
+    """Options with fla's rule that A_log, dt_bias and lower_bound mean nothing without use_gate_in_kernel."""
+    if not use_gate_in_kernel:
+        return Options(**flags)
+    return Options(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, **flags)
+
+
+def _read_chunk_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    cu_seqlens_cpu: Tensor | None = None,
+    chunk_indices: Tensor | None = None,
+    cp_context: Any = None,
+    **kwargs: Any,
+) -> Call:
+    """fla 0.6.0's ``chunk_gated_delta_rule`` signature (``chunk_indices`` derives from ``cu_seqlens``: unused)."""
+    problem = _extra(kwargs, ("use_gate_in_kernel", "A_log", "dt_bias", "chunk_size"))
+    if cp_context is not None:
+        problem = "context parallelism (cp_context)"
+    elif kwargs.get("chunk_size", 64) not in (16, 32, 64):
+        problem = f"chunk_size={kwargs['chunk_size']} (fla refuses it)"
+    elif kwargs.get("use_gate_in_kernel") and kwargs.get("A_log") is None:
+        problem = "use_gate_in_kernel without A_log (fla refuses it)"
+    opts = _gate_options(
+        bool(kwargs.get("use_gate_in_kernel", False)),
+        kwargs.get("A_log"),
+        kwargs.get("dt_bias"),
+        None,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first,
+    )
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, opts, problem)
+    return Call("chunk_gated_delta_rule", "chunk_gated_delta_rule", *args)
+
+
+def _read_chunk_kda(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    cu_seqlens_cpu: Tensor | None = None,
+    cp_context: Any = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs: Any,
+) -> Call:
+    """fla 0.6.0's ``chunk_kda`` signature (``A_log``, ``dt_bias`` and ``chunk_size`` by keyword)."""
+    problem = _extra(kwargs, ("A_log", "dt_bias", "chunk_size"))
+    if cp_context is not None:
+        problem = "context parallelism (cp_context)"
+    elif return_intermediate_states:
+        problem = "return_intermediate_states (the chunk states of an inference engine)"
+    elif use_graph:
+        problem = "use_graph (varlen chunk tables built on the device for CUDA-graph replay)"
+    elif kwargs.get("chunk_size", 64) not in (32, 64):
+        problem = f"chunk_size={kwargs['chunk_size']} (fla refuses it)"
+    elif use_gate_in_kernel and kwargs.get("A_log") is None and lower_bound is None:
+        problem = "use_gate_in_kernel without A_log or lower_bound (fla refuses it)"
+    elif safe_gate and use_gate_in_kernel and not (
+        lower_bound is not None and SAFE_LOWER_BOUND[0] <= lower_bound < SAFE_LOWER_BOUND[1]
+    ):
+        problem = f"safe_gate with lower_bound={lower_bound} outside [-5, 0) (fla refuses it)"
+    elif initial_state is not None and getattr(initial_state, "dtype", None) != torch.float32:
+        problem = "an initial state that is not float32 (fla refuses it)"
+    opts = _gate_options(
+        use_gate_in_kernel,
+        kwargs.get("A_log"),
+        kwargs.get("dt_bias"),
+        lower_bound,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first,
+    )
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, opts, problem)
+    return Call("chunk_kda", "chunk_kda", *args)
+
+
+def _read_fused_recurrent_kda_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    initial_state: Tensor | None = None,
+    scale: float | None = None,
+    output_final_state: bool = False,
+    inplace_final_state: bool = True,
+    state_v_first: bool = False,
+    cu_seqlens: Tensor | None = None,
+    ssm_state_indices: Tensor | None = None,
+    num_accepted_tokens: Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: float | None = None,
+    out: Tensor | None = None,
+    **kwargs: Any,
+) -> Call:
+    """fla 0.6.0's ``fused_recurrent_kda_fwd`` signature (what ``fused_recurrent_kda`` calls)."""
+    problem = _extra(kwargs, ())
+    if ssm_state_indices is not None or num_accepted_tokens is not None:
+        problem = "continuous batching (ssm_state_indices / num_accepted_tokens)"
+    elif inplace_final_state and initial_state is None:
+        problem = "inplace_final_state without an initial state (fla refuses it)"
+    elif use_gate_in_kernel and A_log is None and lower_bound is None:
+        problem = "use_gate_in_kernel without A_log or lower_bound"
+    elif allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        problem = "allow_neg_eigval without use_beta_sigmoid_in_kernel (fla refuses it)"
+    elif isinstance(beta, Tensor) and isinstance(v, Tensor) and beta.dim() == v.dim():
+        problem = "a beta per value channel ([B, T, HV, V])"
+    opts = _gate_options(
+        use_gate_in_kernel,
+        A_log,
+        dt_bias,
+        lower_bound,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first,
+    )
+    final = output_final_state or inplace_final_state
+    args = (q, k, v, g, beta, scale, initial_state, final, cu_seqlens, None, opts, problem, out, inplace_final_state)
+    return Call("fused_recurrent_kda_fwd", "fused_recurrent_kda", *args)
+
+
+def _read_chunk_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: Tensor | None = None,
+    cu_seqlens_cpu: Tensor | None = None,
+    **kwargs: Any,
+) -> Call:
+    """fla 0.6.0's ``chunk_delta_rule`` signature."""
+    problem = _extra(kwargs, ("chunk_size",))
+    if problem is None and kwargs.get("chunk_size", 64) not in (16, 32, 64):
+        problem = f"chunk_size={kwargs['chunk_size']} (fla refuses it)"
+    opts = Options(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    args = (q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, opts, problem)
+    return Call("chunk_delta_rule", "chunk_delta_rule", *args)
+
+
+READERS: dict[str, Callable[..., Call]] = {
+    "chunk_gated_delta_rule": _read_chunk_gated_delta_rule,
+    "chunk_kda": _read_chunk_kda,
+    "fused_recurrent_kda_fwd": _read_fused_recurrent_kda_fwd,
+    "chunk_delta_rule": _read_chunk_delta_rule,
+}
+
+
+# ---- what dtune computes right -------------------------------------------------------------------------------
+
+
+def _is_float(x: Any) -> bool:
+    return isinstance(x, Tensor) and x.dtype in FLOAT_DTYPES
+
+
+def unsupported(call: Call) -> str | None:
+    """Why dtune cannot compute this call right (a reason for fla's log), or None. Reads shapes, dtypes and devices
+    only: no tensor values, no host sync."""
+    if call.unsupported is not None:
+        return f"dtune does not support {call.unsupported}"
+    q, k, v, g, beta, h0 = call.q, call.k, call.v, call.g, call.beta, call.initial_state
+    spec = get_kernel(call.kernel)
+    gate = Gate(spec.gate)
+    if not all(isinstance(x, Tensor) for x in (q, k, v, beta)) or q.dim() != 4 or v.dim() != 4:
+        return "dtune takes q, k [B, T, H, K] and v [B, T, HV, V] tensors"
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2] or HV % H or tuple(beta.shape) != (B, T, HV):
+        return f"inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
+    if gate is not Gate.NONE:
+        want = (B, T, HV) if gate is Gate.SCALAR else (B, T, HV, K)
+        if not isinstance(g, Tensor) or tuple(g.shape) != want:
+            return f"a gate g of shape {tuple(g.shape) if isinstance(g, Tensor) else None}, not {want}"
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in FLOAT_DTYPES):
+        return f"q, k, v of dtypes {q.dtype}, {k.dtype}, {v.dtype} (dtune: one of float32, float16, bfloat16)"
+    if not all(_is_float(x) for x in (beta, g, h0) if x is not None):
+        return "a beta, gate or initial state that is not floating point"
+    if not (HEAD_DIMS[0] <= K <= HEAD_DIMS[1] and HEAD_DIMS[0] <= V <= HEAD_DIMS[1]):
+        return f"head dims K={K}, V={V} (dtune's kernels: {HEAD_DIMS[0]} to {HEAD_DIMS[1]})"
+    device = q.device
+    tensors = (k, v, g, beta, h0, call.cu_seqlens, call.options.A_log, call.options.dt_bias)
+    if any(isinstance(x, Tensor) and x.device != device for x in tensors):
+        return "tensors on different devices"
+    if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
+        return f"tensors on {device.type} (dtune's kernels run on CUDA GPUs)"
+    if interpreting() and spec.family == "chunk" and q.dtype != torch.float32:
+        return "16-bit inputs under Triton's interpreter (its tl.dot is wrong on them: float32 only)"
+    N = B
+    cu = call.cu_seqlens
+    if cu is not None:
+        if not isinstance(cu, Tensor) or cu.dtype not in (torch.int32, torch.int64) or cu.dim() != 1:
+            return "cu_seqlens that is not a 1-D int32/int64 tensor"
+        if B != 1 or cu.numel() < 2:
+            return f"cu_seqlens with B = {B} (fla packs sequences into B = 1)"
+        N = cu.numel() - 1
+        cpu = call.cu_seqlens_cpu
+        if cpu is not None and (not isinstance(cpu, Tensor) or cpu.device.type != "cpu" or cpu.numel() != cu.numel()):
+            return "a cu_seqlens_cpu that is not a CPU copy of cu_seqlens"
+    if h0 is not None:
+        want_h0 = (N, HV, V, K) if call.options.state_v_first else (N, HV, K, V)
+        if h0.dim() != 4 or tuple(h0.shape) != want_h0:
+            return f"an initial state of shape {tuple(h0.shape)}, not {want_h0}"
+    try:
+        call.options.check(gate, HV, K)
+    except ValueError as e:
+        return str(e)
+    A_log, dt_bias = call.options.tensors()
+    grad = needs_grad(q, k, v, g, beta, h0, A_log, dt_bias)
+    if grad and spec.backward_kernel is None:
+        return f"gradients through {call.entry} (dtune's {call.kernel} has no backward, nor has fla's)"
+    if call.out is not None and (not isinstance(call.out, Tensor) or call.out.shape != v.shape):
+        return "an output buffer whose shape is not v's"
+    return None
+
+
+# ---- the speed rule ------------------------------------------------------------------------------------------
+
+
+def _registry(entry: str) -> Any:
+    """fla's registry that dispatches ``entry`` (None where this fla keeps it elsewhere)."""
+    if entry == "chunk_kda":
+        return getattr(fla_backends, "_function_registries", {}).get(unwrap(_fla_chunk_kda))
+    if entry == "chunk_delta_rule":
+        return getattr(fla_backends, "_function_registries", {}).get(unwrap(_fla_chunk_delta_rule))
+    op = "gated_delta_rule" if entry == "chunk_gated_delta_rule" else "kda"
+    return getattr(fla_backends, "_operation_registries", {}).get(op)
+
+
+def _others(registry: Any) -> list[Any]:
+    """The enabled backends after dtune in fla's order for this registry."""
+    if registry is None or not hasattr(registry, "_get_sorted_backends"):
+        return []
+    order = registry._get_sorted_backends()
+    return [b for b in order if b.backend_type != DtuneBackend.backend_type and b.is_available() and b.is_enabled()]
+
+
+def fallback(entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Which implementation runs this call if dtune declines it: the first enabled backend after dtune whose own
+    verifier accepts it, else ``"fla"`` (fla's function); None when this fla's registry cannot be inspected."""
+    registry = _registry(entry)
+    if registry is None:
+        return None
+    for backend in _others(registry):
+        accepted, _ = backend.verify(entry, *args, **kwargs)
+        if accepted and backend.get_implementation(entry) is not None:
+            return str(backend.backend_type)
+    return "fla"
+
+
+def _near(shape: Shape, bucket: Mapping[str, int]) -> bool:
+    tokens = shape.T // max(shape.N, 1) if shape.varlen else shape.T
+    pairs = ((tokens, bucket["T"]), (shape.N, bucket["B"]), (shape.H, bucket["H"]))
+    return all(abs(math.log(max(a, 1) / b)) <= math.log(NEAR) + 1e-9 for a, b in pairs)
+
+
+def _bucket_text(b: Mapping[str, int]) -> str:
+    return f"B{b['B']} T{b['T']} H{b['H']} HV{b['HV']} K{b['K']} V{b['V']}"
+
+
+def measured_verdict(call: Call, peer: str | None) -> tuple[bool, str | None]:
+    """The speed rule: accept when the nearest tuned bucket (near enough, :data:`NEAR`) records dtune at least as
+    fast as ``peer`` (None: as every other implementation it records), side by side."""
+    q, v = call.q, call.v
+    B, T, H, K = q.shape
+    N = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
+    spec = get_kernel(call.kernel)
+    shape = Shape(B, T, H, v.shape[2], K, v.shape[3], N, Gate(spec.gate), call.cu_seqlens is not None)
+    A_log, dt_bias = call.options.tensors()
+    grad = needs_grad(q, call.k, v, call.g, call.beta, call.initial_state, A_log, dt_bias)
+    kernel = spec.backward_kernel if grad and spec.backward_kernel else spec.name
+    what = "training step" if grad else "forward"
+    against = peer or "the other implementations"
+    entry = tuned_entry(kernel, shape, v.dtype, q.device)
+    if entry is None:
+        return False, f"no tuned {kernel} entry for this GPU, dtype and head dims: no measurement against {against}"
+    where = _bucket_text(entry.bucket)
+    if not _near(shape, entry.bucket):
+        return False, f"the nearest measured bucket ({kernel} {where}) is not within {NEAR:g}x of this shape"
+    times = entry.side_by_side_ms
+    others = {n: t for n, t in times.items() if n != "dtune"} if peer is None else {peer: times.get(peer)}
+    if "dtune" not in times or not others or any(t is None for t in others.values()):
+        return False, f"{kernel} {where} records no side-by-side {what} time of dtune and {against}"
+    name, best = min(((n, t) for n, t in others.items() if t is not None), key=lambda nt: nt[1])
+    if times["dtune"] > best:
+        return False, f"{name} is faster at {kernel} {where}: {best:.4g} ms against dtune's {times['dtune']:.4g} ms"
+    return True, None
+
+
+_verdicts: dict[tuple[Any, ...], tuple[bool, str | None]] = {}
+
+
+def clear_cache() -> None:
+    """Forget the cached verdicts (after loading other tuned configs with ``dtune.store.load_configs``)."""
+    _verdicts.clear()
+
+
+def decisions() -> list[dict[str, Any]]:
+    """The verdicts so far: entry point, shape, dtype, gradients, options, peers, accepted and the reason."""
+    keys = ("entry", "q", "v", "N", "dtype", "device", "grad", "options", "peers")
+    return [{**dict(zip(keys, key)), "accepted": ok, "reason": why} for key, (ok, why) in _verdicts.items()]
+
+
+def _key(call: Call, peers: tuple[str, ...]) -> tuple[Any, ...]:
+    o = call.options
+    A_log, dt_bias = o.tensors()
+    grad = needs_grad(call.q, call.k, call.v, call.g, call.beta, call.initial_state, A_log, dt_bias)
+    flags = (
+        o.use_qk_l2norm_in_kernel,
+        o.use_gate_in_kernel,
+        o.lower_bound,
+        o.use_beta_sigmoid_in_kernel,
+        o.allow_neg_eigval,
+        o.state_v_first,
+        call.initial_state is not None,
+        call.output_final_state,
+    )
+    N = call.q.shape[0] if call.cu_seqlens is None else -(call.cu_seqlens.numel() - 1)  # negative: packed
+    dev = call.q.device
+    return (call.entry, tuple(call.q.shape), tuple(call.v.shape), N, call.q.dtype, (dev.type, dev.index), grad, flags, peers)
+
+
+# ---- the backend ---------------------------------------------------------------------------------------------
+
+
+class DtuneBackend(BaseBackend):
+    """dtune's kernels behind fla's dispatch (see the module docstring). One instance per fla registry."""
+
+    backend_type: ClassVar[str] = "dtune"
+    package_name: ClassVar[str | None] = "dtune"
+    env_var = ENV
+    default_enable: ClassVar[bool] = False
+    priority: ClassVar[int] = PRIORITY
+
+    def is_enabled(self) -> bool:
+        return policy() is not None
+
+    def _verify(self, entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, str | None]:
+        call = READERS[entry](*args, **kwargs)
+        why = unsupported(call)
+        if why is not None:
+            return False, why
+        if policy() == "always":
+            return True, None
+        peers = tuple(str(b.backend_type) for b in _others(_registry(entry)))
+        key = _key(call, peers)
+        verdict = _verdicts.get(key)
+        if verdict is None:
+            verdict = measured_verdict(call, fallback(entry, args, kwargs))
+            _verdicts[key] = verdict
+            logger.info("%s %s: %s", entry, key[1:4], "dtune" if verdict[0] else f"declined: {verdict[1]}")
+        return verdict
+
+    def _run(self, entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = READERS[entry](*args, **kwargs)
+        if call.cu_seqlens_cpu is not None and isinstance(call.cu_seqlens, Tensor):
+            remember_host_offsets(call.cu_seqlens, call.cu_seqlens_cpu)
+        inputs = (call.q, call.k, call.v, call.g, call.beta, call.scale, call.initial_state, call.output_final_state)
+        o, ht = run_kernel(
+            call.kernel, *inputs, call.cu_seqlens, check_gate=False, options=call.options
+        )  # fla checks no gate values: neither does its backend (no host sync)
+        if call.out is not None:
+            o = call.out.copy_(o)
+        if call.inplace_final_state and ht is not None:
+            ht = call.initial_state.copy_(ht)
+        if call.entry.startswith("chunk"):
+            o = o.to(call.q.dtype)  # fla's chunk ops return o in q's dtype
+        return o, ht
+
+    def chunk_gated_delta_rule_verifier(self, *args: Any, **kwargs: Any) -> tuple[bool, str | None]:
+        return self._verify("chunk_gated_delta_rule", args, kwargs)
+
+    def chunk_gated_delta_rule(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        result: tuple[Tensor, Tensor | None] = self._run("chunk_gated_delta_rule", args, kwargs)
+        return result
+
+    def chunk_kda_verifier(self, *args: Any, **kwargs: Any) -> tuple[bool, str | None]:
+        return self._verify("chunk_kda", args, kwargs)
+
+    def chunk_kda(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        result: tuple[Tensor, Tensor | None] = self._run("chunk_kda", args, kwargs)
+        return result
+
+    def fused_recurrent_kda_fwd_verifier(self, *args: Any, **kwargs: Any) -> tuple[bool, str | None]:
+        return self._verify("fused_recurrent_kda_fwd", args, kwargs)
+
+    def fused_recurrent_kda_fwd(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        result: tuple[Tensor, Tensor | None] = self._run("fused_recurrent_kda_fwd", args, kwargs)
+        return result
+
+    def chunk_delta_rule_verifier(self, *args: Any, **kwargs: Any) -> tuple[bool, str | None]:
+        return self._verify("chunk_delta_rule", args, kwargs)
+
+    def chunk_delta_rule(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        result: tuple[Tensor, Tensor | None] = self._run("chunk_delta_rule", args, kwargs)
+        return result
+
+
+def _dispatched(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` behind fla's dispatch: itself where fla dispatches it already (or dispatch is disabled), else
+    ``fla.backends.dispatch(fn)`` (fla's own wrapper: verifiers, fallback, the log line)."""
+    if unwrap(fn) in getattr(fla_backends, "_function_registries", {}):
+        return fn
+    wrapped: Callable[..., Any] = fla_backends.dispatch(fn)
+    if wrapped is not fn:
+        wrapped.__doc__ = (
+            "fla's ``chunk_delta_rule`` (same signature and results) behind fla's dispatch, with the dtune backend "
+            "registered on it: ``from dtune.integrations.fla import chunk_delta_rule``. fla 0.6.0 dispatches no "
+            "delta-rule op itself.\n\n" + (fn.__doc__ or "")
+        )
+    return wrapped
+
+
+chunk_delta_rule = _dispatched(_fla_chunk_delta_rule)
+
+register("gated_delta_rule")(DtuneBackend)
+register(_fla_chunk_kda)(DtuneBackend)
+register("kda")(DtuneBackend)
+register(chunk_delta_rule)(DtuneBackend)
+_ = _fla_chunk_gated_delta_rule  # imported so that fla's 'gated_delta_rule' registry and its backends are loaded
