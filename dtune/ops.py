@@ -67,8 +67,8 @@ def run_kernel(
     valid, and fla checks nothing). ``options``: flash-linear-attention's in-kernel options
     (:class:`dtune.options.Options`), applied as separate passes before and after the kernel."""
     if options is not None:
-        args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-        return _run_with_options(kernel, *args, config, bwd_config, check_gate, options)
+        inputs = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return _run_with_options(kernel, *inputs, config, bwd_config, check_gate, options)
     spec = get_kernel(kernel)
     if spec.backward:
         raise ValueError(

@@ -150,13 +150,29 @@ def _extra(kwargs: Mapping[str, Any], allowed: tuple[str, ...]) -> str | None:
     return None
 
 
-def _gate_options(
-    use_gate_in_kernel: bool, A_log: Any, dt_bias: Any, lower_bound: float | None, **flags: bool
+def _options(
+    use_qk_l2norm_in_kernel: bool,
+    use_gate_in_kernel: bool,
+    A_log: Any,
+    dt_bias: Any,
+    lower_bound: float | None,
+    use_beta_sigmoid_in_kernel: bool,
+    allow_neg_eigval: bool,
+    state_v_first: bool,
 ) -> Options:
-    """Options with fla's rule that A_log, dt_bias and lower_bound mean nothing without use_gate_in_kernel."""
-    if not use_gate_in_kernel:
-        return Options(**flags)
-    return Options(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound, **flags)
+    """The call's options, with fla's rule that A_log, dt_bias and lower_bound mean nothing without
+    use_gate_in_kernel (fla drops them then)."""
+    gate = (A_log, dt_bias, lower_bound) if use_gate_in_kernel else (None, None, None)
+    return Options(
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
+        use_gate_in_kernel=bool(use_gate_in_kernel),
+        A_log=gate[0],
+        dt_bias=gate[1],
+        lower_bound=gate[2],
+        use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel),
+        allow_neg_eigval=bool(allow_neg_eigval),
+        state_v_first=bool(state_v_first),
+    )
 
 
 def _read_chunk_gated_delta_rule(
@@ -186,16 +202,11 @@ def _read_chunk_gated_delta_rule(
         problem = f"chunk_size={kwargs['chunk_size']} (fla refuses it)"
     elif kwargs.get("use_gate_in_kernel") and kwargs.get("A_log") is None:
         problem = "use_gate_in_kernel without A_log (fla refuses it)"
-    opts = _gate_options(
-        bool(kwargs.get("use_gate_in_kernel", False)),
-        kwargs.get("A_log"),
-        kwargs.get("dt_bias"),
-        None,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first,
-    )
+    use_gate = kwargs.get("use_gate_in_kernel", False)
+    opts = _options(
+        use_qk_l2norm_in_kernel, use_gate, kwargs.get("A_log"), kwargs.get("dt_bias"), None,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first,
+    )  # fmt: skip
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, opts, problem)
     return Call("chunk_gated_delta_rule", "chunk_gated_delta_rule", *args)
 
@@ -237,22 +248,18 @@ def _read_chunk_kda(
         problem = f"chunk_size={kwargs['chunk_size']} (fla refuses it)"
     elif use_gate_in_kernel and kwargs.get("A_log") is None and lower_bound is None:
         problem = "use_gate_in_kernel without A_log or lower_bound (fla refuses it)"
-    elif safe_gate and use_gate_in_kernel and not (
-        lower_bound is not None and SAFE_LOWER_BOUND[0] <= lower_bound < SAFE_LOWER_BOUND[1]
+    elif (
+        safe_gate
+        and use_gate_in_kernel
+        and not (lower_bound is not None and SAFE_LOWER_BOUND[0] <= lower_bound < SAFE_LOWER_BOUND[1])
     ):
         problem = f"safe_gate with lower_bound={lower_bound} outside [-5, 0) (fla refuses it)"
     elif initial_state is not None and getattr(initial_state, "dtype", None) != torch.float32:
         problem = "an initial state that is not float32 (fla refuses it)"
-    opts = _gate_options(
-        use_gate_in_kernel,
-        kwargs.get("A_log"),
-        kwargs.get("dt_bias"),
-        lower_bound,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first,
-    )
+    opts = _options(
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, kwargs.get("A_log"), kwargs.get("dt_bias"), lower_bound,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first,
+    )  # fmt: skip
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu, opts, problem)
     return Call("chunk_kda", "chunk_kda", *args)
 
@@ -293,16 +300,10 @@ def _read_fused_recurrent_kda_fwd(
         problem = "allow_neg_eigval without use_beta_sigmoid_in_kernel (fla refuses it)"
     elif isinstance(beta, Tensor) and isinstance(v, Tensor) and beta.dim() == v.dim():
         problem = "a beta per value channel ([B, T, HV, V])"
-    opts = _gate_options(
-        use_gate_in_kernel,
-        A_log,
-        dt_bias,
-        lower_bound,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first,
-    )
+    opts = _options(
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound, use_beta_sigmoid_in_kernel,
+        allow_neg_eigval, state_v_first,
+    )  # fmt: skip
     final = output_final_state or inplace_final_state
     args = (q, k, v, g, beta, scale, initial_state, final, cu_seqlens, None, opts, problem, out, inplace_final_state)
     return Call("fused_recurrent_kda_fwd", "fused_recurrent_kda", *args)
@@ -358,7 +359,8 @@ def unsupported(call: Call) -> str | None:
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if k.shape != q.shape or v.shape[:2] != q.shape[:2] or HV % H or tuple(beta.shape) != (B, T, HV):
-        return f"inconsistent shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
+        shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
+        return f"inconsistent shapes {shapes}"
     if gate is not Gate.NONE:
         want = (B, T, HV) if gate is Gate.SCALAR else (B, T, HV, K)
         if not isinstance(g, Tensor) or tuple(g.shape) != want:
@@ -507,8 +509,8 @@ def _key(call: Call, peers: tuple[str, ...]) -> tuple[Any, ...]:
         call.output_final_state,
     )
     N = call.q.shape[0] if call.cu_seqlens is None else -(call.cu_seqlens.numel() - 1)  # negative: packed
-    dev = call.q.device
-    return (call.entry, tuple(call.q.shape), tuple(call.v.shape), N, call.q.dtype, (dev.type, dev.index), grad, flags, peers)
+    dev = (call.q.device.type, call.q.device.index)
+    return (call.entry, tuple(call.q.shape), tuple(call.v.shape), N, call.q.dtype, dev, grad, flags, peers)
 
 
 # ---- the backend ---------------------------------------------------------------------------------------------
