@@ -9,12 +9,13 @@ Usage (one CUDA GPU, from the checkout's root):
 
 Per entry (the chunk ops, their training steps ``*_bwd``, the fused-recurrent decode): ``dtune bench``'s harness
 (``dtune.measure.bench.run_bench``) at the entry's bucket, dtune with the entry's config and fla's op on the same
-inputs, timing rounds interleaved, the default workload (initial and final state). Recorded: ``"dtune"``, and fla's median
-under the name of what fla's dispatch ran (its log: ``"flash_qla"`` where FlashQLA took the call, else ``"fla"``; for
-KDA the faster of fla's default and ``safe_gate`` modes, so dtune is credited only where it beats both). A contestant
-that cannot run (fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper) records no time, and the backend then
-yields there (no measurement). $OUT/<gpu>.json: the file with the times written in (merge it as the shipped file);
-$OUT/side_by_side.csv: every row; a table printed last. fla autotunes on its first call per shape (~1 min each, 3 for
+inputs, timing rounds interleaved, the default workload (initial and final state). Recorded: ``"dtune"``, and fla's
+median under the name of what fla's dispatch ran (its log: ``"flash_qla"`` where FlashQLA took the call, else
+``"fla"``; for KDA the faster of fla's default and ``safe_gate`` modes, so dtune is credited only where it beats both).
+A contestant that cannot run (fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper) records no time, and the
+backend then yields there (no measurement).
+$OUT/<gpu>.json: the file with the times written in (merge it as the shipped file); $OUT/side_by_side.csv: every row;
+a table printed last. fla autotunes on its first call per shape (~1 min each, 3 for
 KDA's training step): --budget-s stops starting entries when less than --min-left-s would remain.
 """
 
