@@ -41,9 +41,13 @@ What each separate pass costs, per element of the tensor it transforms (bf16 q/k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
+from dtune.inputs import interpreting
+from dtune.kernels import options as option_kernels
 from dtune.shape import Gate
 
 Tensor = torch.Tensor
@@ -129,11 +133,56 @@ class Options:
 NO_OPTIONS = Options()
 
 
-def l2norm(x: Tensor, eps: float = L2NORM_EPS) -> Tensor:
-    """``x / sqrt(Σ x² + eps)`` over the last dim, computed in float32 and stored in x's dtype (fla's l2norm_fwd).
+class _L2Norm(torch.autograd.Function):
+    """l2norm by the option kernels: forward one read and one write, backward from x and the saved 1/norm."""
 
-    The norms are one reduction that accumulates in float32 without a float32 copy of ``x``; the product is computed
-    in float32 (x times a float32 factor) and rounded once to x's dtype, as fla's kernel rounds its output."""
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, eps: float) -> Tensor:
+        y, rstd = option_kernels.l2norm_fwd(x, eps)
+        ctx.save_for_backward(x, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
+        x, rstd = ctx.saved_tensors
+        return option_kernels.l2norm_bwd(x, rstd, dy), None
+
+
+class _Gate(torch.autograd.Function):
+    """The gate activation by the option kernels; the backward recomputes from the raw g (nothing float32 saved)."""
+
+    @staticmethod
+    def forward(ctx: Any, g: Tensor, A_log: Tensor | None, dt_bias: Tensor | None, lower_bound: float | None) -> Tensor:
+        A = None if A_log is None else A_log.reshape(-1)
+        bias = None if dt_bias is None else dt_bias.reshape(-1)
+        ctx.save_for_backward(g, A, bias)
+        ctx.lower_bound = lower_bound
+        ctx.shapes = (None if A_log is None else A_log.shape, None if dt_bias is None else dt_bias.shape)
+        return option_kernels.gate_fwd(g, A, bias, lower_bound)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
+        g, A, bias = ctx.saved_tensors
+        dg, dA, dbias = option_kernels.gate_bwd(g, A, bias, ctx.lower_bound, dout)
+        a_shape, b_shape = ctx.shapes
+        dA = None if dA is None or A is None else dA.reshape(a_shape).to(A.dtype)
+        dbias = None if dbias is None or bias is None else dbias.reshape(b_shape).to(bias.dtype)
+        return dg, dA, dbias, None
+
+
+def _use_kernels(x: Tensor) -> bool:
+    """Triton runs the passes on a GPU, and on the CPU under the interpreter; a plain CPU tensor takes PyTorch ops."""
+    return x.is_cuda or interpreting()
+
+
+def l2norm(x: Tensor, eps: float = L2NORM_EPS) -> Tensor:
+    """``x / sqrt(Σ x² + eps)`` over the last dim, computed in float32 and stored in x's dtype (fla's l2norm_fwd):
+    one Triton pass (:mod:`dtune.kernels.options`); PyTorch ops for a CPU tensor outside the interpreter."""
+    if _use_kernels(x):
+        y: Tensor = _L2Norm.apply(x, eps)
+        return y
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
     return (x * torch.rsqrt(norm.square() + eps)).to(x.dtype)
 
@@ -144,14 +193,19 @@ def gate_activation(
     """The log-space gate of ``use_gate_in_kernel`` in float32, from the raw ``g`` (``[B, T, HV]`` for Gated
     DeltaNet, ``[B, T, HV, K]`` for KDA): ``-exp(A_log) · softplus(g + dt_bias)``, or with ``lower_bound``
     ``lower_bound · sigmoid(exp(A_log) · (g + dt_bias))`` (``A_log`` None: ``lower_bound · sigmoid(g + dt_bias)``).
-    ``softplus`` is linear above 20, as fla's."""
+    ``softplus`` is linear above 20, as fla's. One Triton pass forward and one backward (:mod:`dtune.kernels.options`);
+    PyTorch ops for a CPU tensor outside the interpreter."""
+    if lower_bound is None and A_log is None:
+        raise ValueError("use_gate_in_kernel=True needs A_log unless lower_bound is set")
+    if _use_kernels(g):
+        out: Tensor = _Gate.apply(g, A_log, dt_bias, lower_bound)
+        return out
     HV = g.shape[2]
     per_channel = g.dim() == 4
     shape = (HV, 1) if per_channel else (HV,)
     x = g.float() if dt_bias is None else g + dt_bias.float().reshape((HV, -1) if per_channel else (HV,))
     if lower_bound is None:
-        if A_log is None:
-            raise ValueError("use_gate_in_kernel=True needs A_log unless lower_bound is set")
+        assert A_log is not None
         return torch.nn.functional.softplus(x) * -A_log.float().reshape(shape).exp()
     if A_log is not None:
         x = x * A_log.float().reshape(shape).exp()

@@ -156,7 +156,7 @@ def call_fla(case: Case, x: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
     common = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
     if case.op == "fused_recurrent_kda":
         o.pop("safe_gate", None)
-        return fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **gate, **common, **o)  # type: ignore[no-any-return]
+        return fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **gate, **common, **o)
     common["cu_seqlens_cpu"] = x["cu_seqlens_cpu"]
     if case.op == "chunk_delta_rule":
         out = dtune_fla.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], **common, **o)
@@ -224,7 +224,7 @@ class Outcome:
 
 
 def run(case: Case, x: dict[str, Any], call: Callable[[Case, dict[str, Any]], tuple[Tensor, Tensor | None]]) -> Outcome:
-    """``call`` on fresh leaves of ``x`` (requiring grad where the case takes gradients), with fixed output gradients."""
+    """``call`` on fresh leaves of ``x`` (requiring grad where the case takes gradients), fixed output gradients."""
     names = leaves(case, x) if case.grad else []
     f64 = call is call_reference
     xs = {n: (v.detach().to(torch.float64) if f64 and isinstance(v, Tensor) and v.is_floating_point() else v)

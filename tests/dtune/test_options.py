@@ -87,6 +87,40 @@ def test_gate_activation_matches_the_reference(
         assert (out >= lower_bound).all()
 
 
+@pytest.mark.parametrize(
+    ("gate", "lower_bound", "with_A", "with_bias"),
+    [
+        (Gate.SCALAR, None, True, True),
+        (Gate.SCALAR, -2.0, False, True),
+        (Gate.CHANNEL, None, True, False),
+        (Gate.CHANNEL, -5.0, True, True),
+        (Gate.CHANNEL, -3.0, False, False),
+    ],
+    ids=["gdn", "gdn-lb-noA", "kda-nobias", "kda-lb", "kda-lb-bare"],
+)
+def test_gate_gradients_match_float64_autograd(
+    gate: Gate, lower_bound: float | None, with_A: bool, with_bias: bool
+) -> None:
+    """dg, dA_log and ddt_bias of the gate pass (its Triton backward: per-block partial sums) against float64."""
+    torch.manual_seed(3)
+    B, T, HV, K = 2, 70, 3, 8  # 140 rows: three row blocks, the last one partial
+    leaves = {"g": _raw(B, T, HV, K) if gate is Gate.CHANNEL else _raw(B, T, HV)}
+    if with_A:
+        leaves["A_log"] = torch.randn(HV)
+    if with_bias:
+        leaves["dt_bias"] = torch.randn(HV * K if gate is Gate.CHANNEL else HV)
+    w = torch.randn(leaves["g"].shape, dtype=F64)
+    grads = {}
+    for dtype in (torch.float32, F64):
+        x = {n: t.to(dtype).requires_grad_() for n, t in leaves.items()}
+        A, bias = x.get("A_log"), x.get("dt_bias")
+        fn = gate_activation if dtype == torch.float32 else ref.gate_from_raw
+        grads[dtype] = torch.autograd.grad((fn(x["g"], A, bias, lower_bound) * w.to(dtype)).sum(), list(x.values()))
+    for name, a, b in zip(leaves, grads[torch.float32], grads[F64]):
+        assert a.dtype == leaves[name].dtype
+        assert rel_err(a, b) < 1e-5, f"d{name}: {rel_err(a, b):.3g}"
+
+
 @pytest.mark.parametrize("neg", [False, True], ids=["sigmoid", "neg-eigval"])
 def test_beta_activation(neg: bool) -> None:
     b = _raw(2, 9, 3).bfloat16()
