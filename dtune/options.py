@@ -2,8 +2,9 @@
 
 fla's ops take options that transform their inputs before the recurrence; real models pass them (fla's own
 ``GatedDeltaNet`` and ``KimiDeltaAttention`` layers pass all of them). :class:`Options` carries them, with fla's
-names, and applies them in PyTorch ops that autograd differentiates, so every gradient (``A_log`` and ``dt_bias``
-included) follows. The same formulas in float64 are ``dtune.kernels.reference.reference_with_options``.
+names, and applies them as passes that autograd differentiates (Triton kernels with their own backward for the l2norm
+and the gate, PyTorch ops for the rest), so every gradient (``A_log`` and ``dt_bias`` included) follows. The same
+formulas in float64 are ``dtune.kernels.reference.reference_with_options``.
 
 ====================================  =========================================================================
 option (fla's name)                   what it does (fla-core 0.6.0), in the dtype fla computes it
@@ -18,19 +19,21 @@ option (fla's name)                   what it does (fla-core 0.6.0), in the dtyp
 ``state_v_first``                     initial and final states ``[N, HV, V, K]`` instead of ``[N, HV, K, V]``
 ====================================  =========================================================================
 
-What each separate pass costs, per element of the tensor it transforms (bf16 q/k, raw gate in the layer's dtype,
-2 bytes; float32 4), against the fused form, and where it would fuse (the stage that loads that input):
+What each separate pass costs per element of the tensor it transforms (16-bit q, k and raw gate: 2 bytes; float32: 4),
+and where it would fuse (the stage that loads that input):
 
-- l2norm of q and k: forward one read for the norms plus one read and one write (the scaled copy: 2 + 2 + 2 = 6 B),
-  backward autograd's passes (~30 B). Fused: q and k are loaded by stage 1 (``intra*``: k for A_kk, W) and by the
-  state/output pass (q for O, k for the state update); the row norm is one reduction over K inside the tile, the
-  same in both stages (the backward's ``bwd_dqk`` stage would apply ``l2norm``'s Jacobian to dq and dk).
-- the gate: forward a float32 copy of ``g + dt_bias`` (2 + 4 B), softplus (4 + 4 B) and the scale (4 + 4 B): 22 B
-  per element, against 0 extra when fused: stage 1's gate cumsum reads g (KDA: ``[B, T, HV, K]``, the largest
-  per-token input after v) and would apply the activation as it loads it; the backward's gate gradient (``bwd_dqk``)
-  would multiply by the activation's derivative before its reverse cumsum.
-- beta: ``[B, T, HV]``, one float32 copy (2 + 4 B per token and head): negligible; fused into stage 1, which loads
-  beta for A_kk, W and U.
+- l2norm of q and k (a Triton pass, :mod:`dtune.kernels.options`): forward one read and one write (2 + 2 B), backward
+  x, dy read and dx written (2 + 2 + 2 B). Fused: q and k are loaded by stage 1 (``intra*``: k for A_kk and W) and by
+  the state/output pass (q for O, k for the state update); the row norm is one reduction over K inside the tile, in
+  both stages; the backward's ``bwd_dqk`` stage would apply l2norm's Jacobian to dq and dk as it stores them.
+- the gate (a Triton pass): forward the raw g read and the float32 log gate written (2 + 4 B; the chunk kernel then
+  reads that gate, as it would read one the caller computed); backward the gate's gradient and g read, dg written
+  (4 + 2 + 2 B), dA_log and ddt_bias from per-block partial sums. Fused: stage 1's
+  gate cumsum reads g (KDA: ``[B, T, HV, K]``, the largest per-token input after v) and would apply the activation as
+  it loads it; the backward's gate gradient (``bwd_dqk``) would multiply by the activation's derivative before its
+  reverse cumsum.
+- beta (PyTorch ops): ``[B, T, HV]``, a float32 copy (2 + 4 B per token and head): negligible; fused into stage 1,
+  which loads beta for A_kk, W and U.
 - ``state_v_first``: a transposed copy of the initial state (read and write, 8 B per state element) and of the final
   state: ``N · HV · K · V`` elements, independent of T. Fused: the state pass's first load and last store
   (``STATE_LAYOUT = "vk"`` already holds the state as ``[V, K]`` in registers).
