@@ -331,12 +331,16 @@ def _read_chunk_delta_rule(
     return Call("chunk_delta_rule", "chunk_delta_rule", *args)
 
 
+_SPECS: dict[str, tuple[Any, Gate]] = {}  # kernel name -> (spec, gate), filled below
 READERS: dict[str, Callable[..., Call]] = {
     "chunk_gated_delta_rule": _read_chunk_gated_delta_rule,
     "chunk_kda": _read_chunk_kda,
     "fused_recurrent_kda_fwd": _read_fused_recurrent_kda_fwd,
     "chunk_delta_rule": _read_chunk_delta_rule,
 }
+KERNEL_OF = {"chunk_gated_delta_rule": "chunk_gated_delta_rule", "chunk_kda": "chunk_kda",
+             "fused_recurrent_kda_fwd": "fused_recurrent_kda", "chunk_delta_rule": "chunk_delta_rule"}  # fmt: skip
+_SPECS.update({k: (get_kernel(k), Gate(get_kernel(k).gate)) for k in KERNEL_OF.values()})
 
 
 # ---- what dtune computes right -------------------------------------------------------------------------------
@@ -346,41 +350,51 @@ def _is_float(x: Any) -> bool:
     return isinstance(x, Tensor) and x.dtype in FLOAT_DTYPES
 
 
-def unsupported(call: Call) -> str | None:
+def call_needs_grad(call: Call) -> bool:
+    """True when autograd records the call: grad mode on and an input (A_log, dt_bias included) requires grad."""
+    A_log, dt_bias = call.options.tensors()
+    return needs_grad(call.q, call.k, call.v, call.g, call.beta, call.initial_state, A_log, dt_bias)
+
+
+def unsupported(call: Call, grad: bool) -> str | None:
     """Why dtune cannot compute this call right (a reason for fla's log), or None. Reads shapes, dtypes and devices
-    only: no tensor values, no host sync."""
+    only: no tensor values, no host sync, no environment read on a GPU."""
     if call.unsupported is not None:
         return f"dtune does not support {call.unsupported}"
     q, k, v, g, beta, h0 = call.q, call.k, call.v, call.g, call.beta, call.initial_state
-    spec = get_kernel(call.kernel)
-    gate = Gate(spec.gate)
-    if not all(isinstance(x, Tensor) for x in (q, k, v, beta)) or q.dim() != 4 or v.dim() != 4:
+    spec, gate = _SPECS[call.kernel]
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor) and isinstance(beta, Tensor)):
+        return "dtune takes q, k [B, T, H, K] and v [B, T, HV, V] tensors"
+    if q.dim() != 4 or v.dim() != 4:
         return "dtune takes q, k [B, T, H, K] and v [B, T, HV, V] tensors"
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    if k.shape != q.shape or v.shape[:2] != q.shape[:2] or HV % H or tuple(beta.shape) != (B, T, HV):
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2] or HV % H or beta.shape != (B, T, HV):
         shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
         return f"inconsistent shapes {shapes}"
     if gate is not Gate.NONE:
         want = (B, T, HV) if gate is Gate.SCALAR else (B, T, HV, K)
-        if not isinstance(g, Tensor) or tuple(g.shape) != want:
+        if not isinstance(g, Tensor) or g.shape != want:
             return f"a gate g of shape {tuple(g.shape) if isinstance(g, Tensor) else None}, not {want}"
-    if not (q.dtype == k.dtype == v.dtype and q.dtype in FLOAT_DTYPES):
+    dtype = q.dtype
+    if not (dtype == k.dtype == v.dtype and dtype in FLOAT_DTYPES):
         return f"q, k, v of dtypes {q.dtype}, {k.dtype}, {v.dtype} (dtune: one of float32, float16, bfloat16)"
-    if not all(_is_float(x) for x in (beta, g, h0) if x is not None):
-        return "a beta, gate or initial state that is not floating point"
+    for x in (beta, g, h0):
+        if x is not None and not _is_float(x):
+            return "a beta, gate or initial state that is not floating point"
     if not (HEAD_DIMS[0] <= K <= HEAD_DIMS[1] and HEAD_DIMS[0] <= V <= HEAD_DIMS[1]):
         return f"head dims K={K}, V={V} (dtune's kernels: {HEAD_DIMS[0]} to {HEAD_DIMS[1]})"
     device = q.device
-    tensors = (k, v, g, beta, h0, call.cu_seqlens, call.options.A_log, call.options.dt_bias)
-    if any(isinstance(x, Tensor) and x.device != device for x in tensors):
-        return "tensors on different devices"
-    if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
-        return f"tensors on {device.type} (dtune's kernels run on CUDA GPUs)"
-    if interpreting() and spec.family == "chunk" and q.dtype != torch.float32:
-        return "16-bit inputs under Triton's interpreter (its tl.dot is wrong on them: float32 only)"
+    cu, o = call.cu_seqlens, call.options
+    for x in (k, v, g, beta, h0, cu, o.A_log, o.dt_bias):
+        if x is not None and isinstance(x, Tensor) and x.device != device:
+            return "tensors on different devices"
+    if device.type != "cuda":
+        if not (device.type == "cpu" and interpreting()):
+            return f"tensors on {device.type} (dtune's kernels run on CUDA GPUs)"
+        if spec.family == "chunk" and dtype != torch.float32:
+            return "16-bit inputs under Triton's interpreter (its tl.dot is wrong on them: float32 only)"
     N = B
-    cu = call.cu_seqlens
     if cu is not None:
         if not isinstance(cu, Tensor) or cu.dtype not in (torch.int32, torch.int64) or cu.dim() != 1:
             return "cu_seqlens that is not a 1-D int32/int64 tensor"
@@ -391,15 +405,13 @@ def unsupported(call: Call) -> str | None:
         if cpu is not None and (not isinstance(cpu, Tensor) or cpu.device.type != "cpu" or cpu.numel() != cu.numel()):
             return "a cu_seqlens_cpu that is not a CPU copy of cu_seqlens"
     if h0 is not None:
-        want_h0 = (N, HV, V, K) if call.options.state_v_first else (N, HV, K, V)
-        if h0.dim() != 4 or tuple(h0.shape) != want_h0:
+        want_h0 = (N, HV, V, K) if o.state_v_first else (N, HV, K, V)
+        if h0.shape != want_h0:
             return f"an initial state of shape {tuple(h0.shape)}, not {want_h0}"
     try:
-        call.options.check(gate, HV, K)
+        o.check(gate, HV, K)
     except ValueError as e:
         return str(e)
-    A_log, dt_bias = call.options.tensors()
-    grad = needs_grad(q, k, v, g, beta, h0, A_log, dt_bias)
     if grad and spec.backward_kernel is None:
         return f"gradients through {call.entry} (dtune's {call.kernel} has no backward, nor has fla's)"
     if call.out is not None and (not isinstance(call.out, Tensor) or call.out.shape != v.shape):
@@ -410,14 +422,22 @@ def unsupported(call: Call) -> str | None:
 # ---- the speed rule ------------------------------------------------------------------------------------------
 
 
+_REGISTRIES: dict[str, Any] = {}
+
+
 def _registry(entry: str) -> Any:
-    """fla's registry that dispatches ``entry`` (None where this fla keeps it elsewhere)."""
-    if entry == "chunk_kda":
-        return getattr(fla_backends, "_function_registries", {}).get(unwrap(_fla_chunk_kda))
-    if entry == "chunk_delta_rule":
-        return getattr(fla_backends, "_function_registries", {}).get(unwrap(_fla_chunk_delta_rule))
-    op = "gated_delta_rule" if entry == "chunk_gated_delta_rule" else "kda"
-    return getattr(fla_backends, "_operation_registries", {}).get(op)
+    """fla's registry that dispatches ``entry`` (None where this fla keeps it elsewhere); looked up once."""
+    if entry in _REGISTRIES:
+        return _REGISTRIES[entry]
+    if entry in ("chunk_kda", "chunk_delta_rule"):
+        fn = _fla_chunk_kda if entry == "chunk_kda" else _fla_chunk_delta_rule
+        found = getattr(fla_backends, "_function_registries", {}).get(unwrap(fn))
+    else:
+        op = "gated_delta_rule" if entry == "chunk_gated_delta_rule" else "kda"
+        found = getattr(fla_backends, "_operation_registries", {}).get(op)
+    if found is not None:
+        _REGISTRIES[entry] = found
+    return found
 
 
 def _others(registry: Any) -> list[Any]:
@@ -451,7 +471,7 @@ def _bucket_text(b: Mapping[str, int]) -> str:
     return f"B{b['B']} T{b['T']} H{b['H']} HV{b['HV']} K{b['K']} V{b['V']}"
 
 
-def measured_verdict(call: Call, peer: str | None) -> tuple[bool, str | None]:
+def measured_verdict(call: Call, peer: str | None, grad: bool) -> tuple[bool, str | None]:
     """The speed rule: accept when the nearest tuned bucket (near enough, :data:`NEAR`) records dtune at least as
     fast as ``peer`` (None: as every other implementation it records), side by side."""
     q, v = call.q, call.v
@@ -459,8 +479,6 @@ def measured_verdict(call: Call, peer: str | None) -> tuple[bool, str | None]:
     N = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
     spec = get_kernel(call.kernel)
     shape = Shape(B, T, H, v.shape[2], K, v.shape[3], N, Gate(spec.gate), call.cu_seqlens is not None)
-    A_log, dt_bias = call.options.tensors()
-    grad = needs_grad(q, call.k, v, call.g, call.beta, call.initial_state, A_log, dt_bias)
     kernel = spec.backward_kernel if grad and spec.backward_kernel else spec.name
     what = "training step" if grad else "forward"
     against = peer or "the other implementations"
@@ -494,10 +512,8 @@ def decisions() -> list[dict[str, Any]]:
     return [{**dict(zip(keys, key)), "accepted": ok, "reason": why} for key, (ok, why) in _verdicts.items()]
 
 
-def _key(call: Call, peers: tuple[str, ...]) -> tuple[Any, ...]:
+def _key(call: Call, grad: bool, peers: tuple[str, ...]) -> tuple[Any, ...]:
     o = call.options
-    A_log, dt_bias = o.tensors()
-    grad = needs_grad(call.q, call.k, call.v, call.g, call.beta, call.initial_state, A_log, dt_bias)
     flags = (
         o.use_qk_l2norm_in_kernel,
         o.use_gate_in_kernel,
@@ -530,16 +546,17 @@ class DtuneBackend(BaseBackend):
 
     def _verify(self, entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, str | None]:
         call = READERS[entry](*args, **kwargs)
-        why = unsupported(call)
+        grad = call_needs_grad(call)
+        why = unsupported(call, grad)
         if why is not None:
             return False, why
         if policy() == "always":
             return True, None
         peers = tuple(str(b.backend_type) for b in _others(_registry(entry)))
-        key = _key(call, peers)
+        key = _key(call, grad, peers)
         verdict = _verdicts.get(key)
         if verdict is None:
-            verdict = measured_verdict(call, fallback(entry, args, kwargs))
+            verdict = measured_verdict(call, fallback(entry, args, kwargs), grad)
             _verdicts[key] = verdict
             logger.info("%s %s: %s", entry, key[1:4], "dtune" if verdict[0] else f"declined: {verdict[1]}")
         return verdict
