@@ -42,7 +42,8 @@ only where the tuned-config entry of the call's bucket records, side by side in 
 that one (``side_by_side_ms``: the forward entry for a call without gradients, the ``*_bwd`` entry's training step for
 one with them). No such measurement near the call's shape (within a factor of :data:`NEAR` in tokens per sequence,
 sequences and heads), or a faster peer: dtune declines and says why. The verdict is cached by shape, dtype, options and
-the set of enabled backends, so a call pays a few attribute reads; :func:`decisions` lists the verdicts so far.
+what would run instead (the other backends' verifiers are asked on every call: their verdicts may read any argument),
+so a call pays attribute reads and those verifiers; :func:`decisions` lists the verdicts so far.
 """
 
 from __future__ import annotations
@@ -452,7 +453,7 @@ def fallback(entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str |
     """Which implementation runs this call if dtune declines it: the first enabled backend after dtune whose own
     verifier accepts it, else ``"fla"`` (fla's function); None when this fla's registry cannot be inspected."""
     registry = _registry(entry)
-    if registry is None:
+    if registry is None or not hasattr(registry, "_get_sorted_backends"):
         return None
     for backend in _others(registry):
         accepted, _ = backend.verify(entry, *args, **kwargs)
@@ -507,12 +508,13 @@ def clear_cache() -> None:
 
 
 def decisions() -> list[dict[str, Any]]:
-    """The verdicts so far: entry point, shape, dtype, gradients, options, peers, accepted and the reason."""
-    keys = ("entry", "q", "v", "N", "dtype", "device", "grad", "options", "peers")
+    """The verdicts so far: entry point, shape, dtype, gradients, options, what runs instead when dtune declines,
+    accepted and the reason."""
+    keys = ("entry", "q", "v", "N", "dtype", "device", "grad", "options", "instead")
     return [{**dict(zip(keys, key)), "accepted": ok, "reason": why} for key, (ok, why) in _verdicts.items()]
 
 
-def _key(call: Call, grad: bool, peers: tuple[str, ...]) -> tuple[Any, ...]:
+def _key(call: Call, grad: bool, peer: str | None) -> tuple[Any, ...]:
     o = call.options
     flags = (
         o.use_qk_l2norm_in_kernel,
@@ -526,7 +528,7 @@ def _key(call: Call, grad: bool, peers: tuple[str, ...]) -> tuple[Any, ...]:
     )
     N = call.q.shape[0] if call.cu_seqlens is None else -(call.cu_seqlens.numel() - 1)  # negative: packed
     dev = (call.q.device.type, call.q.device.index)
-    return (call.entry, tuple(call.q.shape), tuple(call.v.shape), N, call.q.dtype, dev, grad, flags, peers)
+    return (call.entry, tuple(call.q.shape), tuple(call.v.shape), N, call.q.dtype, dev, grad, flags, peer)
 
 
 # ---- the backend ---------------------------------------------------------------------------------------------
@@ -552,11 +554,11 @@ class DtuneBackend(BaseBackend):
             return False, why
         if policy() == "always":
             return True, None
-        peers = tuple(str(b.backend_type) for b in _others(_registry(entry)))
-        key = _key(call, grad, peers)
+        peer = fallback(entry, args, kwargs)  # asked every call: a peer's verdict may read any argument
+        key = _key(call, grad, peer)
         verdict = _verdicts.get(key)
         if verdict is None:
-            verdict = measured_verdict(call, fallback(entry, args, kwargs), grad)
+            verdict = measured_verdict(call, peer, grad)
             _verdicts[key] = verdict
             logger.info("%s %s: %s", entry, key[1:4], "dtune" if verdict[0] else f"declined: {verdict[1]}")
         return verdict
