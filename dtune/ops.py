@@ -28,6 +28,7 @@ import torch
 from dtune.autograd import chunk_with_grad, needs_grad
 from dtune.inputs import check_inputs, check_interpretable
 from dtune.kernels import get_kernel
+from dtune.options import Options
 from dtune.shape import Gate
 from dtune.store import tuned_config
 
@@ -59,6 +60,7 @@ def run_kernel(
     config: dict[str, Any] | None = None,
     bwd_config: dict[str, Any] | None = None,
     check_gate: bool | None = None,
+    options: Options | None = None,
 ) -> Result:
     """Run the kernel named ``kernel`` (e.g. ``"chunk_kda"``): the one entry point behind every op.
 
@@ -66,7 +68,12 @@ def run_kernel(
     (:mod:`dtune.autograd`; ``bwd_config`` overrides the backward's tuned/default config) and the fused-recurrent
     ones raise (they have no backward). ``g`` is ``None`` for the ungated kernels. ``check_gate``: refuse NaN and
     positive gate values, one host sync (see the module's docstring); ``None``: ``DTUNE_CHECK_GATE``, default off.
-    No host sync otherwise, beyond one read of a ``cu_seqlens`` tensor not seen before."""
+    No host sync otherwise, beyond one read of a ``cu_seqlens`` tensor not seen before. ``options``:
+    flash-linear-attention's in-kernel options (:class:`dtune.options.Options`), applied as separate passes
+    before and after the kernel."""
+    if options is not None:
+        inputs = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return _run_with_options(kernel, *inputs, config, bwd_config, check_gate, options)
     spec = get_kernel(kernel)
     if spec.backward:
         raise ValueError(
@@ -106,6 +113,31 @@ def run_kernel(
 GATES = {gate.value: gate for gate in Gate}
 
 
+def _run_with_options(
+    kernel: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    scale: float | None,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    config: dict[str, Any] | None,
+    bwd_config: dict[str, Any] | None,
+    check_gate: bool | None,
+    options: Options,
+) -> Result:
+    """:func:`run_kernel` with fla's options: checked, applied to the inputs, the final state put in their layout."""
+    if all(isinstance(x, Tensor) and x.dim() == 4 for x in (q, v)):  # else check_inputs names the problem
+        options.check(Gate(get_kernel(kernel).gate), v.shape[2], q.shape[3])
+        q, k, g, beta, initial_state = options.apply(q, k, g, beta, initial_state)
+    args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    o, ht = run_kernel(kernel, *args, config, bwd_config, check_gate)
+    return o, options.final_state(ht)
+
+
 class UngatedOp(Protocol):
     """An op without a gate: ``op(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
     cu_seqlens=None, config=None, bwd_config=None) -> (o, final_state)``; ``bwd_config`` sets the chunk
@@ -123,6 +155,7 @@ class UngatedOp(Protocol):
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
+        options: Options | None = None,
     ) -> Result: ...
 
 
@@ -145,6 +178,7 @@ class GatedOp(Protocol):
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
         check_gate: bool | None = None,
+        options: Options | None = None,
     ) -> Result: ...
 
 
@@ -160,9 +194,10 @@ def _ungated(kernel: str, doc: str) -> UngatedOp:
         cu_seqlens: Tensor | None = None,
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
+        options: Options | None = None,
     ) -> Result:
         args = (q, k, v, None, beta, scale, initial_state, output_final_state, cu_seqlens)
-        return run_kernel(kernel, *args, config, bwd_config)
+        return run_kernel(kernel, *args, config, bwd_config, options=options)
 
     op.__name__ = op.__qualname__ = kernel
     op.__doc__ = doc
@@ -183,9 +218,10 @@ def _gated(kernel: str, doc: str) -> GatedOp:
         config: dict[str, Any] | None = None,
         bwd_config: dict[str, Any] | None = None,
         check_gate: bool | None = None,
+        options: Options | None = None,
     ) -> Result:
         args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-        return run_kernel(kernel, *args, config, bwd_config, check_gate)
+        return run_kernel(kernel, *args, config, bwd_config, check_gate, options)
 
     op.__name__ = op.__qualname__ = kernel
     op.__doc__ = doc
@@ -207,6 +243,9 @@ Args:
     bwd_config: the chunk backward's parameters, used when an input requires grad (the chunk ops are differentiable;
         default: the tuned ``<op>_bwd`` config, else the backward's default). The fused-recurrent ops have no
         backward: they refuse it, and raise when an input requires grad.{check}
+    options: flash-linear-attention's in-kernel options (:class:`dtune.options.Options`: ``use_qk_l2norm_in_kernel``,
+        ``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``,
+        ``allow_neg_eigval``, ``state_v_first``), applied as separate differentiable passes; default none.
 
 Returns:
     ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in v's dtype; ``final_state`` or ``None``.

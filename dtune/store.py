@@ -14,6 +14,7 @@ On the CPU (Triton's interpreter) there is no tuned config: None.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ class Entry:
     dtype: str
     bucket: dict[str, int]
     config: dict[str, Any]
+    # The call's median time by implementation ("dtune" with this config, "fla", an fla backend such as
+    # "flash_qla"), measured side by side in one run; optional, {} when the file records none.
+    side_by_side_ms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,8 +125,20 @@ def parse_configs(doc: Any, source: str, gpu: str | None = None) -> TunedConfigs
             spec.check_config(bucket["K"], bucket["V"], config)
         except (ValueError, TypeError) as err:
             raise _fail(source, f"entry {i}: illegal config: {err}") from None
-        entries.append(Entry(spec.name, e["dtype"], {k: bucket[k] for k in BUCKET_KEYS}, dict(config)))
+        times = _side_by_side(source, i, e.get("side_by_side_ms", {}))
+        entries.append(Entry(spec.name, e["dtype"], {k: bucket[k] for k in BUCKET_KEYS}, dict(config), times))
     return TunedConfigs(file_gpu, str(doc.get("gpu_name", file_gpu)), source, entries)
+
+
+def _side_by_side(source: str, i: int, times: Any) -> dict[str, float]:
+    """An entry's optional ``side_by_side_ms``: implementation name -> positive finite median time."""
+    ok = isinstance(times, dict) and all(
+        isinstance(k, str) and isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+        for k, t in times.items()
+    )
+    if not ok:
+        raise _fail(source, f"entry {i}: side_by_side_ms must map implementation names to positive times in ms")
+    return {k: float(t) for k, t in times.items()}
 
 
 def read_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
@@ -270,3 +286,12 @@ def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.
     found = configs.lookup(kernel, dtype_name(dtype), problem) if configs is not None else None
     _cache[key] = found
     return found
+
+
+def tuned_entry(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> Entry | None:
+    """The tuned-config entry of the nearest bucket for this kernel, GPU, dtype and shape (its config, bucket and
+    side-by-side times), or None (no file for this GPU, or no entry of this kernel, dtype, K, V and HV/H). For
+    callers that need an entry's measurements (``dtune.integrations.fla``); the ops use :func:`tuned_config`."""
+    gpu = gpu_key(device)
+    configs = _configs_for(gpu) if gpu is not None else None
+    return configs.nearest(kernel, dtype_name(dtype), problem) if configs is not None else None

@@ -185,3 +185,97 @@ def _chunk_one(
         S = decay_end[:, :, c, :, None] * S + k_to_end[:, :, c].transpose(-1, -2) @ v_new
     o = out.reshape(B, HV, NT * C, V)[:, :, :L].transpose(1, 2)
     return o, S
+
+
+# ---- fla's in-kernel options, as pre- and post-processing of the references' inputs ----------------------------
+#
+# flash-linear-attention's ops take options that transform their inputs before the recurrence (fla-core 0.6.0,
+# fla/ops/{gated_delta_rule,kda}/chunk.py, fla/ops/kda/fused_recurrent.py). Written here in plain PyTorch, in the
+# dtype of their inputs (float64 for a reference), exactly as fla defines them:
+#   use_qk_l2norm_in_kernel     q, k <- x / sqrt(Σ_d x_d² + 1e-6)                     (fla.modules.l2norm, eps 1e-6)
+#   use_gate_in_kernel          g <- -exp(A_log) · softplus(g + dt_bias)               (A_log [HV]; dt_bias [HV] for
+#                               with lower_bound: lower_bound · sigmoid(exp(A_log) · (g + dt_bias))   Gated DeltaNet,
+#                               and A_log None:   lower_bound · sigmoid(g + dt_bias)                  [HV·K] for KDA)
+#   use_beta_sigmoid_in_kernel  beta <- sigmoid(beta), times 2 with allow_neg_eigval
+#   state_v_first               initial and final states are [N, HV, V, K] (transposed)
+
+L2NORM_EPS = 1e-6  # fla's l2norm_fwd default
+
+
+def l2_normalize(x: Tensor, eps: float = L2NORM_EPS) -> Tensor:
+    """``x / sqrt(Σ x² + eps)`` over the last dim, in x's dtype (use_qk_l2norm_in_kernel)."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
+
+
+def gate_from_raw(
+    g: Tensor, A_log: Tensor | None, dt_bias: Tensor | None = None, lower_bound: float | None = None
+) -> Tensor:
+    """The log-space gate of use_gate_in_kernel, in g's dtype: ``g`` ``[B, T, HV]`` (Gated DeltaNet) or
+    ``[B, T, HV, K]`` (KDA); ``A_log`` ``[HV]`` (None only with ``lower_bound``); ``dt_bias`` ``[HV]`` or ``[HV·K]``."""
+    HV = g.shape[2]
+    per_channel = g.dim() == 4
+    x = g
+    if dt_bias is not None:
+        x = x + dt_bias.to(g.dtype).reshape((HV, -1) if per_channel else (HV,))
+    a = None if A_log is None else A_log.to(g.dtype).reshape(HV, 1) if per_channel else A_log.to(g.dtype).reshape(HV)
+    if lower_bound is None:
+        if a is None:
+            raise ValueError("use_gate_in_kernel needs A_log unless lower_bound is set")
+        return -a.exp() * torch.nn.functional.softplus(x)
+    return lower_bound * torch.sigmoid(x if a is None else a.exp() * x)
+
+
+def beta_from_logits(beta: Tensor, allow_neg_eigval: bool = False) -> Tensor:
+    """``sigmoid(beta)``, times 2 with ``allow_neg_eigval`` (use_beta_sigmoid_in_kernel)."""
+    b = torch.sigmoid(beta)
+    return 2 * b if allow_neg_eigval else b
+
+
+def reference_with_options(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    *,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    lower_bound: float | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    chunked: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The float64 reference of a call with fla's options: the options applied to the inputs (in float64), then
+    :func:`naive_recurrent` (or :func:`chunk_reference` with ``chunked``), the final state transposed back with
+    ``state_v_first``. Differentiable: float64 autograd through it gives the reference gradients of every input,
+    ``A_log`` and ``dt_bias`` included."""
+    f64 = torch.float64
+    q, k, v, beta = q.to(f64), k.to(f64), v.to(f64), beta.to(f64)
+    g = None if g is None else g.to(f64)
+    if use_qk_l2norm_in_kernel:
+        q, k = l2_normalize(q), l2_normalize(k)
+    if use_gate_in_kernel:
+        if g is None:
+            raise ValueError("use_gate_in_kernel needs a gate g")
+        g = gate_from_raw(g, A_log, dt_bias, lower_bound)
+    if use_beta_sigmoid_in_kernel:
+        beta = beta_from_logits(beta, allow_neg_eigval)
+    elif allow_neg_eigval:
+        raise ValueError("allow_neg_eigval needs use_beta_sigmoid_in_kernel (as in fla)")
+    h0 = initial_state
+    if h0 is not None:
+        h0 = h0.to(f64)
+        if state_v_first:
+            h0 = h0.transpose(-1, -2)
+    run = chunk_reference if chunked else naive_recurrent
+    o, ht = run(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens)
+    if ht is not None and state_v_first:
+        ht = ht.transpose(-1, -2)
+    return o, ht

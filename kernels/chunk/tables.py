@@ -80,6 +80,23 @@ def host_offsets(cu_seqlens: Tensor) -> tuple[int, ...]:
     return offs
 
 
+def remember_host_offsets(cu_seqlens: Tensor, host_copy: Tensor) -> None:
+    """Record ``host_copy`` (a CPU tensor holding the same offsets, e.g. flash-linear-attention's ``cu_seqlens_cpu``)
+    as the host values of ``cu_seqlens``, so that :func:`host_offsets` reads no device memory for it. The caller
+    vouches that the two agree (only their lengths are checked: comparing values would be the read this saves)."""
+    if host_copy.device.type != "cpu":
+        raise ValueError(f"the host copy of cu_seqlens must be a CPU tensor, got one on {host_copy.device}")
+    if host_copy.numel() != cu_seqlens.numel():
+        raise ValueError(
+            f"the host copy of cu_seqlens has {host_copy.numel()} offsets, but cu_seqlens has {cu_seqlens.numel()}"
+        )
+    if any(t is cu_seqlens and v == cu_seqlens._version for t, v, _ in _OFFSETS_CACHE):
+        return  # known already (the layers of one batch share cu_seqlens)
+    offs = tuple(int(x) for x in host_copy.to(torch.int64).tolist())
+    _OFFSETS_CACHE[:] = [e for e in _OFFSETS_CACHE if e[0] is not cu_seqlens][-(OFFSETS_CACHE_SIZE - 1) :]
+    _OFFSETS_CACHE.append((cu_seqlens, cu_seqlens._version, offs))
+
+
 def build_tables(
     offsets: Sequence[int] | None, B: int, T: int, BT: int, seg_chunks: int, device: torch.device
 ) -> ChunkTables:

@@ -1,0 +1,221 @@
+"""flash-linear-attention's in-kernel options, as exact separate passes around dtune's kernels.
+
+fla's ops take options that transform their inputs before the recurrence; real models pass them (fla's own
+``GatedDeltaNet`` and ``KimiDeltaAttention`` layers pass all of them). :class:`Options` carries them, with fla's
+names, and applies them as passes that autograd differentiates (Triton kernels with their own backward for the l2norm
+and the gate, PyTorch ops for the rest), so every gradient (``A_log`` and ``dt_bias`` included) follows. The same
+formulas in float64 are ``dtune.kernels.reference.reference_with_options``.
+
+====================================  =========================================================================
+option (fla's name)                   what it does (fla-core 0.6.0), in the dtype fla computes it
+====================================  =========================================================================
+``use_qk_l2norm_in_kernel``           ``q, k <- x / sqrt(Σ x² + 1e-6)``: float32 inside, stored in x's dtype
+``use_gate_in_kernel``                ``g <- -exp(A_log) · softplus(g + dt_bias)`` in float32; ``A_log [HV]``,
+                                      ``dt_bias [HV]`` (Gated DeltaNet) or ``[HV·K]`` (KDA, per key channel)
+``lower_bound`` (with the gate)       ``g <- lower_bound · sigmoid(exp(A_log) · (g + dt_bias))`` (``A_log`` None:
+                                      ``lower_bound · sigmoid(g + dt_bias)``), in ``(lower_bound, 0)``
+``use_beta_sigmoid_in_kernel``        ``beta <- sigmoid(beta)`` in float32
+``allow_neg_eigval``                  ... times 2 (needs ``use_beta_sigmoid_in_kernel``, as in fla)
+``state_v_first``                     initial and final states ``[N, HV, V, K]`` instead of ``[N, HV, K, V]``
+====================================  =========================================================================
+
+What each separate pass costs per element of the tensor it transforms (16-bit q, k and raw gate: 2 bytes; float32: 4),
+and where it would fuse (the stage that loads that input):
+
+- l2norm of q and k (a Triton pass, :mod:`dtune.kernels.options`): forward one read and one write (2 + 2 B), backward
+  x, dy read and dx written (2 + 2 + 2 B). Fused: q and k are loaded by stage 1 (``intra*``: k for A_kk and W) and by
+  the state/output pass (q for O, k for the state update); the row norm is one reduction over K inside the tile, in
+  both stages; the backward's ``bwd_dqk`` stage would apply l2norm's Jacobian to dq and dk as it stores them.
+- the gate (a Triton pass): forward the raw g read and the float32 log gate written (2 + 4 B; the chunk kernel then
+  reads that gate, as it would read one the caller computed); backward the gate's gradient and g read, dg written
+  (4 + 2 + 2 B), dA_log and ddt_bias from per-block partial sums. Fused: stage 1's
+  gate cumsum reads g (KDA: ``[B, T, HV, K]``, the largest per-token input after v) and would apply the activation as
+  it loads it; the backward's gate gradient (``bwd_dqk``) would multiply by the activation's derivative before its
+  reverse cumsum.
+- beta (PyTorch ops): ``[B, T, HV]``, a float32 copy (2 + 4 B per token and head): negligible; fused into stage 1,
+  which loads beta for A_kk, W and U.
+- ``state_v_first``: a transposed copy of the initial state (read and write, 8 B per state element) and of the final
+  state: ``N · HV · K · V`` elements, independent of T. Fused: the state pass's first load and last store
+  (``STATE_LAYOUT = "vk"`` already holds the state as ``[V, K]`` in registers).
+- ``cu_seqlens`` int32 or int64: the kernels take both. ``cu_seqlens_cpu`` (a host copy) saves the one host read
+  of ``cu_seqlens`` (:func:`dtune.kernels.chunk.tables.remember_host_offsets`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from dtune.inputs import interpreting
+from dtune.kernels import options as option_kernels
+from dtune.shape import Gate
+
+Tensor = torch.Tensor
+
+L2NORM_EPS = 1e-6  # fla's l2norm_fwd default
+SAFE_LOWER_BOUND = (-5.0, 0.0)  # fla's range for lower_bound with safe_gate and the gate in the kernel
+
+
+@dataclass(frozen=True, eq=False)
+class Options:
+    """fla's in-kernel options of one call (fla's names and defaults: every option off).
+
+    ``A_log``, ``dt_bias`` and ``lower_bound`` are used only with ``use_gate_in_kernel``; passing them without it,
+    or ``allow_neg_eigval`` without ``use_beta_sigmoid_in_kernel``, is a ``ValueError`` (:meth:`check`).
+    """
+
+    use_qk_l2norm_in_kernel: bool = False
+    use_gate_in_kernel: bool = False
+    A_log: Tensor | None = None
+    dt_bias: Tensor | None = None
+    lower_bound: float | None = None
+    use_beta_sigmoid_in_kernel: bool = False
+    allow_neg_eigval: bool = False
+    state_v_first: bool = False
+
+    @property
+    def active(self) -> bool:
+        """True when any option transforms an input or a state."""
+        return (
+            self.use_qk_l2norm_in_kernel or self.use_gate_in_kernel or self.use_beta_sigmoid_in_kernel
+        ) or self.state_v_first
+
+    def check(self, gate: Gate, HV: int, K: int) -> None:
+        """ValueError naming the option that cannot apply to a call with this gate, ``HV`` value heads and key dim
+        ``K`` (before any pass runs)."""
+        if self.allow_neg_eigval and not self.use_beta_sigmoid_in_kernel:
+            raise ValueError("allow_neg_eigval=True needs use_beta_sigmoid_in_kernel=True (beta in (0, 2))")
+        if not self.use_gate_in_kernel:
+            given = [n for n in ("A_log", "dt_bias", "lower_bound") if getattr(self, n) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} are used only with use_gate_in_kernel=True")
+            return
+        if gate is Gate.NONE:
+            raise ValueError("use_gate_in_kernel needs a gated op (DeltaNet has no gate)")
+        if self.A_log is None and self.lower_bound is None:
+            raise ValueError("use_gate_in_kernel=True needs A_log ([HV]) unless lower_bound is set")
+        if self.A_log is not None and self.A_log.numel() != HV:
+            raise ValueError(f"A_log must have HV = {HV} elements, got shape {tuple(self.A_log.shape)}")
+        want = HV * K if gate is Gate.CHANNEL else HV
+        if self.dt_bias is not None and self.dt_bias.numel() != want:
+            kind = "HV * K" if gate is Gate.CHANNEL else "HV"
+            raise ValueError(f"dt_bias must have {kind} = {want} elements, got shape {tuple(self.dt_bias.shape)}")
+        if self.lower_bound is not None and not self.lower_bound < 0:
+            raise ValueError(f"lower_bound must be negative (a log-space floor of the gate), got {self.lower_bound}")
+
+    def tensors(self) -> tuple[Tensor | None, Tensor | None]:
+        """``(A_log, dt_bias)`` as the call uses them (None without ``use_gate_in_kernel``)."""
+        return (self.A_log, self.dt_bias) if self.use_gate_in_kernel else (None, None)
+
+    def apply(
+        self, q: Tensor, k: Tensor, g: Tensor | None, beta: Tensor, initial_state: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor | None]:
+        """The kernel's inputs: ``(q, k, g, beta, initial_state)`` with the options applied (each a separate pass; the
+        untouched ones as given). The initial state of ``state_v_first`` is a transposed view (the kernels copy it
+        contiguous)."""
+        if self.use_qk_l2norm_in_kernel:
+            q, k = l2norm(q), l2norm(k)
+        if self.use_gate_in_kernel and g is not None:
+            g = gate_activation(g, self.A_log, self.dt_bias, self.lower_bound)
+        if self.use_beta_sigmoid_in_kernel:
+            beta = beta_activation(beta, self.allow_neg_eigval)
+        if self.state_v_first and initial_state is not None:
+            initial_state = initial_state.transpose(-1, -2)
+        return q, k, g, beta, initial_state
+
+    def final_state(self, ht: Tensor | None) -> Tensor | None:
+        """The final state in the caller's layout: ``[N, HV, V, K]`` (contiguous) with ``state_v_first``."""
+        if ht is None or not self.state_v_first:
+            return ht
+        return ht.transpose(-1, -2).contiguous()
+
+
+NO_OPTIONS = Options()
+
+
+class _L2Norm(torch.autograd.Function):
+    """l2norm by the option kernels: forward one read and one write, backward from x and the saved 1/norm."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, eps: float) -> Tensor:
+        y, rstd = option_kernels.l2norm_fwd(x, eps)
+        ctx.save_for_backward(x, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor, None]:
+        x, rstd = ctx.saved_tensors
+        return option_kernels.l2norm_bwd(x, rstd, dy), None
+
+
+class _Gate(torch.autograd.Function):
+    """The gate activation by the option kernels; the backward recomputes from the raw g (nothing float32 saved)."""
+
+    @staticmethod
+    def forward(ctx: Any, g: Tensor, A_log: Tensor | None, dt_bias: Tensor | None, lower_bound: float | None) -> Tensor:
+        A = None if A_log is None else A_log.reshape(-1)
+        bias = None if dt_bias is None else dt_bias.reshape(-1)
+        ctx.save_for_backward(g, A, bias)
+        ctx.lower_bound = lower_bound
+        ctx.shapes = (None if A_log is None else A_log.shape, None if dt_bias is None else dt_bias.shape)
+        return option_kernels.gate_fwd(g, A, bias, lower_bound)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
+        g, A, bias = ctx.saved_tensors
+        dg, dA, dbias = option_kernels.gate_bwd(g, A, bias, ctx.lower_bound, dout)
+        a_shape, b_shape = ctx.shapes
+        dA = None if dA is None or A is None else dA.reshape(a_shape).to(A.dtype)
+        dbias = None if dbias is None or bias is None else dbias.reshape(b_shape).to(bias.dtype)
+        return dg, dA, dbias, None
+
+
+def _use_kernels(x: Tensor) -> bool:
+    """Triton runs the passes on a GPU, and on the CPU under the interpreter; a plain CPU tensor takes PyTorch ops."""
+    return x.is_cuda or interpreting()
+
+
+def l2norm(x: Tensor, eps: float = L2NORM_EPS) -> Tensor:
+    """``x / sqrt(Σ x² + eps)`` over the last dim, computed in float32 and stored in x's dtype (fla's l2norm_fwd):
+    one Triton pass (:mod:`dtune.kernels.options`); PyTorch ops for a CPU tensor outside the interpreter."""
+    if _use_kernels(x):
+        y: Tensor = _L2Norm.apply(x, eps)
+        return y
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    return (x * torch.rsqrt(norm.square() + eps)).to(x.dtype)
+
+
+def gate_activation(
+    g: Tensor, A_log: Tensor | None, dt_bias: Tensor | None = None, lower_bound: float | None = None
+) -> Tensor:
+    """The log-space gate of ``use_gate_in_kernel`` in float32, from the raw ``g`` (``[B, T, HV]`` for Gated
+    DeltaNet, ``[B, T, HV, K]`` for KDA): ``-exp(A_log) · softplus(g + dt_bias)``, or with ``lower_bound``
+    ``lower_bound · sigmoid(exp(A_log) · (g + dt_bias))`` (``A_log`` None: ``lower_bound · sigmoid(g + dt_bias)``).
+    ``softplus`` is linear above 20, as fla's. One Triton pass forward and one backward (:mod:`dtune.kernels.options`);
+    PyTorch ops for a CPU tensor outside the interpreter."""
+    if lower_bound is None and A_log is None:
+        raise ValueError("use_gate_in_kernel=True needs A_log unless lower_bound is set")
+    if _use_kernels(g):
+        out: Tensor = _Gate.apply(g, A_log, dt_bias, lower_bound)
+        return out
+    HV = g.shape[2]
+    per_channel = g.dim() == 4
+    shape = (HV, 1) if per_channel else (HV,)
+    x = g.float() if dt_bias is None else g + dt_bias.float().reshape((HV, -1) if per_channel else (HV,))
+    if lower_bound is None:
+        assert A_log is not None
+        return torch.nn.functional.softplus(x) * -A_log.float().reshape(shape).exp()
+    if A_log is not None:
+        x = x * A_log.float().reshape(shape).exp()
+    return torch.sigmoid(x) * lower_bound
+
+
+def beta_activation(beta: Tensor, allow_neg_eigval: bool = False) -> Tensor:
+    """``sigmoid(beta)`` in float32, times 2 with ``allow_neg_eigval`` (fla's fused_beta_sigmoid)."""
+    b = torch.sigmoid(beta.float())
+    return b * 2.0 if allow_neg_eigval else b

@@ -1,0 +1,232 @@
+"""Triton kernels of flash-linear-attention's in-kernel options as separate passes: one read and one write per element.
+
+* :func:`l2norm_fwd` / :func:`l2norm_bwd` — ``y = x / sqrt(Σ x² + eps)`` over the last dim (use_qk_l2norm_in_kernel),
+  computed in float32, ``y`` stored in x's dtype; the backward ``dx = r·dy − r³ (x·dy) x`` from x and the saved
+  ``r = 1 / sqrt(Σ x² + eps)``. Bytes per element (16-bit x): forward 2 + 2, backward 2 + 2 + 2.
+* :func:`gate_fwd` / :func:`gate_bwd` — the log-space gate of use_gate_in_kernel from the raw ``g``:
+  ``-exp(A_log) · softplus(g + dt_bias)`` (softplus linear above 20, as fla's), or with ``lower_bound``
+  ``lower_bound · sigmoid(exp(A_log) · (g + dt_bias))`` (``A_log`` None: ``lower_bound · sigmoid(g + dt_bias)``), in
+  float32. KDA's gate is ``[rows, HV, K]`` with ``A_log [HV]`` and ``dt_bias [HV, K]``; Gated DeltaNet's ``[rows, HV]``
+  with both ``[HV]``. The backward returns dg in g's dtype and dA_log, ddt_bias from per-block partial sums.
+  Bytes per element: forward 2 + 4, backward 4 + 2 + 2 (the gate's gradient, g, dg).
+
+No dtune imports: the wrappers with autograd are ``dtune.options``; the formulas in float64 are ``reference``'s.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .config import next_power_of_2
+
+Tensor = torch.Tensor
+ROWS = 64  # rows per program of the gate kernels (a token block)
+TILE = 4096  # elements per program of the l2norm kernels
+
+
+@triton.jit
+def _softplus(x):
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def l2norm_fwd_kernel(x, y, rstd, rows, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    m = (o_r[:, None] < rows) & (o_d[None, :] < D)
+    offs = o_r[:, None] * D + o_d[None, :]
+    b_x = tl.load(x + offs, mask=m, other=0.0).to(tl.float32)
+    b_r = 1.0 / tl.sqrt(tl.sum(b_x * b_x, 1) + eps)
+    tl.store(y + offs, (b_x * b_r[:, None]).to(y.dtype.element_ty), mask=m)
+    tl.store(rstd + o_r, b_r, mask=o_r < rows)
+
+
+@triton.jit
+def l2norm_bwd_kernel(x, rstd, dy, dx, rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    m = (o_r[:, None] < rows) & (o_d[None, :] < D)
+    offs = o_r[:, None] * D + o_d[None, :]
+    b_x = tl.load(x + offs, mask=m, other=0.0).to(tl.float32)
+    b_dy = tl.load(dy + offs, mask=m, other=0.0).to(tl.float32)
+    b_r = tl.load(rstd + o_r, mask=o_r < rows, other=0.0)
+    b_s = tl.sum(b_x * b_dy, 1) * b_r * b_r * b_r
+    b_dx = b_dy * b_r[:, None] - b_x * b_s[:, None]
+    tl.store(dx + offs, b_dx.to(dx.dtype.element_ty), mask=m)
+
+
+def _row_tile(D: int) -> tuple[int, int]:
+    BD = next_power_of_2(D)
+    return BD, max(1, TILE // BD)
+
+
+def l2norm_fwd(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(y, rstd)``: y in x's dtype and shape, rstd float32 of x's shape without the last dim."""
+    x = x.contiguous()
+    D = x.shape[-1]
+    rows = x.numel() // D
+    y = torch.empty_like(x)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    BD, BR = _row_tile(D)
+    if rows:
+        l2norm_fwd_kernel[(triton.cdiv(rows, BR),)](x, y, rstd, rows, eps, D=D, BD=BD, BR=BR)
+    return y, rstd
+
+
+def l2norm_bwd(x: Tensor, rstd: Tensor, dy: Tensor) -> Tensor:
+    """dx in x's dtype."""
+    x, dy = x.contiguous(), dy.contiguous()
+    D = x.shape[-1]
+    rows = x.numel() // D
+    dx = torch.empty_like(x)
+    BD, BR = _row_tile(D)
+    if rows:
+        l2norm_bwd_kernel[(triton.cdiv(rows, BR),)](x, rstd, dy, dx, rows, D=D, BD=BD, BR=BR)
+    return dx
+
+
+@triton.jit
+def gate_fwd_kernel(
+    g,
+    A_log,
+    dt_bias,
+    out,
+    rows,
+    lower_bound,
+    NH: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BR: tl.constexpr,
+    SCALAR: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BOUNDED: tl.constexpr,
+):
+    # g as [rows, NH, D]: KDA NH = HV heads of D = K channels; Gated DeltaNet NH = 1, D = HV (the heads are columns)
+    i_r, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    o_r = i_r * BR + tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    m = (o_r[:, None] < rows) & m_d[None, :]
+    offs = (o_r[:, None] * NH + i_h) * D + o_d[None, :]
+    b_x = tl.load(g + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b_x += tl.load(dt_bias + i_h * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    if HAS_A:
+        if SCALAR:
+            b_a = tl.exp(tl.load(A_log + o_d, mask=m_d, other=0.0).to(tl.float32))[None, :]
+        else:
+            b_a = tl.exp(tl.load(A_log + i_h).to(tl.float32))
+    else:
+        b_a = 1.0
+    if BOUNDED:
+        b_o = lower_bound * tl.sigmoid(b_a * b_x)
+    else:
+        b_o = -b_a * _softplus(b_x)
+    tl.store(out + offs, b_o, mask=m)
+
+
+@triton.jit
+def gate_bwd_kernel(
+    g,
+    A_log,
+    dt_bias,
+    dout,
+    dg,
+    dA_part,
+    dbias_part,
+    rows,
+    lower_bound,
+    NH: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BR: tl.constexpr,
+    SCALAR: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BOUNDED: tl.constexpr,
+):
+    i_r, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    o_r = i_r * BR + tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    m = (o_r[:, None] < rows) & m_d[None, :]
+    offs = (o_r[:, None] * NH + i_h) * D + o_d[None, :]
+    b_x = tl.load(g + offs, mask=m, other=0.0).to(tl.float32)
+    b_do = tl.load(dout + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b_x += tl.load(dt_bias + i_h * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    if HAS_A:
+        if SCALAR:
+            b_a = tl.exp(tl.load(A_log + o_d, mask=m_d, other=0.0).to(tl.float32))[None, :]
+        else:
+            b_a = tl.exp(tl.load(A_log + i_h).to(tl.float32))
+    else:
+        b_a = 1.0
+    if BOUNDED:  # o = lb·σ(z), z = a·x: do/dx = lb·σ(1 − σ)·a, do/dA_log = lb·σ(1 − σ)·z
+        b_z = b_a * b_x
+        b_s = tl.sigmoid(b_z)
+        b_ds = b_do * lower_bound * b_s * (1.0 - b_s)
+        b_dx = b_ds * b_a
+        b_da = b_ds * b_z
+    else:  # o = −a·softplus(x): do/dx = −a·σ(x), do/dA_log = o
+        b_dx = -b_do * b_a * tl.sigmoid(b_x)
+        b_da = -b_do * b_a * _softplus(b_x)
+    tl.store(dg + offs, b_dx.to(dg.dtype.element_ty), mask=m)
+    part = (i_r * NH + i_h) * D + o_d
+    if HAS_A:
+        tl.store(dA_part + part, tl.sum(b_da, 0), mask=m_d)  # masked rows: dout = 0, so their terms are 0
+    if HAS_BIAS:
+        tl.store(dbias_part + part, tl.sum(b_dx, 0), mask=m_d)
+
+
+def _gate_layout(g: Tensor) -> tuple[int, int, int, bool]:
+    """``(rows, NH, D, scalar)`` of a gate ``[B, T, HV]`` (scalar) or ``[B, T, HV, K]``."""
+    if g.dim() == 4:
+        return g.shape[0] * g.shape[1], g.shape[2], g.shape[3], False
+    return g.shape[0] * g.shape[1], 1, g.shape[2], True
+
+
+def gate_fwd(g: Tensor, A_log: Tensor | None, dt_bias: Tensor | None, lower_bound: float | None) -> Tensor:
+    """The float32 log-space gate of ``g`` (see the module docstring)."""
+    g = g.contiguous()
+    rows, NH, D, scalar = _gate_layout(g)
+    out = torch.empty(g.shape, dtype=torch.float32, device=g.device)
+    BD = next_power_of_2(D)
+    if rows:
+        gate_fwd_kernel[(triton.cdiv(rows, ROWS), NH)](
+            g, A_log, dt_bias, out, rows, 0.0 if lower_bound is None else float(lower_bound),
+            NH=NH, D=D, BD=BD, BR=ROWS, SCALAR=scalar, HAS_A=A_log is not None, HAS_BIAS=dt_bias is not None,
+            BOUNDED=lower_bound is not None,
+        )  # fmt: skip
+    return out
+
+
+def gate_bwd(
+    g: Tensor, A_log: Tensor | None, dt_bias: Tensor | None, lower_bound: float | None, dout: Tensor
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(dg, dA_log, ddt_bias)``: dg in g's dtype, the others float32 in their parameters' shapes (None without)."""
+    g, dout = g.contiguous(), dout.contiguous()
+    rows, NH, D, scalar = _gate_layout(g)
+    nblocks = triton.cdiv(rows, ROWS)
+    dg = torch.empty_like(g)
+    dA_part = torch.empty(nblocks, NH, D, dtype=torch.float32, device=g.device) if A_log is not None else None
+    dbias_part = torch.empty(nblocks, NH, D, dtype=torch.float32, device=g.device) if dt_bias is not None else None
+    if rows:
+        gate_bwd_kernel[(nblocks, NH)](
+            g, A_log, dt_bias, dout, dg, dA_part, dbias_part, rows, 0.0 if lower_bound is None else float(lower_bound),
+            NH=NH, D=D, BD=next_power_of_2(D), BR=ROWS, SCALAR=scalar, HAS_A=A_log is not None,
+            HAS_BIAS=dt_bias is not None, BOUNDED=lower_bound is not None,
+        )  # fmt: skip
+    dA = None
+    if A_log is not None:
+        assert dA_part is not None
+        per = dA_part.sum(0)  # [NH, D]
+        dA = (per.reshape(-1) if scalar else per.sum(1)).reshape(A_log.shape) if rows else torch.zeros_like(A_log)
+    dbias = None
+    if dt_bias is not None:
+        assert dbias_part is not None
+        dbias = dbias_part.sum(0).reshape(dt_bias.shape) if rows else torch.zeros_like(dt_bias, dtype=torch.float32)
+    return dg, dA, dbias
