@@ -263,7 +263,7 @@ def versus(bench: pd.DataFrame | None) -> tuple[pd.DataFrame | None, str]:
     timed = bench[bench["median_ms"].notna() & (bench["median_ms"] > 0)]
     if "mode" not in timed.columns:
         timed = timed.assign(mode="eager")
-    fla = timed[timed["impl"].astype(str).str.startswith("fla")]
+    fla = timed[timed["impl"].astype(str).isin(FLA_NAMES)]  # fla's modes (not FlashQLA: another peer)
     against = "fla" if len(fla) else "default"
     others = fla if len(fla) else timed[timed["impl"] == "default"]
     tuned = timed[timed["impl"] == "tuned"]
