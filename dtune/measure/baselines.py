@@ -114,7 +114,7 @@ def flashqla_skip(
         return "FlashQLA needs a CUDA GPU: skipped"
     archs = FLASHQLA_BACKWARD if spec.backward else FLASHQLA_BACKWARD + FLASHQLA_FORWARD
     if tuple(capability) not in archs:
-        what = "its backward" if tuple(capability) in FLASHQLA_FORWARD else "kernels"
+        what = "backward" if tuple(capability) in FLASHQLA_FORWARD else "kernels"
         have = ", ".join(f"sm_{a}{b}" for a, b in archs)
         return f"FlashQLA has no {what} for sm_{capability[0]}{capability[1]} (only {have}): skipped"
     if shape is not None and (shape.K != FLASHQLA_DIM or shape.V != FLASHQLA_DIM):
