@@ -107,15 +107,17 @@ def _is_device(event: Any) -> bool:
 
 def device_launches(events: Iterable[Any]) -> list[tuple[str, float]]:
     """``(name, ms)`` of every device-side event of a profiler's event list (kernels, memsets, copies), in the order
-    they ran (``torch.profiler.profile(...).events()``: ``name``, ``device_type``, ``time_range`` in µs)."""
+    they ran (``torch.profiler.profile(...).events()``: ``name``, ``device_type``, ``time_range`` in µs); a device-side
+    range that holds other events (an annotation on the GPU's timeline) is left out."""
     found = []
     for e in events:
         if not _is_device(e):
             continue
-        start, end = float(e.time_range.start), float(e.time_range.end)
-        found.append((start, str(e.name), (end - start) / 1e3))
-    found.sort(key=lambda r: r[0])
-    return [(name, ms) for _, name, ms in found]
+        found.append((float(e.time_range.start), float(e.time_range.end), str(e.name)))
+    found.sort(key=lambda r: (r[0], -r[1]))
+    # A device-side range that holds other events (a user annotation drawn on the GPU's timeline) is no launch.
+    spans = [r for i, r in enumerate(found) if not (i + 1 < len(found) and found[i + 1][1] <= r[1])]
+    return [(name, (end - start) / 1e3) for start, end, name in spans]
 
 
 def by_name(launches: Sequence[Launch], calls: int = 1) -> list[Launch]:
