@@ -270,3 +270,24 @@ def test_profile_cli_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "is not one of stages, fwd, fwd+bwd" in r.output
     r = CliRunner().invoke(cli(), [*base, "-k", "fused_recurrent_kda", "--mode", "fwd+bwd"])
     assert r.exit_code == 2 and "has no backward" in r.output
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["chunk_delta_rule", "chunk_kda"])
+def test_cuda_profiler_launches_match_the_stages(kernel: str) -> None:
+    """On a GPU, the CUDA profiler's kernel names are the Triton kernels' (every launch of dtune's step has its
+    stage, none left over), and the launches add up to about the whole call."""
+    from dtune.kernels import get_kernel
+
+    p = Shape(B=2, T=1024, H=4, HV=4, K=64, V=64, gate=Gate(get_kernel(kernel).gate))
+    res = la.profile_launches(kernel, p, torch.bfloat16, la.MODES, baselines=(), calls=3)
+    f = res.frame
+    assert set(f["impl"]) == {"tuned"} and f["meaningful"].all()
+    assert not any("was not launched" in n for n in res.notes), res.notes
+    for mode, grp in f.groupby("mode"):
+        body = grp[grp["launch"] != la.CALL]
+        triton = body[body["launch"].str.startswith("chunk_")]  # (the tests' NaN-poisoning adds PyTorch fills)
+        assert len(triton) >= 2 and (triton["stage"].fillna("") != "").all(), body[["launch", "stage"]]
+        whole = grp[grp["launch"] == la.CALL].iloc[0]
+        assert 0.5 < whole["launches_ms"] / whole["call_ms"] < 1.5, (mode, whole["launches_ms"], whole["call_ms"])
+        assert body["floor_ms"].notna().any() and (body["ms"] > 0).all()
