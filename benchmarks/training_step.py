@@ -15,10 +15,11 @@ chunk_kda also its safe_gate mode; FlashQLA: ``flash_qla.chunk_gated_delta_rule`
 ``torch.autograd.grad`` of (o, final state) from fixed random gradients. Steps:
 
 0. Warm-up, in child processes: dtune's steps compiled without launching, one process per (kernel, D, shape), at most
-   --jobs at a time; the peers run once per shape in one process of their own, in order (fla compiles and autotunes,
-   about 1-2 minutes per kernel and head dim on a cold cache; FlashQLA JIT-compiles, about 45 s forward and 60 s
-   backward), while nothing else runs on the GPU (dtune's children only compile). Triton's on-disk cache, fla's cached
-   autotuning (FLA_CACHE_RESULTS) and TileLang's cache then serve the main process, and later runs on the same machine.
+   --jobs at a time; each peer's steps run once per shape in a process of its own (fla compiles and autotunes, about
+   1-2 minutes per kernel and head dim on a cold cache; FlashQLA JIT-compiles on the host, about 45 s forward and 60 s
+   backward), while the GPU does nothing else that lasts (dtune's children only compile). Triton's on-disk cache,
+   fla's cached autotuning (FLA_CACHE_RESULTS) and TileLang's cache then serve the main process, and later runs on the
+   same machine.
 1. Per shape: each contestant's output and gradients against autograd through the chunked reference in float64
    (float32 with chunk 16 where the float64 graph would pass --ref-max-gib; errors left out beyond), relative RMS;
    the peak memory of a step above what was allocated before it (saved intermediates, workspaces, gradients); then
@@ -144,7 +145,7 @@ def contestants(
 
 def warm(what: str, a: argparse.Namespace) -> None:
     """(Child process.) ``dtune:OP:D:BxT``: build, without launching, every kernel of dtune's step there (its shipped
-    configs); ``peers:OP:D,...``: run every peer's step once per shape (compiles, autotuning, JIT)."""
+    configs); ``PEER:OP:D,...`` (fla, flashqla): run that peer's steps once per shape (compiles, autotuning, JIT)."""
     from dtune.tune.trials import compile_without_launch
 
     t0 = time.monotonic()
@@ -165,7 +166,7 @@ def warm(what: str, a: argparse.Namespace) -> None:
         gate = Gate(get_kernel(op).gate)
         for p in parse_shapes(a.shapes, a.batch_tokens, a.heads, [int(d)], gate):
             x = op_run(op + "_bwd", p, dtype, device).inputs
-            found, notes = contestants(op, p, dtype, device, peers(a))
+            found, notes = contestants(op, p, dtype, device, [kind])
             for name, make, *_ in found[1:]:
                 t1 = time.monotonic()
                 try:
@@ -179,12 +180,13 @@ def warm(what: str, a: argparse.Namespace) -> None:
             del x
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    print(f"warm peers: {time.monotonic() - t0:.0f} s", flush=True)
+    print(f"warm {kind}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
 class Warmup:
-    """The warm-up processes: the peers' one (started first: its GPU work is the longest) and dtune's compiles, at
-    most ``jobs`` of them at a time (the rest start as others finish, while :meth:`wait` waits)."""
+    """The warm-up processes: one per peer (started first: fla's autotuning is the longest; FlashQLA's JIT compiles on
+    the host, its few launches do not disturb fla's timings) and dtune's compiles, at most ``jobs`` of them at a time
+    (the rest start as others finish, while :meth:`wait` waits)."""
 
     def __init__(self, a: argparse.Namespace, kernels: list[str], dims: list[int]) -> None:
         base = [sys.executable, __file__, "--shapes", a.shapes, "--batch-tokens", str(a.batch_tokens)]
@@ -196,8 +198,8 @@ class Warmup:
             for p in parse_shapes(a.shapes, a.batch_tokens, a.heads, dims, Gate(get_kernel(op).gate)):
                 what = f"dtune:{op}:{p.K}:{p.B}x{p.T}"
                 self.waiting.append(([*base, "--warm", what], what))
-        if peers(a) and not a.interpret:
-            what = "peers:" + ",".join(f"{op}:{d}" for op in kernels for d in dims)
+        for peer in peers(a) if not a.interpret else []:
+            what = f"{peer}:" + ",".join(f"{op}:{d}" for op in kernels for d in dims)
             self.running.append((subprocess.Popen([*base, "--warm", what]), what))
         self._fill()
 

@@ -104,3 +104,13 @@ def test_one_shape_end_to_end_under_interpreter(ts: ModuleType) -> None:
     assert any("needs a CUDA GPU" in n for n in ts.NOTES)
     frame = ts.frame_of(rows)
     assert list(frame.columns) == [*COLUMNS, *ts.EXTRA] and isinstance(frame, pd.DataFrame)
+
+
+def test_warm_up_children(ts: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    """A peer's warm-up process says why it has nothing to run here; dtune's compiles (the interpreter just runs)."""
+    a = argparse.Namespace(shapes="20", batch_tokens=20, heads=1, interpret=True, peers="fla,flashqla", jobs=2)
+    ts.warm("flashqla:chunk_gated_delta_rule:16", a)
+    ts.warm("dtune:chunk_delta_rule:16:1x20", a)
+    out = capsys.readouterr().out
+    assert "warm: FlashQLA needs a CUDA GPU: skipped" in out and "warm flashqla:" in out
+    assert "warm dtune chunk_delta_rule D16 B1 T20:" in out
