@@ -41,9 +41,10 @@ def bench(
         typer.Option(
             "--baselines",
             help="Comma-separated baselines to time beside the tuned config (dtune's default call): check_gate (the "
-            "same call with check_gate=True, gated kernels), default, fla, torch.",
+            "same call with check_gate=True, gated kernels), default, fla (its Triton path), flashqla (FlashQLA's "
+            "Gated DeltaNet, where it runs; skipped with its reason elsewhere), torch.",
         ),
-    ] = "check_gate,default,fla,torch",
+    ] = "check_gate,default,fla,flashqla,torch",
     seq_lens: Annotated[
         str | None, typer.Option("--seq-lens", help="Comma-separated sequence lengths T (decode kernels: 1).")
     ] = None,
@@ -189,8 +190,22 @@ def bench(
 
 def profile(
     kernel: KernelOpt,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="stages: each stage of the forward timed alone (plan()), with registers, spills, shared memory; "
+            "fwd, fwd+bwd (or both, comma-separated): every launch of the forward or of the training step (forward "
+            "under autograd, then the backward) under the CUDA profiler, dtune's against each stage's floor, beside "
+            "the peers' (--baselines); several kernels (-k a,b) and sequence lengths (--seq-len 4096,32768) per run.",
+        ),
+    ] = "stages",
     seq_len: Annotated[
-        int | None, typer.Option("--seq-len", help="Sequence length T (default 4096 on a GPU, 1 for decode kernels).")
+        str | None,
+        typer.Option(
+            "--seq-len",
+            help="Sequence length T (default 4096 on a GPU, 1 for decode kernels); --mode fwd/fwd+bwd: a comma list.",
+        ),
     ] = None,
     head_dim: Annotated[int | None, typer.Option("--head-dim", help="Head dim K = V (default 128 on a GPU).")] = None,
     heads: Annotated[int | None, typer.Option("--heads", help="Heads H = HV (default 16 on a GPU).")] = None,
@@ -205,14 +220,38 @@ def profile(
     ncu: Annotated[
         bool, typer.Option("--ncu", help="Also run Nsight Compute on the op (needs `ncu` on PATH).")
     ] = False,
+    baselines: Annotated[
+        str,
+        typer.Option(
+            "--baselines",
+            help="--mode fwd/fwd+bwd: the peers whose launches to profile beside dtune's (fla: its Triton path, and "
+            "for chunk_kda its safe_gate mode; flashqla: Gated DeltaNet at D = 128; default: dtune's untuned "
+            "default); an empty string for dtune alone.",
+        ),
+    ] = "fla,flashqla",
+    calls: Annotated[
+        int | None,
+        typer.Option("--calls", min=1, help="--mode fwd/fwd+bwd: profiled calls per contestant (default 10, CPU 2)."),
+    ] = None,
     out: OutOpt = None,
     as_json: JsonOpt = False,
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
     interpret: InterpretOpt = False,
 ) -> None:
-    """Per-stage time, registers, spills, shared memory, GB/s and TFLOP/s against measured ceilings and the floor."""
+    """Per-stage time, registers, spills, shared memory, GB/s and TFLOP/s against measured ceilings and the floor;
+    with --mode fwd / fwd+bwd, every launch of the forward or the training step and of the peers'."""
     use_interpreter(interpret)
+    modes = [m.strip() for m in mode.split(",") if m.strip()]
+    lens = int_list(seq_len, "--seq-len")
+    if modes != ["stages"]:
+        _profile_launches(
+            kernel, modes, lens, head_dim, heads, batch, dtype, config, gpu, baselines, calls, out, as_json,
+            initial_state, final_state,
+        )  # fmt: skip
+        return
+    if lens is not None and len(lens) > 1:
+        fail("--seq-len: --mode stages profiles one shape (the launch modes, --mode fwd,fwd+bwd, take several)")
     from dtune.gpu import get_profile
     from dtune.inputs import dtype_from_name, interpreting
     from dtune.kernels import get_kernel
@@ -231,7 +270,7 @@ def profile(
         dt = dtype_from_name(dtype)
         gate = Gate(get_kernel(kernel).gate)
         on_gpu = default_device().type == "cuda"
-        p = profile_shape(kernel, gate, on_gpu, seq_len, head_dim, heads, batch)
+        p = profile_shape(kernel, gate, on_gpu, lens[0] if lens else None, head_dim, heads, batch)
         if config is not None and not any((seq_len, head_dim, heads, batch)):
             # No shape asked for: the largest shape the config was tuned on.
             tuned = ConfigSource.load(config).tuned_grid(kernel, dt, on_gpu, gate)
@@ -295,6 +334,86 @@ def profile(
         console.print(f"[red]warning:[/red] {off}", highlight=False)
     if ncu_msg:
         console.print(ncu_msg, highlight=False)
+    console.print(f"wrote {csv_path} and {json_path}", highlight=False)
+
+
+def _profile_launches(
+    kernels: str,
+    modes: list[str],
+    lens: tuple[int, ...] | None,
+    head_dim: int | None,
+    heads: int | None,
+    batch: int | None,
+    dtype: str | None,
+    config: Path | None,
+    gpu: str | None,
+    baselines: str,
+    calls: int | None,
+    out: Path | None,
+    as_json: bool,
+    initial_state: bool,
+    final_state: bool,
+) -> None:
+    """``dtune profile --mode fwd,fwd+bwd``: every launch, per kernel and shape, one table each and one CSV."""
+    import pandas as pd
+
+    from dtune.gpu import get_profile
+    from dtune.inputs import dtype_from_name, interpreting
+    from dtune.kernels import get_kernel
+    from dtune.measure import launches as la
+    from dtune.measure.bench import default_device, default_out_dir
+    from dtune.measure.grids import profile_shape
+    from dtune.measure.inputs import Workload
+    from dtune.measure.work import Roofs
+    from dtune.shape import Gate
+
+    check_env_config()
+    names = [k.strip() for k in kernels.split(",") if k.strip()]
+    dtype = resolve_dtype(dtype, names, interpreting())
+    dest = out_dir(out or default_out_dir(config), "output folder")
+    peers = [b.strip() for b in baselines.split(",") if b.strip()]
+    results = []
+    try:
+        bad = [m for m in modes if m not in la.MODES]
+        if bad:
+            raise ValueError(f"--mode: {', '.join(bad)} is not one of stages, {', '.join(la.MODES)}")
+        dt = dtype_from_name(dtype)
+        on_gpu = default_device().type == "cuda"
+        roofs = Roofs.from_profile(get_profile(gpu)) if gpu else None
+        for name in names:
+            op = la.op_name(name)  # an unknown name fails here, listing the known ones
+            for m in modes:
+                la.step_kernel(op, m)  # a mode the kernel has not (fwd+bwd of a fused-recurrent one) fails early
+            gate = Gate(get_kernel(op).gate)
+            for T in lens or (None,):
+                p = profile_shape(op, gate, on_gpu, T, head_dim, heads, batch)
+                where = f"B{p.B} T{p.T}"
+                status = err.status(f"profiling {op} {where}", spinner="dots") if not as_json else None
+                show = (lambda s, where=where, st=status: st.update(f"profiling {s} {where}")) if status else None
+                if status:
+                    status.start()
+                try:
+                    workload = Workload(initial_state, final_state)
+                    got = la.profile_launches(op, p, dt, modes, peers, config, None, roofs, calls, workload, show)
+                finally:
+                    if status:
+                        status.stop()
+                results.append(got)
+    except (ValueError, KeyError) as exc:
+        fail(str(exc))
+    notes = list(dict.fromkeys(n for r in results for n in r.notes))
+    result = la.LaunchResult(pd.concat([r.frame for r in results], ignore_index=True), notes, results[0].roofs)
+    csv_path, json_path = la.write(result, dest)
+    if as_json:
+        rows = json.loads(result.frame.to_json(orient="records"))
+        typer.echo(json.dumps({"rows": rows, "notes": notes, "csv": str(csv_path), "json": str(json_path)}))
+        return
+    for title, headers, rows in la.tables(result.frame):
+        print_rows(console, title, headers, rows, lead=2, left=("launch", "stage"))
+    for text in notes:
+        note(text)
+    if not result.frame["meaningful"].all():
+        console.print("* not meaningful: timed on the CPU under Triton's interpreter")
     console.print(f"wrote {csv_path} and {json_path}", highlight=False)
 
 

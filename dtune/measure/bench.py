@@ -36,7 +36,7 @@ import torch
 
 from dtune.inputs import INTERPRETER_BF16, dtype_name, interpreting
 from dtune.kernels import get_kernel
-from dtune.measure.baselines import BASELINES, Impl, build_impls
+from dtune.measure.baselines import BASELINES, FLA_IMPLS, Impl, build_impls
 from dtune.measure.configs import ConfigSource
 from dtune.measure.error import rel_rms_error
 from dtune.measure.grad import REFERENCE_MAX_BYTES, StepResult, reference_bytes, reference_step
@@ -248,7 +248,7 @@ def add_speedups(frame: pd.DataFrame) -> pd.DataFrame:
     keys = ["kernel", "dtype", "mode", "B", "T", "H", "HV", "K", "V", "N"]
     base = frame.groupby(keys, dropna=False)
     default_ms = base["median_ms"].transform(lambda s: s[frame.loc[s.index, "impl"] == "default"].min())
-    fla_ms = base["median_ms"].transform(lambda s: s[frame.loc[s.index, "impl"].str.startswith("fla")].min())
+    fla_ms = base["median_ms"].transform(lambda s: s[frame.loc[s.index, "impl"].isin(FLA_IMPLS)].min())
     frame["speedup_vs_default"] = default_ms / frame["median_ms"]
     frame["speedup_vs_fla"] = fla_ms / frame["median_ms"]
     return frame
@@ -298,7 +298,7 @@ def run_bench(
             )
             notes.append(note)
         config, where = source.resolve(kernel, run.shape, dtype, device)
-        impls, impl_notes = build_impls(kernel, baselines, config, where, on_gpu)
+        impls, impl_notes = build_impls(kernel, baselines, config, where, on_gpu, run.shape, dtype)
         notes.extend(n for n in impl_notes if n not in notes)
         rows.extend(_shape_rows(run, impls, rounds, graph))
     frame = add_speedups(

@@ -7,7 +7,8 @@ alone, with its own nominal FLOPs and bytes); a fused-recurrent kernel is one st
 (:mod:`dtune.measure.resources`); its achieved GB/s and TFLOP/s are set against the GPU's ceilings measured in the
 same run (:func:`dtune.measure.timing.ceilings`) and against the floor of :mod:`dtune.measure.work`. ``--ncu``
 hands the same call to Nsight Compute. Run as ``python -m dtune.measure.profile SPEC_JSON`` it just launches the
-op (what ncu profiles).
+op (what ncu profiles). Every launch of a whole call, the training step's too, under the CUDA profiler:
+:mod:`dtune.measure.launches` (``dtune profile --mode fwd,fwd+bwd``).
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ def run_profile(
     run = op_run(kernel, p, dtype, device, workload)
     if get_kernel(kernel).backward:
         notes.append(
-            "a backward kernel is profiled as its whole training step (forward + backward); its kernels against the "
-            "stage floors of dtune.measure.work.backward_stages: scripts/gpu_bwd.py (step 4)"
+            "a backward kernel is profiled as its whole training step (forward + backward); every launch of it "
+            "against its stage's floor: dtune profile --mode fwd+bwd"
         )
     config, where = ConfigSource.load(config_file).resolve(kernel, run.shape, dtype, device)
     stages, whole = stages_for(run, config)

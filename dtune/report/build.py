@@ -183,11 +183,15 @@ def build_sections(data: d.RunData) -> list[Section]:
         s.add_note("Click a column header to sort.")
         s.add_table(frame, sortable=True)
 
+    def launches(s: Section) -> None:
+        launch_section(s, data)
+
     sections = [
         _guarded("answer", "dtune vs flash-linear-attention", answer),
         _guarded("speedup-T", "Speedup vs sequence length", sweep("T")),
         _guarded("speedup-D", "Speedup vs head dim", sweep("K")),
         _guarded("stages", "Per-stage time vs its floor", stages),
+        _guarded("launches", "Every launch of the forward and the training step", launches),
         _guarded("baselines", "Time per call, each implementation", baselines),
         _guarded("roofline", "Roofline", roof),
         _guarded("search", "The search", search),
@@ -195,6 +199,27 @@ def build_sections(data: d.RunData) -> list[Section]:
     ]
     sections.append(_environment(data, [s for s in sections if s.state != "ok"]))
     return sections
+
+
+def launch_section(s: Section, data: d.RunData) -> None:
+    """Every launch of a call (``dtune profile --mode fwd,fwd+bwd``, ``launches.csv``): per call one chart of each
+    contestant's launches (dtune's by stage) against the whole call and the op's floor, then the table."""
+    if data.launches is None:
+        s.missing = "no launches.csv: run `dtune profile -k KERNEL --mode fwd,fwd+bwd --out FOLDER`"
+        return
+    if not d.meaningful(data.launches):
+        s.add_warning(NOT_MEANINGFUL)
+    bars = d.launch_segments(data.launches)
+    for group, grp in bars.groupby("group", sort=False):
+        s.add_figure(charts.launch_segments(grp, str(group)))
+    s.add_note(
+        "Device time per call of every kernel launched (torch.profiler, the mean of several calls), dtune's launches "
+        "grouped by the stage they run, a peer's by kernel. A dtune stage's floor (in the table, on its first "
+        "launch) is the bytes that launch must move at the measured copy bandwidth or its nominal FLOPs at the "
+        "measured matmul rate (dtune.measure.work: the forward's plan stages, backward_stages for the step); the "
+        "whole op's floor, the same for every contestant, counts only compulsory bytes."
+    )
+    s.add_table(d.launch_table(data.launches), sortable=True)
 
 
 def _environment(data: d.RunData, left_out: Sequence[Section]) -> Section:

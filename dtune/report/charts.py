@@ -250,3 +250,45 @@ def failures(frame: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title="trials")
     fig.update_xaxes(title="reason")
     return _styled(fig, "Trials lost, by reason", 360)
+
+
+SEGMENT_NAME = 48  # legend entries are cut here (PyTorch's kernels have templated names of 200 characters)
+
+
+def launch_segments(frame: pd.DataFrame, group: str) -> go.Figure:
+    """One call (kernel, head dim, shape, mode), each contestant's time per call as a stacked bar of its launches
+    (dtune's by stage, a peer's by kernel), with the whole call's median (◆) and the whole op's floor (|) marked."""
+    frame = frame.sort_values("order", kind="stable")
+    impls = list(dict.fromkeys(frame["impl"]))
+    fig = go.Figure()
+    for segment, part in frame.groupby("segment", sort=False):
+        fig.add_trace(
+            go.Bar(
+                y=part["impl"],
+                x=part["ms"],
+                name=str(segment) if len(str(segment)) <= SEGMENT_NAME else str(segment)[: SEGMENT_NAME - 1] + "…",
+                orientation="h",
+                hovertemplate=f"{segment}<br>%{{y}}: %{{x:.4g}} ms<extra></extra>",
+            )
+        )
+    whole = frame.drop_duplicates("impl")
+    fig.add_trace(
+        go.Scatter(
+            y=whole["impl"], x=whole["call_ms"], mode="markers", name="whole call (median)",
+            marker={"symbol": "diamond", "size": 10, "color": "#1d2330"},
+            hovertemplate="%{y}: whole call %{x:.4g} ms<extra></extra>",
+        )
+    )  # fmt: skip
+    floors = whole[whole["floor_ms"].notna()]
+    if len(floors):
+        fig.add_trace(
+            go.Scatter(
+                y=floors["impl"], x=floors["floor_ms"], mode="markers", name="the op's floor",
+                marker={"symbol": "line-ns-open", "size": 18, "line": {"width": 3}, "color": "#8a1f11"},
+                hovertemplate="floor of the whole op: %{x:.4g} ms<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title="device time per call (ms)", rangemode="tozero")
+    fig.update_yaxes(title="", type="category", categoryorder="array", categoryarray=impls[::-1])
+    return _styled(fig, f"{group}: where the time goes", 260 + 40 * len(impls))

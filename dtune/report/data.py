@@ -32,6 +32,8 @@ SHAPE_COLS = ["B", "T", "H", "HV", "K", "V", "N"]  # N: sequences (packed batche
 PROFILE_TOTAL = "total (whole op)"
 NOT_RECORDED = "not recorded"
 FLA_NAMES = {"fla": "fla default", "fla_fast": "fla safe_gate"}  # bench impl -> how the report names fla's modes
+CSV_FILES = (("trials", "trials.csv"), ("bench", "bench.csv"), ("profile", "profile.csv"))
+LAUNCHES_CSV = ("launches", "launches.csv")  # dtune profile --mode fwd,fwd+bwd: every launch of a call
 
 
 @dataclass
@@ -54,6 +56,7 @@ class RunData:
     tuned: dict[str, Any] | None = None  # every tuned.json's entries, in one document
     bench: pd.DataFrame | None = None
     profile: pd.DataFrame | None = None
+    launches: pd.DataFrame | None = None  # launches.csv: dtune profile --mode fwd,fwd+bwd
     study_db: Path | None = None
     problems: list[str] = field(default_factory=list)
     study_dbs: list[Path] = field(default_factory=list)
@@ -120,7 +123,7 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
     roots = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     problems: list[str] = []
     data = RunData(path=roots[0] if roots else Path("."), problems=problems)
-    frames: dict[str, list[pd.DataFrame]] = {"trials": [], "bench": [], "profile": []}
+    frames: dict[str, list[pd.DataFrame]] = {"trials": [], "bench": [], "profile": [], "launches": []}
     entries: list[dict[str, Any]] = []
     for root in roots:
         provenance, note = _provenance(root, problems)
@@ -134,7 +137,7 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
                 run_jsons[p.parent] = info
                 data.runs.append(info)
                 data.sources.append(Source("run", label, 1, [_commit_for(label, info, provenance)]))
-        for kind, filename in (("trials", "trials.csv"), ("bench", "bench.csv"), ("profile", "profile.csv")):
+        for kind, filename in (*CSV_FILES, LAUNCHES_CSV):
             for p in _files(root, filename):
                 rel = str(p.relative_to(root))
                 label = rel if len(roots) == 1 else str(p)
@@ -160,6 +163,7 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
     data.trials = pd.concat(frames["trials"], ignore_index=True) if frames["trials"] else None
     data.bench = pd.concat(frames["bench"], ignore_index=True) if frames["bench"] else None
     data.profile = pd.concat(frames["profile"], ignore_index=True) if frames["profile"] else None
+    data.launches = pd.concat(frames["launches"], ignore_index=True) if frames["launches"] else None
     data.tuned = {"entries": entries} if entries else None
     data.study_db = data.study_dbs[0] if data.study_dbs else None
     return data
@@ -263,7 +267,7 @@ def versus(bench: pd.DataFrame | None) -> tuple[pd.DataFrame | None, str]:
     timed = bench[bench["median_ms"].notna() & (bench["median_ms"] > 0)]
     if "mode" not in timed.columns:
         timed = timed.assign(mode="eager")
-    fla = timed[timed["impl"].astype(str).str.startswith("fla")]
+    fla = timed[timed["impl"].astype(str).isin(FLA_NAMES)]  # fla's modes (not FlashQLA: another peer)
     against = "fla" if len(fla) else "default"
     others = fla if len(fla) else timed[timed["impl"] == "default"]
     tuned = timed[timed["impl"] == "tuned"]
@@ -703,3 +707,70 @@ def roof_lines(roof_list: list[Roofs], lo: float, hi: float) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------- launches
+
+LAUNCH_CALL = "(whole call)"  # dtune.measure.launches.CALL: the row of a contestant's whole call
+LAUNCH_SEGMENTS = 7  # a peer's largest kernels drawn one by one; the rest as "other kernels"
+
+
+def launch_label(row: Any) -> str:
+    """``chunk_kda D128 B8 T4096 fwd+bwd`` (a figure's group) from a launches row."""
+    return f"{row['kernel']} {dim_label(row)} B{int(row['B'])} T{int(row['T'])}{variant_label(row)} {row['mode']}"
+
+
+def launch_segments(launches: pd.DataFrame) -> pd.DataFrame:
+    """The bars of the per-launch chart: per figure group (kernel, head dim, shape, mode) and contestant, its time
+    by segment: dtune's by stage (a stage's launches together; a launch without stage under its name), a peer's by
+    kernel (its largest :data:`LAUNCH_SEGMENTS`, the rest as "other kernels"); and the whole call's median and the
+    whole op's floor. Columns ``group, impl, segment, ms, call_ms, floor_ms, order``; timed rows only."""
+    cols = ["group", "impl", "segment", "ms", "call_ms", "floor_ms", "order"]
+    frame = launches[launches["ms"].notna()].copy()
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    frame["group"] = frame.apply(launch_label, axis=1)
+    rows: list[dict[str, Any]] = []
+    for (group, impl), grp in frame.groupby(["group", "impl"], sort=False):
+        whole = grp[grp["launch"] == LAUNCH_CALL]
+        call_ms = float(whole["ms"].iloc[0]) if len(whole) else math.nan
+        floor_ms = float(whole["floor_ms"].iloc[0]) if len(whole) and "floor_ms" in whole else math.nan
+        body = grp[grp["launch"] != LAUNCH_CALL]
+        staged = body["stage"].fillna("").astype(str) if "stage" in body else pd.Series("", index=body.index)
+        if (staged != "").any():
+            key = staged.where(staged != "", body["launch"].astype(str))
+            parts = body.assign(segment=key).groupby("segment", sort=False)["ms"].sum()
+        else:
+            parts = body.groupby("launch", sort=False)["ms"].sum().sort_values(ascending=False)
+            if len(parts) > LAUNCH_SEGMENTS:
+                rest = parts.iloc[LAUNCH_SEGMENTS:].sum()
+                parts = pd.concat([parts.iloc[:LAUNCH_SEGMENTS], pd.Series({"other kernels": rest})])
+        for order, (segment, ms) in enumerate(parts.items()):
+            rows.append({"group": group, "impl": impl, "segment": str(segment), "ms": float(ms),
+                         "call_ms": call_ms, "floor_ms": floor_ms, "order": order})  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
+LAUNCH_UNITS = {
+    "launch": "launch",
+    "count": "per call",
+    "ms": "ms",
+    "share": "share (%)",
+    "stage": "stage",
+    "stage_ms": "stage ms",
+    "floor_ms": "floor ms",
+    "x_floor": "× floor",
+    "bound": "bound",
+}
+
+
+def launch_table(launches: pd.DataFrame) -> pd.DataFrame:
+    """Every launch for the page: the group (kernel, head dim, shape, mode), contestant, position, then the
+    launch's time, share, stage and the stage's floor (dtune), units in the headers; the whole call's rows last in
+    each contestant's block."""
+    frame = launches.copy()
+    frame["call"] = frame.apply(launch_label, axis=1)
+    frame["share"] = frame["share"] * 100
+    cols = ["call", "impl", "position", *LAUNCH_UNITS, "note"]
+    frame = frame[[c for c in cols if c in frame.columns]]
+    return frame.rename(columns=LAUNCH_UNITS).reset_index(drop=True)

@@ -1,4 +1,5 @@
-"""A realistic synthetic run folder (what ``dtune search --out DIR`` writes, plus bench.csv and profile.csv).
+"""A realistic synthetic run folder (what ``dtune search --out DIR`` writes, plus bench.csv, profile.csv and
+launches.csv).
 
 Built from the documented contract only (run.json, study.db, trials.csv, tuned.json), so report tests do not
 depend on the tuner's code. Times are deterministic and shaped like a real search: the default first, a
@@ -159,6 +160,7 @@ def make_run_folder(root: Path, trials_per_study: int = 14, seed: int = 0) -> Pa
     (run / "tuned.json").write_text(json.dumps(tuned, indent=1))
     _bench(run, entries)
     _profile(run)
+    _launches(run)
     return run
 
 
@@ -252,3 +254,41 @@ def _profile(run: Path) -> None:
                 }
             )
     pd.DataFrame(rows).to_csv(run / "profile.csv", index=False)
+
+
+# One H200 per-launch profile of chunk_kda's training step at B8 T4096 D128 (dtune profile --mode fwd+bwd): dtune's
+# launches with their stages and floors (ms), fla's by kernel; the whole op's floor 0.42 ms.
+LAUNCHES = {
+    "tuned": [
+        ("chunk_intra_blocks_kernel", 0.66, "fwd intra (W, U, A_qk, T)", 0.21),
+        ("chunk_intra_blocks_kernel", 0.02, "fwd intra (W, U, A_qk, T)", None),
+        ("chunk_state_kernel", 0.33, "fwd state + output", 0.12),
+        ("chunk_state_kernel", 0.33, "bwd state re-run (S, V_new)", 0.14),
+        ("chunk_bwd_state_kernel", 0.68, "bwd reverse state pass", 0.16),
+        ("chunk_bwd_dqk_kernel", 5.33, "bwd dq/dk/dv (fused)", 0.55),
+        ("chunk_bwd_finish_kernel", 0.02, "bwd finish (dβ)", 0.01),
+    ],
+    "fla": [
+        ("chunk_kda_bwd_kernel_wy_dqkg_fused", 2.10, "", None),
+        ("chunk_kda_fwd_kernel_intra_sub_chunk", 1.10, "", None),
+        ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", 0.88, "", None),
+        ("chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64", 0.50, "", None),
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>>", 0.02, "", None),
+    ],
+}
+
+
+def _launches(run: Path) -> None:
+    rows = []
+    ident = {"kernel": KERNEL, "mode": "fwd+bwd", "dtype": "bf16", "B": 8, "T": 4096, "H": 16, "HV": 16, "K": 128}
+    ident |= {"V": 128, "N": 8, "meaningful": True, "roof_gbs": 4249.0, "roof_tflops": 700.0}
+    for impl, launches in LAUNCHES.items():
+        total = sum(ms for _, ms, _, _ in launches)
+        for i, (name, ms, stage, floor) in enumerate(launches, start=1):
+            x = {"stage_ms": ms, "floor_ms": floor, "x_floor": ms / floor} if floor else {}
+            rows.append({**ident, "impl": impl, "position": i, "launch": name, "count": 1.0, "ms": ms,
+                         "share": ms / total, "stage": stage, **x})  # fmt: skip
+        call = total * 1.01
+        rows.append({**ident, "impl": impl, "position": 0, "launch": "(whole call)", "count": float(len(launches)),
+                     "ms": call, "floor_ms": 0.42, "x_floor": call / 0.42, "bound": "memory"})  # fmt: skip
+    pd.DataFrame(rows).to_csv(run / "launches.csv", index=False)

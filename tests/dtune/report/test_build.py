@@ -16,7 +16,8 @@ from dtune.cli.main import app
 from dtune.report import build_report, default_output
 from tests.e2e.run_folder import make_run_folder
 
-SECTIONS = ["answer", "speedup-T", "speedup-D", "stages", "baselines", "roofline", "search", "trials", "environment"]
+SECTIONS = ["answer", "speedup-T", "speedup-D", "stages", "launches", "baselines", "roofline", "search", "trials"]
+SECTIONS += ["environment"]
 
 
 def cli() -> typer.Typer:
@@ -44,10 +45,10 @@ def test_full_run_folder_every_section_ok(tmp_path: Path) -> None:
 
 def test_missing_data_is_left_out_and_listed(tmp_path: Path) -> None:
     run = make_run_folder(tmp_path, trials_per_study=3)
-    for name in ("bench.csv", "profile.csv", "study.db"):
+    for name in ("bench.csv", "profile.csv", "study.db", "launches.csv"):
         (run / name).unlink()
     out, sections = build_report(run, tmp_path / "partial.html")
-    for key in ("answer", "speedup-T", "speedup-D", "baselines", "stages", "roofline"):
+    for key in ("answer", "speedup-T", "speedup-D", "baselines", "stages", "launches", "roofline"):
         assert sections[key] != "ok", key
     assert sections["baselines"].startswith("no bench.csv") and sections["stages"].startswith("no profile.csv")
     assert sections["search"] == "ok" and sections["trials"] == "ok" and sections["environment"] == "ok"
