@@ -221,27 +221,36 @@ def tune_gpu(
         plan = make_plan(names, dtypes, budget, interpret)
         profile = resolve_gpu("auto", interpret=interpret)
         job_dir = out_path or Path("runs") / f"tune-{profile.key}"
-        progress = Ledger.load(job_dir, profile.key)
+        ledger = Ledger.load(job_dir, profile.key)
     except (SpaceError, ValueError) as e:
         fail(str(e))
-    ahead = (
-        compile_ahead if compile_ahead is not None else 0 if interpret else max(0, min(14, (os.cpu_count() or 2) - 2))
-    )
+    ahead = compile_ahead
+    if ahead is None:  # one core left for the timing worker and one for the rest; 14 keep one H200 busy
+        ahead = 0 if interpret else max(0, min(14, (os.cpu_count() or 2) - 2))
+    wanted = [b.strip() for b in baselines.split(",") if b.strip()]
     job = Job(
-        plan=plan, gpu=profile, out=job_dir, trials=trials, timeout=timeout, compile_ahead=ahead, devices=device_list,
-        trial_timeout=trial_timeout, interpret=interpret, bench=bench,
-        baselines=tuple(b.strip() for b in baselines.split(",") if b.strip() and not (interpret and b.strip() == "fla")),
+        plan=plan,
+        gpu=profile,
+        out=job_dir,
+        trials=trials,
+        timeout=timeout,
+        compile_ahead=ahead,
+        devices=device_list,
+        trial_timeout=trial_timeout,
+        interpret=interpret,
+        bench=bench,
+        baselines=tuple(b for b in wanted if not (interpret and b == "fla")),  # fla needs a GPU
         rounds=rounds,
-    )  # fmt: skip
+    )
     where = profile.name + (": tiny shapes, times not meaningful" if interpret else "")
     out.print(f"dtune tune-gpu on {where} -> {job_dir}", highlight=False)
-    if progress.done:
-        out.print(f"{len(progress.done)} bucket(s) already done in {progress.path}: skipped", highlight=False)
-    print_plan(plan, progress.done, bench, progress.benched_now(job_dir))
+    if ledger.done:
+        out.print(f"{len(ledger.done)} bucket(s) already done in {ledger.path}: skipped", highlight=False)
+    print_plan(plan, ledger.done, bench, ledger.benched_now(job_dir))
     if dry_run:
         return
     out_dir(job_dir, "job folder")
-    todo = sum(b.key not in progress.done for b in plan.buckets())
+    todo = sum(b.key not in ledger.done for b in plan.buckets())
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=err) as bars:
