@@ -75,7 +75,7 @@ def test_the_interpreter_plan_keeps_its_structure_at_tiny_shapes() -> None:
 def test_a_bad_budget_or_kernel_is_refused() -> None:
     with pytest.raises(ValueError, match="--budget"):
         make_plan(["chunk_kda"], {"chunk_kda": "bf16"}, budget=0)
-    with pytest.raises(ValueError, match="unknown kernel|nope"):
+    with pytest.raises(ValueError, match=r"nope"):
         make_plan(["nope"], {"nope": "bf16"})
 
 
@@ -188,7 +188,7 @@ def test_a_config_file_is_validated_before_it_is_written(tmp_path: Path) -> None
         write_configs(doc, path, "h200")
     assert not path.exists() and not list(tmp_path.iterdir())
     doc["entries"][0]["config"] = {"BT": 32}
-    with pytest.raises(ConfigFileError, match="not this 'h100'|for GPU"):
+    with pytest.raises(ConfigFileError, match=r"is for GPU .h200., but this is .h100."):
         write_configs(doc, path, "h100")
     write_configs(doc, path, "h200")
     assert json.loads(path.read_text())["entries"][0]["config"] == {"BT": 32}
