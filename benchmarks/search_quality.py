@@ -3,9 +3,9 @@ config so far against wall time and against completed (gated and timed) trials, 
 the shape.
 
 Usage (one GPU, from the checkout's root; ~8 minutes with the defaults):
-    python scripts/search_quality.py [--kernels chunk_kda,chunk_gated_delta_rule,chunk_delta_rule]
+    python benchmarks/search_quality.py [--kernels chunk_kda,chunk_gated_delta_rule,chunk_delta_rule]
         [--strategies pattern,tpe,random] [--budget 40] [--compile-ahead 14] [--devices 0] [--deadline UNIX_TIME]
-    python scripts/search_quality.py --interpret     # the same steps on tiny shapes on the CPU (times mean nothing)
+    python benchmarks/search_quality.py --interpret     # the same steps on tiny shapes on the CPU (times mean nothing)
 
 Shape: D = 128, T = 4096, B·T = 32768 (B = 8), H = 16, bf16 (--head-dim, --seq-len, --batch-tokens, --heads,
 --dtype). Each (kernel, strategy) gets --budget seconds (shrunk to fit before --deadline) and a Triton cache of its

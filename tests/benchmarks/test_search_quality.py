@@ -1,4 +1,4 @@
-"""scripts/search_quality.py end to end on the CPU (--interpret, tiny shapes): runs, CSVs, the table."""
+"""benchmarks/search_quality.py end to end on the CPU (--interpret, tiny shapes): runs, CSVs, the table."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 
 from dtune._env import child_env
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "search_quality.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "search_quality.py"
 
 
 def test_search_quality_runs_end_to_end_under_the_interpreter(tmp_path: Path) -> None:

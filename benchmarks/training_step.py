@@ -1,51 +1,41 @@
-"""GPU sitting for the chunk backward, one command: correctness, a short backward search per kernel, forward + backward
-time and peak memory against fla, and where the time goes, stage by stage. Budget-aware; tables printed last.
+"""Where the chunk ops' training step stands against fla: every gradient's error against float64 autograd (dtune's
+and fla's), and dtune's CUDA time per Triton kernel against the floors of its stages.
 
-Usage (one CUDA GPU, from the checkout's root):
-    python scripts/gpu_bwd.py [--budget-s 540] [--search-s 75] [--gates none,scalar,channel] [--dim 128] [-j 6]
-    python scripts/gpu_bwd.py --interpret          (CPU, Triton's interpreter, tiny shapes: a dry run of every step)
+Usage (one CUDA GPU, from the checkout's root; about 5 minutes):
+    python benchmarks/training_step.py [--budget-s 540] [--gates none,scalar,channel] [--dim 128] [--varlen]
+    python benchmarks/training_step.py --interpret      (CPU, Triton's interpreter, tiny shapes: a dry run)
 
-Shape: bf16, B·T = 32768, T = 4096, H = 16, K = V = --dim (the issue's target). Steps, each writing under $OUT
-(default ./out; at most 8 files, the device's limit) before the next starts:
+The step is what a training loop pays per call: the op's forward under autograd (inputs that require grad, initial
+and final state), then ``torch.autograd.grad`` of the output and the final state from fixed random gradients
+(:mod:`dtune.measure.grad`); its time against fla's is the benchmark of record's ``training`` step
+(``benchmarks/record.py``, ``dtune bench --mode fwd+bwd``). Shape: bf16, T = 4096, H = 16, K = V = --dim; B = 8
+(B·T = 32768) for the stages, B = 2 for the errors (the float64 reference's graph). The backward config is the
+store's (the shipped configs, or ``DTUNE_CONFIG``; ``--tuned FILE`` for another), the forward's too. Steps, each
+writing under $OUT (default ./out) before the next starts:
 
-0. warm-up (child processes, in parallel with the float64 references of step 1): dtune's default training step, its
-   plain forward and the search gate's packed edge case are compiled without launching, one process per kernel, and
-   fla's steps run once (its compiles and autotuning): Triton's on-disk cache then serves every later step. Cold, each
-   dtune step compiles ~6 kernels (10-20 s each on one core of the H200 host).
-1. errors -> bwd_errors.csv: every gradient (q, k, v, g, beta, initial state) and the output of dtune's training step
-   (tuned/default backward config; B = 2 of the target shape, for the reference's sake) and of fla's (fla.ops.*.chunk_*
-   with requires_grad inputs, and for KDA its safe_gate mode) against float64 autograd through the chunked reference, on
-   inputs with strong decays (log gates down to -5), random output and final-state gradients; with --varlen dtune also
-   on a packed varlen batch with an empty sequence and grouped value heads (HV = 2H). A contestant that fails (fla's
+0. warm-up (child processes, in parallel with the float64 references of step 1): dtune's training step, its plain
+   forward and the search gate's packed edge case are compiled without launching, one process per kernel, and fla's
+   steps run once (its compiles and autotuning): Triton's on-disk cache then serves the later steps.
+1. errors -> training_errors.csv: the output and every gradient (q, k, v, g, beta, initial state) of dtune's step and
+   of fla's (fla.ops.*.chunk_* with inputs that require grad; KDA also in its safe_gate mode) against float64
+   autograd through the chunked reference, on inputs with strong decays (log gates down to -5); with --varlen dtune
+   also on a packed batch with an empty sequence and grouped value heads (HV = 2H). A contestant that fails (fla's
    chunk_gated_delta_rule backward on triton 3.6) gets a row with its error's first line.
-2. search -> bwd_runs.tgz, bwd_tuned.json, h200.json: `dtune search --kernel chunk_*_bwd --seq-lens 4096 --head-dims D
-   --heads 16 --timeout S` per kernel (S shrinks to fit the budget), the exports merged (bwd_tuned.json) and merged into
-   a copy of dtune/configs/h200.json (h200.json: commit it as the shipped file).
-3. bench -> bwd_bench.csv: `dtune bench`'s forward + backward mode with bwd_tuned.json (or --tuned FILE): the tuned
-   backward config, the default, fla (and fla's safe_gate for KDA): median ms (CUDA events, L2 flushed), peak memory,
-   output and gradient errors; dtune's forward alone for scale.
-4. stages -> bwd_stages.csv: CUDA time per Triton kernel of dtune's tuned step (torch.profiler) against the floors of
+2. stages -> training_stages.csv: CUDA time per Triton kernel of dtune's step (torch.profiler) against the floors of
    dtune.measure.work.backward_stages (bytes at the measured copy bandwidth, FLOPs at the bf16 matmul rate).
 
---skip STEP[,STEP] leaves steps out (warm, errors, search, bench, stages). Budget: the errors step stops short of
-leaving three searches SEARCH_MIN_S each and RESERVE_S for bench and stages (fla's first call compiles and autotunes:
-about a minute per op on a cold cache, paid once per process); each search gets an equal share of what is left (at most
---search-s); bench and stages take what remains (one timing round each when short). If fla's compiles eat the searches,
-split the sitting: `--skip bench,stages`, then, with the bwd_tuned.json that came back committed or carried, `--skip
-errors,search --tuned bwd_tuned.json`."""
+--skip STEP[,STEP] leaves steps out (warm, errors, stages). The errors step stops while RESERVE_S are left for the
+stages. The tables are printed last (and kept in training_summary.txt).
+"""
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -64,12 +54,11 @@ from dtune.measure.baselines import KDA_LOWER_BOUND, fla_forward, fla_function  
 from dtune.measure.error import rel_rms_error  # noqa: E402
 from dtune.measure.grad import StepResult, op_step, reference_step, step_call, with_output_grads  # noqa: E402
 from dtune.measure.inputs import make_inputs  # noqa: E402
-from dtune.shape import Gate, Shape, ShapeGrid  # noqa: E402
+from dtune.shape import Gate, Shape  # noqa: E402
 
 OPS = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
 GRADS = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "initial_state": "dh0"}
-RESERVE_S = 150.0  # kept for bench + stages after the searches (fla's first fwd+bwd call compiles and autotunes)
-SEARCH_MIN_S = 60.0  # a search's least time, startup and wind-down included (the errors step leaves three of them)
+RESERVE_S = 60.0  # kept for the stages after the errors step
 
 
 class Budget:
@@ -137,7 +126,7 @@ def fla_steps(gate: Gate, x: dict[str, Any]) -> tuple[list[tuple[str, Callable[[
 def warm(what: str, dim: int, interpret: bool) -> None:
     """(Child process.) ``dtune:GATE``: build, without launching, every kernel of dtune's training step with the
     default backward config at the benchmark shape, its plain forward and the search gate's packed edge case (Triton's
-    on-disk cache keeps them for the main process and the searches); ``fla``: run fla's steps once per gate (its
+    on-disk cache keeps them for the main process); ``fla``: run fla's steps once per gate (its
     compiles and autotuning land in the same cache)."""
     from dtune.ops import run_kernel
     from dtune.tune.gate import edge_inputs
@@ -231,10 +220,10 @@ def errors(
             ref = None
         refs.append((x, ref, time.monotonic() - t0))
         print(f"reference {OPS[gate]} {case} (float64 autograd): {refs[-1][2]:.1f} s", flush=True)
-    wait_warm(warming, budget.left() - RESERVE_S - len(gates) * SEARCH_MIN_S)
+    wait_warm(warming, budget.left() - RESERVE_S)
     for (gate, case, p, _), (x, ref, ref_s) in zip(cases, refs):
         op = OPS[gate]
-        if budget.left() < RESERVE_S + len(gates) * SEARCH_MIN_S / 2:
+        if budget.left() < RESERVE_S:
             rows.append({"op": op, "case": case, "impl": "dtune", "note": "skipped: budget"})
             continue
         if ref is None:
@@ -257,116 +246,17 @@ def errors(
                 traceback.print_exc()
             row["first_s"] = f"{time.monotonic() - t0:.1f}"
             rows.append(row)
-            write_csv("bwd_errors.csv", rows)
+            write_csv("training_errors.csv", rows)
             print(f"errors {op} {case} {impl}: {row['first_s']} s", flush=True)
     refs.clear()
     if not interpret:
         torch.cuda.empty_cache()
 
 
-# ---- 2. search -------------------------------------------------------------------------------------------------------
+# ---- 2. stages -------------------------------------------------------------------------------------------------------
 
 
-def searches(
-    gates: list[Gate], dim: int, interpret: bool, budget: Budget, search_s: float, jobs: int, runs: Path
-) -> list[dict[str, Any]]:
-    summary: list[dict[str, Any]] = []
-    for i, gate in enumerate(gates):
-        kernel = OPS[gate] + "_bwd"
-        per = (budget.left() - RESERVE_S) / (len(gates) - i) - 30  # startup and wind-down of one search
-        seconds = min(search_s, per)
-        if seconds < 20:
-            print(f"budget: skipping the search of {kernel} ({seconds:.0f} s left for it)", flush=True)
-            summary.append({"kernel": kernel, "note": "skipped: budget"})
-            continue
-        cmd = [sys.executable, "-m", "dtune", "search", "--kernel", kernel, "--dtype", "fp32" if interpret else "bf16"]
-        if interpret:
-            cmd += ["--interpret", "--trials", "2", "--seq-lens", "8", "--head-dims", "16"]
-        else:
-            cmd += ["--gpu", "auto", "--seq-lens", "4096", "--head-dims", str(dim), "--heads", "16"]
-            cmd += ["--timeout", f"{seconds:.0f}", "--compile-ahead", str(jobs), "--trial-timeout", "60"]
-        cmd += ["--out", str(runs / kernel), "--json"]
-        print(f"=== {' '.join(cmd[1:])}", flush=True)
-        row: dict[str, Any] = {"kernel": kernel}
-        try:
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=seconds + 120, cwd=ROOT, env=dict(os.environ)
-            )
-            sys.stderr.write(done.stderr[-3000:])
-            if done.returncode != 0:
-                row["note"] = f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"
-            else:
-                result = json.loads(done.stdout[done.stdout.index("{") :])
-                s = result["shapes"][0]
-                row |= {
-                    "trials": s.get("trials_run"),
-                    "failures": json.dumps(s.get("failures") or {}, sort_keys=True),
-                    "default_ms": s.get("default_ms"),
-                    "best_ms": s.get("best_ms"),
-                    "best": json.dumps(s.get("best_config"), sort_keys=True),
-                }
-        except Exception as exc:
-            row["note"] = first_line(exc)
-        summary.append(row)
-        with tarfile.open(out_dir() / "bwd_runs.tgz", "w:gz") as tar:  # after every search: a cut keeps the runs
-            tar.add(runs, arcname="bwd_runs")
-    exported = [d for d in sorted(runs.iterdir()) if (d / "tuned.json").exists()] if runs.exists() else []
-    if exported:
-        from dtune.store import parse_configs
-        from dtune.tune.export import merge_exports, supersede
-
-        docs = [json.loads((d / "tuned.json").read_text()) for d in exported]
-        merged = merge_exports(docs) if len(docs) > 1 else docs[0]
-        (out_dir() / "bwd_tuned.json").write_text(json.dumps(merged, indent=2) + "\n")
-        shipped_path = ROOT / "dtune" / "configs" / "h200.json"
-        if not interpret and merged["gpu"] == "h200" and shipped_path.exists():
-            note = f"chunk backward searches (scripts/gpu_bwd.py, {time.strftime('%Y-%m-%d')})"
-            new, changes = supersede(json.loads(shipped_path.read_text()), [merged], note)
-            parse_configs(new, "h200.json")  # checked as at run time
-            (out_dir() / "h200.json").write_text(json.dumps(new, indent=2) + "\n")
-            print("h200.json:", *changes, sep="\n  ", flush=True)
-    return summary
-
-
-# ---- 3. bench --------------------------------------------------------------------------------------------------------
-
-
-def bench(
-    gates: list[Gate], dim: int, interpret: bool, budget: Budget, tuned: Path, rows: list[dict[str, Any]]
-) -> None:
-    from dtune.measure.bench import run_bench
-
-    config = str(tuned) if tuned.exists() else None
-    dtype = torch.float32 if interpret else torch.bfloat16
-    for i, gate in enumerate(gates):
-        if budget.left() < 25:
-            print(f"budget: skipping the bench of {OPS[gate]}", flush=True)
-            continue
-        p = shape(gate, dim, interpret)
-        grid = ShapeGrid(explicit=(p,))
-        rounds = 3 if not interpret and budget.left() > 50 * (len(gates) - i) else 1
-        try:
-            fwd = run_bench(OPS[gate], grid, dtype, [], rounds=rounds).frame
-            step = run_bench(OPS[gate] + "_bwd", grid, dtype, ["default", "fla"], config, rounds=rounds)
-            for frame in (fwd, step.frame):
-                for r in frame.to_dict("records"):
-                    rows.append({"op": OPS[gate], "D": p.K, **{k: r[k] for k in BENCH_COLS}})
-            for note in step.notes:
-                print(f"note ({OPS[gate]}): {note}", flush=True)
-        except Exception as exc:
-            traceback.print_exc()
-            rows.append({"op": OPS[gate], "D": p.K, "impl": "dtune", "note": first_line(exc)})
-        write_csv("bwd_bench.csv", rows)
-
-
-BENCH_SHOWN = ["peak_mb", "error_o", "error_grad", "note"]
-BENCH_COLS = ["impl", "mode", "median_ms", "speedup_vs_fla", "peak_mb", "error_o", "error_grad", "config", "note"]
-
-
-# ---- 4. stages -------------------------------------------------------------------------------------------------------
-
-
-def stages(gates: list[Gate], dim: int, budget: Budget, tuned: Path, rows: list[dict[str, Any]]) -> None:
+def stages(gates: list[Gate], dim: int, budget: Budget, tuned: Path | None, rows: list[dict[str, Any]]) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from dtune.measure.configs import ConfigSource
@@ -375,7 +265,7 @@ def stages(gates: list[Gate], dim: int, budget: Budget, tuned: Path, rows: list[
     from dtune.store import tuned_config
 
     roofs = Roofs.from_ceilings(ceilings(torch.device("cuda")))
-    source = ConfigSource.load(tuned if tuned.exists() else None)
+    source = ConfigSource.load(tuned)  # None: the store (the shipped configs, or DTUNE_CONFIG)
     for gate in gates:
         if budget.left() < 15:
             print(f"budget: skipping the stages of {OPS[gate]}", flush=True)
@@ -421,7 +311,7 @@ def stages(gates: list[Gate], dim: int, budget: Budget, tuned: Path, rows: list[
             "op": op, "D": p.K, "kernel": "(all kernels)", "ms": f"{total:.3f}", "floor_ms": f"{floor_total:.3f}",
             "x_floor": x_total,
         })  # fmt: skip
-        write_csv("bwd_stages.csv", rows)
+        write_csv("training_stages.csv", rows)
         del x
         torch.cuda.empty_cache()
 
@@ -446,16 +336,11 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget-s", type=float, default=540.0, help="all steps together (the device allows 10 min)")
-    ap.add_argument("--search-s", type=float, default=75.0, help="search time per kernel (shrinks to fit)")
-    ap.add_argument("--gates", default="none,scalar,channel")
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("-j", "--compile-ahead", type=int, default=min(6, max(1, (os.cpu_count() or 2) - 2)))
-    steps = "warm, errors, search, bench, stages"
-    ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {steps}")
-    ap.add_argument(
-        "--tuned", type=Path, default=None, help="backward configs for bench and stages (default: $OUT/bwd_tuned.json)"
-    )
+    ap.add_argument("--budget-s", type=float, default=540.0, help="all steps together")
+    ap.add_argument("--gates", default="none,scalar,channel", help="none (DeltaNet), scalar (GDN), channel (KDA)")
+    ap.add_argument("--dim", type=int, default=128, help="head dim K = V")
+    ap.add_argument("--skip", default="", help="comma-separated steps to leave out: warm, errors, stages")
+    ap.add_argument("--tuned", type=Path, default=None, help="backward configs for the stages (default: the store's)")
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton's interpreter, tiny shapes (a dry run)")
     ap.add_argument("--varlen", action="store_true", help="errors also on a packed varlen batch (HV = 2H)")
     ap.add_argument("--warm", help=argparse.SUPPRESS)  # child process: compile ahead (see warm())
@@ -470,37 +355,24 @@ def main() -> None:
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     print(f"torch {torch.__version__}, OUT={out_dir()}, budget {a.budget_s:.0f} s", flush=True)
     err: list[dict[str, Any]] = []
-    found: list[dict[str, Any]] = []
-    tim: list[dict[str, Any]] = []
     stg: list[dict[str, Any]] = []
-    runs = Path(tempfile.mkdtemp(prefix="dtune_bwd_runs_"))
     warming = [] if "warm" in skip else start_warm(gates, a.dim, a.interpret)
     try:
         if "errors" not in skip:
             errors(gates, a.dim, a.interpret, budget, err, a.varlen, warming)
-        wait_warm(warming, budget.left() - RESERVE_S - len(gates) * SEARCH_MIN_S)
-        if "search" not in skip:
-            found = searches(gates, a.dim, a.interpret, budget, a.search_s, a.compile_ahead, runs)
-        tuned = a.tuned or out_dir() / "bwd_tuned.json"
-        if "bench" not in skip:
-            bench(gates, a.dim, a.interpret, budget, tuned, tim)
+        wait_warm(warming, budget.left() - RESERVE_S)
         if "stages" not in skip and not a.interpret:
-            stages(gates, a.dim, budget, tuned, stg)
+            stages(gates, a.dim, budget, a.tuned, stg)
     finally:
         wait_warm(warming, 0)
-        shutil.rmtree(runs, ignore_errors=True)
         grads = [f"err_{label}" for label in GRADS.values()]
         text = "\n".join([
             "== gradient errors, relative RMS vs float64 autograd (bf16 inputs, gates down to -5) ==",
             table(err, ["op", "case", "impl", "err_o", *grads, "ref_s", "first_s", "note"]),
-            f"\n== backward search (D = {a.dim}, T = 4096, H = 16; export: bwd_tuned.json, merged: h200.json) ==",
-            table(found, ["kernel", "trials", "failures", "default_ms", "best_ms", "best", "note"]),
-            "\n== forward + backward (fwd+bwd) and forward alone (eager): median ms, peak MiB ==",
-            table(tim, ["op", "impl", "mode", "median_ms", "speedup_vs_fla", *BENCH_SHOWN]),
             "\n== dtune's step per Triton kernel (CUDA ms per step) vs the stage floors of dtune.measure.work ==",
             table(stg, ["op", "kernel", "launches", "ms", "floor_ms", "x_floor", "stages"]),
         ])  # fmt: skip
-        (out_dir() / "bwd_summary.txt").write_text(text + "\n")
+        (out_dir() / "training_summary.txt").write_text(text + "\n")
         print("\n" + text, flush=True)
 
 
