@@ -70,7 +70,7 @@ def measure(
             with tempfile.TemporaryDirectory() as cache:
                 proc = subprocess.run(
                     [sys.executable, "-m", "dtune.measure.first_call", kernel, impl, str(T), str(D), str(B)],
-                    env=child_env(TRITON_CACHE_DIR=cache, **env),
+                    env=child_env(None, TRITON_CACHE_DIR=cache, **env),
                     capture_output=True,
                     text=True,
                     timeout=timeout_s,
