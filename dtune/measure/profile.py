@@ -157,7 +157,7 @@ def run_profile(
     if get_kernel(kernel).backward:
         notes.append(
             "a backward kernel is profiled as its whole training step (forward + backward); its kernels against the "
-            "stage floors of dtune.measure.work.backward_stages: scripts/gpu_bwd.py (step 4)"
+            "stage floors of dtune.measure.work.backward_stages: benchmarks/training_step.py (its stages step)"
         )
     config, where = ConfigSource.load(config_file).resolve(kernel, run.shape, dtype, device)
     stages, whole = stages_for(run, config)
