@@ -138,11 +138,17 @@ def readme(record: Path, log: list[dict[str, Any]], gpu: str) -> None:
     from dtune.tune.runinfo import versions
 
     v = versions()
+    try:
+        from importlib.metadata import version
+
+        fla = f"fla-core {version('fla-core')}"
+    except Exception:  # not installed: the benches have no fla rows
+        fla = "no fla-core"
     lines = [
         f"# Benchmark of record: {gpu}",
         "",
-        f"Commit {git_commit()}; torch {v.get('torch')}, triton {v.get('triton')}, Python {platform.python_version()}"
-        "; fla-core as installed. Made by `benchmarks/record.py`, whose docstring says what each step measures.",
+        f"Commit {git_commit()}; torch {v.get('torch')}, triton {v.get('triton')}, {fla}, Python "
+        f"{platform.python_version()}. Made by `benchmarks/record.py`, whose docstring says what each step measures.",
         "",
         "| step | command | exit | s |",
         "|---|---|---|---|",

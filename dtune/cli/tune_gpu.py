@@ -187,6 +187,9 @@ def tune_gpu(
     rounds: Annotated[
         int | None, typer.Option(help="Bench rounds per shape (default 3 on a GPU, 1 on the CPU).")
     ] = None,
+    gpu: Annotated[
+        str, typer.Option(help="auto: the GPU present. Another GPU's key (see `dtune list`) only with --dry-run.")
+    ] = "auto",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the estimate; run nothing.")] = False,
     interpret: Annotated[
         bool, typer.Option(help="Run on the CPU under Triton's interpreter, tiny shapes; times not meaningful.")
@@ -201,7 +204,7 @@ def tune_gpu(
     again after a Ctrl-C or --timeout to continue."""
     interpret = interpret or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     use_interpreter(interpret)
-    from dtune.gpu import resolve_gpu
+    from dtune.gpu import get_profile, resolve_gpu
     from dtune.kernels import get_kernel
     from dtune.tune.grid import Job, Ledger, default_kernels, make_plan, run_job
     from dtune.tune.space import SpaceError
@@ -219,7 +222,11 @@ def tune_gpu(
         chunk_dtype = resolve_dtype(dtype, chunk, interpret) if chunk else dtype or "bf16"
         dtypes = {k: chunk_dtype if k in chunk else dtype or "bf16" for k in names}
         plan = make_plan(names, dtypes, budget, interpret)
-        profile = resolve_gpu("auto", interpret=interpret)
+        if gpu != "auto" and not dry_run:
+            raise ValueError(
+                f"--gpu {gpu}: the job tunes the GPU present (--gpu auto); another GPU only with --dry-run"
+            )
+        profile = get_profile(gpu) if gpu != "auto" else resolve_gpu("auto", interpret=interpret)
         job_dir = out_path or Path("runs") / f"tune-{profile.key}"
         ledger = Ledger.load(job_dir, profile.key)
     except (SpaceError, ValueError) as e:
