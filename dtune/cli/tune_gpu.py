@@ -10,7 +10,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dtune.cli.common import err, fail, note, out, out_dir, print_rows, resolve_dtype, use_interpreter
+from dtune.cli.common import (
+    DtypeOpt,
+    InterpretOpt,
+    err,
+    fail,
+    note,
+    out,
+    out_dir,
+    print_rows,
+    resolve_dtype,
+    use_interpreter,
+)
 
 if TYPE_CHECKING:
     from dtune.tune.grid import Bucket, Job, JobReporter, JobResult, Plan, Step
@@ -163,9 +174,7 @@ def tune_gpu(
         Path | None,
         typer.Option("--out", "-o", help="Job folder (default runs/tune-<gpu>); a re-run skips its finished buckets."),
     ] = None,
-    dtype: Annotated[
-        str | None, typer.Option(help="Activation dtype: bf16 (default), fp16 or fp32 (chunk: fp32 with --interpret).")
-    ] = None,
+    dtype: DtypeOpt = None,
     compile_ahead: Annotated[
         int | None,
         typer.Option(
@@ -191,9 +200,7 @@ def tune_gpu(
         str, typer.Option(help="auto: the GPU present. Another GPU's key (see `dtune list`) only with --dry-run.")
     ] = "auto",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the estimate; run nothing.")] = False,
-    interpret: Annotated[
-        bool, typer.Option(help="Run on the CPU under Triton's interpreter, tiny shapes; times not meaningful.")
-    ] = False,
+    interpret: InterpretOpt = False,
 ) -> None:
     """Tune every kernel's default buckets on this GPU by transfer from the shipped configs, export <gpu>.json, bench
     it against the baselines and write the report.

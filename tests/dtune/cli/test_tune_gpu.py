@@ -73,3 +73,5 @@ def test_another_gpus_job_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tune-gpu.json").write_text(json.dumps({"schema": 1, "gpu": "h200", "done": {}}))
     result = runner.invoke(app, [*JOB, "--out", str(tmp_path), "--dry-run"])
     assert result.exit_code == 2 and "records a job on 'h200'" in result.output
+    result = runner.invoke(app, ["tune-gpu", "--gpu", "h200", "--out", str(tmp_path / "other")])
+    assert result.exit_code == 2 and "only with --dry-run" in result.output and not (tmp_path / "other").exists()
