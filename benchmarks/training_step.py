@@ -76,7 +76,7 @@ def out_dir() -> Path:
 
 
 def write_csv(name: str, rows: list[dict[str, Any]]) -> None:
-    """All rows so far (rewritten after each measurement: a sitting cut short keeps what it measured)."""
+    """All rows so far (rewritten after each measurement: a run cut short keeps what it measured)."""
     if not rows:
         return
     cols: list[str] = []
