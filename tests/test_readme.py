@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "reports").glob("*/README.md"))]
 MARKER = re.compile(r"<!-- example: columns=(\d+) -->")
 UNIT = r"(?:ms|µs|us|s|min|/min|%|×|x|GB/s|TFLOP/s)"
 MEASURED = re.compile(rf"\d+\.\d+|\d+(?=\s?{UNIT}(?![\w-]))|\d+:\d\d:\d\d")
