@@ -271,13 +271,16 @@ def tune_gpu(
             result = run_job(job, make_view(bars, todo))
     except ValueError as e:
         fail(str(e))
+    except KeyboardInterrupt:  # between searches (a search itself stops cleanly and says so)
+        err.print(f"interrupted: finished buckets are kept in {job_dir}; run the same command again to continue")
+        raise typer.Exit(130) from None
     print_result(job, result, Ledger.load(job_dir, profile.key).done)
     if result.interrupted:
         err.print(f"interrupted: finished buckets are kept in {job_dir}; run the same command again to continue",
                   highlight=False, markup=False, soft_wrap=True)  # fmt: skip
         raise typer.Exit(130)
     if result.left:
-        note(f"{len(result.left)} bucket(s) not tuned within --timeout: run the same command again to continue")
+        note(f"{len(result.left)} bucket(s) not tuned yet (out of --timeout or of budget): run the same command again")
     if result.no_pass:
         note(f"no config passed the gate for {', '.join(result.no_pass)}: no tuned entry for these buckets")
     if not job.config_file.is_file():
