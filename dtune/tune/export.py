@@ -100,9 +100,10 @@ def supersede(shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = 
     """``shipped`` with the entries of ``newer`` exports (in order) replacing its entries of the same (kernel,
     dtype, bucket), and one line per entry added or replaced.
 
-    Unlike :func:`merge_exports` (fastest wins, for runs of one sitting), a newer sitting supersedes an older one:
-    its search timed the old best config too (the template's default or a seed), and times of different sittings
-    are not comparable. Entries without a time are skipped; every document must be of ``shipped``'s GPU.
+    Unlike :func:`merge_exports` (fastest wins, for the runs of one job), a newer job supersedes an older one: its
+    search timed the old best config too (the template's default or a seed, or transferred), and times of different
+    jobs (machines, drivers, code) are not comparable. Entries without a time are skipped; every document must be of
+    ``shipped``'s GPU.
     """
     entries = {_key(e): e for e in shipped["entries"]}
     changes = []
