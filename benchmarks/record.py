@@ -1,10 +1,11 @@
 """The benchmark of record: dtune's ops as users call them (the default call, with the shipped configs or
 ``--config FILE``) side by side with fla on this GPU, one ``dtune bench`` / ``dtune profile`` call after another.
 
-Usage (one CUDA GPU, from the checkout's root; about 17 minutes in all, so two calls on a 10-minute machine):
-    python benchmarks/record.py --steps forward,decode          # ~7 min
-    python benchmarks/record.py --steps packed,training,profile # ~10 min
-    python benchmarks/record.py --interpret                     # every step on the CPU at tiny shapes (a dry run)
+Usage (one CUDA GPU, from the checkout's root; about 20 minutes in all, most of it fla's first calls autotuning):
+    python benchmarks/record.py --steps forward,decode   # ~7 min
+    python benchmarks/record.py --steps packed,profile   # ~6 min
+    python benchmarks/record.py --steps training         # ~7 min
+    python benchmarks/record.py --interpret              # every step on the CPU at tiny shapes (a dry run)
 
 Steps (bf16, H = 16, D = 128; fla: fla-core's default mode and, for chunk_kda, its fastest, safe_gate=True,
 lower_bound=-5; each call interleaves the contestants over 3 rounds, L2 flushed, and times the initial state read
