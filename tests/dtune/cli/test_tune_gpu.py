@@ -17,16 +17,19 @@ from dtune.tune import grid
 
 runner = CliRunner()
 KERNEL = "fused_recurrent_delta_rule"
-# budget 200: the anchor 34 s, the other buckets 18 s each, but --trials 2 ends each search after two trials
-JOB = ["tune-gpu", "--interpret", "-k", KERNEL, "--budget", "200", "--trials", "2"]
+# budget 600: the anchor 102 s, the other buckets 54 s each (room for a slow machine), but --trials 2 ends each
+# search after two trials
+JOB = ["tune-gpu", "--interpret", "-k", KERNEL, "--budget", "600", "--trials", "2"]
 
 
 def test_dry_run_prints_the_plan_and_the_estimate_and_runs_nothing(tmp_path: Path) -> None:
     result = runner.invoke(app, [*JOB, "--out", str(tmp_path / "job"), "--dry-run"], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "anchor" in result.stdout and "grid" in result.stdout and "starts from" in result.stdout
-    # anchor 10 + 34 + 4; grid 10 + 3 x (18 + 4); benches 4 x 10
-    assert "4 of 4 buckets to tune; estimated searches 2 min (their budgets) + benches about 40 s" in result.stdout
+    # anchor 10 + 102 + 4; grid 10 + 3 x (54 + 4); benches 4 x 10
+    assert "4 of 4 buckets to tune; estimated searches 5 min (their budgets) + benches about 40 s = about 6 min" in (
+        result.stdout
+    )
     assert not (tmp_path / "job").exists()
 
 
@@ -37,8 +40,8 @@ def test_a_job_cut_by_its_timeout_continues_where_it_stopped(tmp_path: Path, mon
     shipped.write_text(json.dumps({"schema": 1, "gpu": "cpu", "entries": [{**other, "config": {}, "time_ms": 1.0}]}))
     monkeypatch.setattr(grid, "shipped_file", lambda gpu: shipped)
 
-    # 60 s: the anchor's search (10 + 34 + 4 s planned) fits, all three others (10 + 3 x 22 s) cannot
-    first = runner.invoke(app, [*JOB, "--out", str(job), "--timeout", "60", "--no-bench"], env={"COLUMNS": "120"})
+    # 150 s: the anchor's search (10 + 102 + 4 s planned) fits, then at most two of the others (10 + 58 s each)
+    first = runner.invoke(app, [*JOB, "--out", str(job), "--timeout", "150", "--no-bench"], env={"COLUMNS": "120"})
     assert first.exit_code == 0, first.output
     ledger = json.loads((job / "tune-gpu.json").read_text())
     anchor_key = f"{KERNEL}:T1-B2-H1-HV1-K16-V16"
@@ -47,6 +50,7 @@ def test_a_job_cut_by_its_timeout_continues_where_it_stopped(tmp_path: Path, mon
 
     second = runner.invoke(app, [*JOB, "--out", str(job)], env={"COLUMNS": "120"})
     assert second.exit_code == 0, second.output
+    assert "not tuned yet" not in second.output, second.output
     done = json.loads((job / "tune-gpu.json").read_text())["done"]
     assert len(done) == 4 and done[anchor_key] == ledger["done"][anchor_key]
     runs = sorted(p.parent.name for p in (job / "runs" / KERNEL).glob("*/run.json"))
