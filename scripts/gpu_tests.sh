@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-marked tests (pytest -m gpu): bf16 chunk kernels, compiled, against the float64 reference at real sizes
-# (tests/kernels/test_chunk_gpu.py). CI skips them (no GPU, interpreter on); a GPU sitting runs this (< 5 min on an
-# H200: ~15 compiles and 27 cases). Results: $OUT/gpu_tests.xml (JUnit) and $OUT/gpu_tests.log; the summary last.
+# (tests/kernels/test_chunk_gpu.py) and the configurations that once crashed (tests/kernels/test_chunk_crash_gpu.py).
+# CI skips them (no GPU, interpreter on); run this on a GPU machine (< 6 min on an H200: ~20 compiles, 31 cases). Results: $OUT/gpu_tests.xml (JUnit) and $OUT/gpu_tests.log; the summary last.
 # Usage: OUT=/tmp/out bash scripts/gpu_tests.sh [extra pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,5 @@
-"""The ``dtune`` command: ``search``, ``export``, ``list``, ``bench``, ``profile``, ``verify`` and ``report``.
+"""The ``dtune`` command: ``tune-gpu``, ``search``, ``export``, ``list``, ``bench``, ``profile``, ``verify``,
+``report``.
 
 Command modules keep heavy imports (torch, triton, the kernels) inside their functions, so that
 ``dtune search --interpret`` can set TRITON_INTERPRET before Triton is imported.
@@ -15,7 +16,7 @@ from typing import Any
 
 import typer
 
-from dtune.cli import export, listing, measure, report, search
+from dtune.cli import export, listing, measure, report, search, tune_gpu
 from dtune.cli.common import guarded
 
 
@@ -42,7 +43,7 @@ app = App(
 )
 
 # Each command module has `register(app)`. To add commands, import the module above and list it here.
-COMMAND_MODULES = [search, export, listing, measure, report]
+COMMAND_MODULES = [tune_gpu, search, export, listing, measure, report]
 
 for _module in COMMAND_MODULES:
     _module.register(app)

@@ -1,5 +1,5 @@
 """Measurement: one harness for the search's trials, ``dtune bench``, ``dtune profile``, ``dtune verify`` and the
-GPU scripts.
+scripts in ``benchmarks/``.
 
 - :mod:`.inputs`: the one input builder and the measured :class:`~.inputs.Workload` (initial state, final
   state, packed sequences);

@@ -294,7 +294,7 @@ def run_bench(
         if spec.backward and reference_bytes(run.shape) > REFERENCE_MAX_BYTES:
             note = (
                 f"no output or gradient errors at B={p.B} T={p.T}: float64 autograd through the reference would hold "
-                f"~{reference_bytes(run.shape) / 2**30:.0f} GiB (scripts/gpu_bwd.py checks them at B = 2)"
+                f"~{reference_bytes(run.shape) / 2**30:.0f} GiB (benchmarks/training_step.py checks them at B = 2)"
             )
             notes.append(note)
         config, where = source.resolve(kernel, run.shape, dtype, device)

@@ -6,7 +6,7 @@ compares output and final state with the float64 chunked reference by the one er
 (:func:`dtune.measure.error.rel_rms_error`), against the tolerance the correctness gate applies to that kernel and
 dtype (the search space's ``[tolerance]``). Optionally a second run must be bitwise identical (races).
 
-:func:`default_cases` are the GPU sittings' cases (grouped value heads, K != V, odd lengths, T = 1, packed batches
+:func:`default_cases` are the real-size cases on a GPU (grouped value heads, K != V, odd lengths, T = 1, packed batches
 with an empty sequence, D = 256, KDA with log gates down to −60, the chunk variants); under the interpreter the
 same kinds of cases at tiny sizes. :func:`sweep_cases` draws random configs from a search space (its constraints
 applied). :func:`run_isolated` runs each case in its own process (an illegal memory access poisons the CUDA context

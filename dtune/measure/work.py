@@ -227,7 +227,7 @@ def backward_stages(
     intermediates included (W, U, A_qk, T and KDA's q̃, k̃ written by the forward's stage 1; the chunk states ``S``
     and their adjoints ``X``, ``[chunks, HV, K, V]``; ``V_new``, ``dV_new``; unfused, ``dVβ`` and both dA), for the
     pipeline that ``fwd_config`` and ``bwd_config`` (complete configs) launch. ``kernel`` names the Triton kernel, so
-    that a profiler's per-kernel times (``scripts/gpu_bwd.py``) can be set against these floors.
+    that a profiler's per-kernel times (``dtune profile --mode fwd+bwd``) can be set against these floors.
 
     Against the compulsory bytes of :func:`work` (a floor no pipeline reaches), these count what this pipeline moves:
     a stage far above its own floor is the one to improve.

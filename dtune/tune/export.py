@@ -100,9 +100,10 @@ def supersede(shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = 
     """``shipped`` with the entries of ``newer`` exports (in order) replacing its entries of the same (kernel,
     dtype, bucket), and one line per entry added or replaced.
 
-    Unlike :func:`merge_exports` (fastest wins, for runs of one sitting), a newer sitting supersedes an older one:
-    its search timed the old best config too (the template's default or a seed), and times of different sittings
-    are not comparable. Entries without a time are skipped; every document must be of ``shipped``'s GPU.
+    Unlike :func:`merge_exports` (fastest wins, for the runs of one job), a newer job supersedes an older one: its
+    search timed the old best config too (the template's default or a seed, or transferred), and times of different
+    jobs (machines, drivers, code) are not comparable. Entries without a time are skipped; every document must be of
+    ``shipped``'s GPU.
     """
     entries = {_key(e): e for e in shipped["entries"]}
     changes = []
@@ -138,9 +139,22 @@ def export_document(run_dirs: Path | list[Path]) -> dict[str, Any]:
 
 
 def write_document(doc: dict[str, Any], path: Path) -> Path:
+    """Write ``doc`` atomically: a reader (the ops, a search transferring from it) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
     return path
+
+
+def write_configs(doc: dict[str, Any], path: Path, gpu: str | None = None) -> Path:
+    """Write a tuned-config file for the ops: validated as the ops validate it at run time
+    (:func:`dtune.store.parse_configs`, for GPU ``gpu`` when given; a bad document raises and is never written), then
+    atomically (:func:`write_document`)."""
+    from dtune.store import parse_configs
+
+    parse_configs(doc, str(path), gpu)
+    return write_document(doc, path)
 
 
 def write_export(run_dirs: Path | list[Path], path: Path | None = None) -> Path:

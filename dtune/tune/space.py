@@ -1,6 +1,10 @@
 """Search spaces (``search_spaces/<kernel>.toml``): parameters and their choices, constraints, seeds, gate
 tolerances and the default shape grid of one tunable kernel. Data, not code: loaded and validated here.
 
+``[tune]`` (optional) says what ``dtune tune-gpu`` tunes of the kernel on a new GPU (:mod:`dtune.tune.grid`): the anchor
+bucket tuned first on the whole budget, whether the ``[shapes]`` grid follows, the buckets beyond it (long prompts,
+grouped value heads, a packed batch) and each bucket's share of the job's budget (:class:`TuneSpec`).
+
 ``[stages]`` (optional) splits the parameters by the launches they shape, for the stage-wise search
 (:mod:`dtune.tune.stages`): ``name = { params = [...], launches = [...] }`` names a stage's own parameters and the
 launches (the template's ``plan()`` stage names) whose time is that stage's time; every parameter no stage lists
@@ -81,6 +85,28 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class ExtraBucket:
+    """A bucket ``dtune tune-gpu`` tunes beyond the grid, at the anchor's head dim and heads."""
+
+    T: int
+    B: int
+    hv_ratio: int = 1
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """``[tune]``: what ``dtune tune-gpu`` tunes of this kernel (defaults: the grid's middle bucket as anchor, then the
+    grid, each bucket on a third of the budget)."""
+
+    anchor: dict[str, int] = field(default_factory=dict)  # T, D and optionally B, H; {}: the grid's middle bucket
+    grid: bool = True  # tune the [shapes] grid after the anchor (False: the anchor and the extra buckets only)
+    extra: tuple[ExtraBucket, ...] = ()
+    packed_seqs: tuple[int, ...] = ()  # one packed batch of these sequence lengths (cu_seqlens), anchor's D and H
+    anchor_share: float = 1.0  # of the job's --budget, for the anchor
+    bucket_share: float = 1 / 3  # of the job's --budget, for every other bucket
+
+
+@dataclass(frozen=True)
 class SearchSpace:
     kernel: str
     description: str
@@ -91,6 +117,7 @@ class SearchSpace:
     shapes: ShapeGrid
     source: str
     stages: StageMap = field(default_factory=StageMap)
+    tune: TuneSpec = field(default_factory=TuneSpec)
 
     def violations(self, config: Mapping[str, Any], shape: Shape, gpu: Mapping[str, int]) -> list[str]:
         """Names of the constraints that ``config`` (a full config) breaks at ``shape`` on ``gpu``."""
@@ -163,7 +190,7 @@ def _unknown_param(name: str, kernel: str, legal: list[str]) -> str:
 
 def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace:
     """Validate a parsed space file against its kernel's template; SpaceError naming the problem otherwise."""
-    known_top = {"kernel", "description", "params", "constraints", "seeds", "tolerance", "shapes", "stages"}
+    known_top = {"kernel", "description", "params", "constraints", "seeds", "tolerance", "shapes", "stages", "tune"}
     extra = sorted(set(data) - known_top)
     if extra:
         raise _fail(source, f"unknown section(s) {extra}; expected {sorted(known_top)}")
@@ -261,7 +288,45 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
         shapes=grid,
         source=source,
         stages=stages,
+        tune=_parse_tune(source, data.get("tune", {})),
     )
+
+
+def _positive_int(source: str, where: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _fail(source, f"[tune] {where} must be a positive integer, got {value!r}")
+    return value
+
+
+def _parse_tune(source: str, raw: Any) -> TuneSpec:
+    """``[tune]``: ``anchor = { T, D[, B, H] }``, ``grid``, ``extra = [{ T, B[, hv_ratio] }, ...]``, ``packed_seqs``,
+    ``anchor_share`` and ``bucket_share`` (fractions of the job's budget, in (0, 10])."""
+    if not isinstance(raw, dict):
+        raise _fail(source, "[tune] must be a table")
+    unknown = sorted(set(raw) - {"anchor", "grid", "extra", "packed_seqs", "anchor_share", "bucket_share"})
+    if unknown:
+        raise _fail(source, f"[tune] has unknown key(s) {unknown}")
+    anchor = raw.get("anchor", {})
+    if not isinstance(anchor, dict) or (anchor and not {"T", "D"} <= set(anchor)) or set(anchor) - {"T", "D", "B", "H"}:
+        raise _fail(source, f"[tune] anchor must be {{ T = ..., D = ... }} (B and H optional), got {anchor!r}")
+    anchor = {k: _positive_int(source, f"anchor.{k}", v) for k, v in anchor.items()}
+    grid = raw.get("grid", True)
+    if not isinstance(grid, bool):
+        raise _fail(source, f"[tune] grid must be true or false, got {grid!r}")
+    extra = []
+    for i, e in enumerate(raw.get("extra", [])):
+        if not isinstance(e, dict) or not {"T", "B"} <= set(e) or set(e) - {"T", "B", "hv_ratio"}:
+            raise _fail(source, f"[tune] extra[{i}] must be {{ T = ..., B = ... }} (hv_ratio optional), got {e!r}")
+        extra.append(ExtraBucket(**{k: _positive_int(source, f"extra[{i}].{k}", v) for k, v in e.items()}))
+    packed = raw.get("packed_seqs", [])
+    packed = _int_list(source, "tune", "packed_seqs", packed) if packed != [] else ()
+    shares = {}
+    for key in ("anchor_share", "bucket_share"):
+        value = raw.get(key, getattr(TuneSpec, key))
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 10:
+            raise _fail(source, f"[tune] {key} must be a number in (0, 10] (a share of the budget), got {value!r}")
+        shares[key] = float(value)
+    return TuneSpec(anchor, grid, tuple(extra), packed, **shares)
 
 
 def _parse_stages(source: str, raw: Any, params: Mapping[str, Any]) -> StageMap:

@@ -79,11 +79,16 @@ def run_donors(run_dir: Path) -> list[Donor]:
     return donors_of(doc, f"run {run_dir}")
 
 
-def _distance(shape: Shape, gpu: str, dtype: str, d: Donor) -> tuple[float, ...]:
-    b = d.bucket
+def bucket_distance(shape: Shape, b: dict[str, int]) -> tuple[float, ...]:
+    """How far a tuned bucket of the same GPU and dtype is from ``shape``: head dims (log scale), then the value-head
+    ratio, then :meth:`dtune.shape.Shape.bucket_distance` (sequence length, batch, heads)."""
     dims = abs(math.log(shape.K) - math.log(b["K"])) + abs(math.log(shape.V) - math.log(b["V"]))
     ratio = abs(math.log(shape.HV / shape.H) - math.log(b["HV"] / b["H"]))
-    return (float(d.gpu != gpu), float(d.dtype != dtype), dims, ratio, *shape.bucket_distance(b))
+    return (dims, ratio, *shape.bucket_distance(b))
+
+
+def _distance(shape: Shape, gpu: str, dtype: str, d: Donor) -> tuple[float, ...]:
+    return (float(d.gpu != gpu), float(d.dtype != dtype), *bucket_distance(shape, d.bucket))
 
 
 def nearest(

@@ -12,7 +12,7 @@ The chunk of ``BT`` rows is processed in ``NB = BT // BC`` row blocks (sub-chunk
    tile); the second (``DIAG = 2``) redoes only those chunks with the element-wise loop over each block's ``BC``
    columns (exponent clamped at 0: exact for any gate), the others return at once. The exact loop was once a
    data-dependent branch inside the key loop: the configuration BT = BC = 64, 4 warps took it in rare chunks and hit
-   an illegal shared-memory access on the H200 (Triton 3.6; ``scripts/gpu_crash.py``). Without ``SAFE_DIAG``
+   an illegal shared-memory access on the H200 (Triton 3.6; ``tests/kernels/test_chunk_crash_gpu.py``). Without ``SAFE_DIAG``
    (``DIAG = 0``) a too-steep block overflows to inf/NaN (see the package docstring).
 2. ``T_II = (I + A[I, I])⁻¹`` by forward substitution over the ``BC`` rows (registers, CUDA cores).
 3. Block forward substitution directly on W and U:
@@ -144,7 +144,7 @@ def chunk_intra_kernel(
                     if DIAG == 1:
                         # the block's half span around its middle row m (γ non-increasing): the middle-row dot's
                         # factors exp(±(γ_i − γ_m)) stay finite while it is < 80; above, the second pass redoes the
-                        # chunk (no data-dependent branch around the dots here: see scripts/gpu_crash.py)
+                        # chunk (no data-dependent branch around the dots here: see test_chunk_crash_gpu.py)
                         b_mid = tl.sum(tl.where((o_c == BC // 2)[:, None], b_gam, 0.0), 0)
                         b_half = tl.maximum(
                             tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0) - b_mid,

@@ -174,7 +174,7 @@ def test_tolerance_boundary(
 
 
 # The shipped tolerances against what the kernels achieve: fp32 errors are ~1e-7 under the interpreter and <= 1e-6 on
-# the H200 (reports/h200/chunk_correctness-2026-11-29b.csv), bf16 3-5e-3 at real sizes. Each tolerance leaves headroom
+# the H200 (dtune verify at real sizes), bf16 3-5e-3 at real sizes. Each tolerance leaves headroom
 # for rounding, not for bugs: the planted wrong kernels above are >= 5% off, so a tolerance loosened towards that
 # would let realistic bugs through while every fp32 test still passed. These are the most each space may allow.
 MAX_TOLERANCE = {

@@ -1,0 +1,38 @@
+"""benchmarks/record.py on the CPU (--interpret, tiny shapes): one step of three dtune calls merged into one CSV,
+the command log, the record's README and the report, the table last."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from dtune._env import child_env
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "record.py"
+
+
+def test_the_decode_step_of_the_record_under_the_interpreter(tmp_path: Path) -> None:
+    env = child_env({**os.environ, "OUT": str(tmp_path), "TRITON_INTERPRET": "1"})
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--interpret", "--steps", "decode"], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = tmp_path / "record"
+    bench = pd.read_csv(record / "decode" / "bench.csv")
+    assert sorted(set(bench["kernel"])) == ["fused_recurrent_delta_rule", "fused_recurrent_gated_delta_rule",
+                                            "fused_recurrent_kda"]  # fmt: skip
+    assert set(bench["impl"]) == {"tuned", "default"} and (bench["T"] == 1).all()
+    log = json.loads((record / "commands.json").read_text())
+    assert [r["exit"] for r in log] == [0, 0, 0] and all(r["command"].startswith("dtune bench -k fused") for r in log)
+    readme = (record / "README.md").read_text()
+    assert "| decode | `dtune bench -k fused_recurrent_kda --seq-lens 1" in readme and "dtune report" in readme
+    assert (record / "dtune-cpu-report.html").stat().st_size > 10_000
+    assert sorted(p.name for p in record.rglob("*") if p.is_file()) == [
+        "README.md", "bench.csv", "commands.json", "dtune-cpu-report.html"
+    ]  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert "x_fla" in lines[-5] and lines[-4].split()[0] == "fused_recurrent_kda" and lines[-1].startswith("0 call")

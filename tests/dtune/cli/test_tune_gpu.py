@@ -1,0 +1,81 @@
+"""``dtune tune-gpu`` end to end under the interpreter (tiny shapes, two trials a bucket): the plan and its estimate,
+a job cut by --timeout and continued, the merged config file over the shipped one, the benches, the report, a
+re-run that redoes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dtune.cli.main import app
+from dtune.store import parse_configs
+from dtune.tune import grid
+
+runner = CliRunner()
+KERNEL = "fused_recurrent_delta_rule"
+# budget 600: the anchor 102 s, the other buckets 54 s each (room for a slow machine), but --trials 2 ends each
+# search after two trials
+JOB = ["tune-gpu", "--interpret", "-k", KERNEL, "--budget", "600", "--trials", "2"]
+
+
+def test_dry_run_prints_the_plan_and_the_estimate_and_runs_nothing(tmp_path: Path) -> None:
+    result = runner.invoke(app, [*JOB, "--out", str(tmp_path / "job"), "--dry-run"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "anchor" in result.stdout and "grid" in result.stdout and "starts from" in result.stdout
+    # anchor 10 + 102 + 4; grid 10 + 3 x (54 + 4); benches 4 x 10
+    assert "4 of 4 buckets to tune; estimated searches 5 min (their budgets) + benches about 40 s = about 6 min" in (
+        result.stdout
+    )
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_job_cut_by_its_timeout_continues_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = tmp_path / "job"
+    shipped = tmp_path / "cpu.json"  # stands for this GPU's shipped file: one bucket the job does not tune
+    other = {"kernel": KERNEL, "dtype": "bf16", "bucket": {"T": 7, "B": 3, "H": 1, "HV": 1, "K": 16, "V": 16}}
+    shipped.write_text(json.dumps({"schema": 1, "gpu": "cpu", "entries": [{**other, "config": {}, "time_ms": 1.0}]}))
+    monkeypatch.setattr(grid, "shipped_file", lambda gpu: shipped)
+
+    # 150 s: the anchor's search (10 + 102 + 4 s planned) fits, then at most two of the others (10 + 58 s each)
+    first = runner.invoke(app, [*JOB, "--out", str(job), "--timeout", "150", "--no-bench"], env={"COLUMNS": "120"})
+    assert first.exit_code == 0, first.output
+    ledger = json.loads((job / "tune-gpu.json").read_text())
+    anchor_key = f"{KERNEL}:T1-B2-H1-HV1-K16-V16"
+    assert anchor_key in ledger["done"] and 1 <= len(ledger["done"]) <= 3
+    assert "out of --timeout" in first.output and "run the same command again" in first.output
+
+    second = runner.invoke(app, [*JOB, "--out", str(job)], env={"COLUMNS": "120"})
+    assert second.exit_code == 0, second.output
+    assert "not tuned yet" not in second.output, second.output
+    done = json.loads((job / "tune-gpu.json").read_text())["done"]
+    assert len(done) == 4 and done[anchor_key] == ledger["done"][anchor_key]
+    runs = sorted(p.parent.name for p in (job / "runs" / KERNEL).glob("*/run.json"))
+    assert runs.count("anchor") == 1 and "anchor-2" not in runs  # the finished anchor was not searched again
+    later = json.loads((job / "runs" / KERNEL / runs[-1] / "run.json").read_text())
+    assert str(job / "runs" / KERNEL / "anchor") in later["transfer_from"]  # seeded by the earlier searches
+
+    doc = json.loads((job / "cpu.json").read_text())
+    parse_configs(doc, "cpu.json", "cpu")
+    buckets = {json.dumps(e["bucket"], sort_keys=True) for e in doc["entries"]}
+    assert len(doc["entries"]) == 5 and json.dumps(other["bucket"], sort_keys=True) in buckets  # shipped one kept
+    bench = pd.read_csv(job / "bench" / KERNEL / "bench.csv")
+    assert set(bench["impl"]) == {"tuned", "default"} and len(bench.groupby(["B", "T"])) == 4
+    assert (job / "dtune-cpu-report.html").stat().st_size > 10_000
+    assert "4/4" in second.stdout and "tuned entries" in second.stdout
+
+    third = runner.invoke(app, [*JOB, "--out", str(job)], env={"COLUMNS": "120"})
+    assert third.exit_code == 0, third.output
+    assert "0 of 4 buckets to tune" in third.stdout and "bench " not in third.output
+    assert sorted(p.parent.name for p in (job / "runs" / KERNEL).glob("*/run.json")) == runs
+
+
+def test_another_gpus_job_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tune-gpu.json").write_text(json.dumps({"schema": 1, "gpu": "h200", "done": {}}))
+    result = runner.invoke(app, [*JOB, "--out", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 2 and "records a job on 'h200'" in result.output
+    result = runner.invoke(app, ["tune-gpu", "--gpu", "h200", "--out", str(tmp_path / "other")])
+    assert result.exit_code == 2 and "only with --dry-run" in result.output and not (tmp_path / "other").exists()
