@@ -1,16 +1,17 @@
 """The model-shaped buckets of benchmarks/model_shapes.toml as a tuning plan: one `dtune search` per model,
-tensor-parallel degree and kind of call, in the plan format of scripts/sitting.sh (``GPU|NAME|SECONDS|COMMAND``).
+tensor-parallel degree and kind of call, as a shell script (one search a line, each seeded from the shipped configs
+by transfer, then one `dtune export` of every run).
 
 Usage (no GPU needed to write the plan):
-    python benchmarks/model_buckets.py [--gpus 0,1] [--models qwen3_next,kimi_linear] [--tp 1,8] [--scale 1.0] > m.plan
-    bash scripts/sitting.sh m.plan                  (on the GPU machine; DEADLINE / FINALLY as that script says)
+    python benchmarks/model_buckets.py [--gpus 0,1] [--models qwen3_next,kimi_linear] [--tp 1,8] [--scale 1.0] > m.sh
+    OUT=/tmp/models bash m.sh                       (on the GPU machine; each line is resumable on its own)
 
 Per model (heads divided by the degree; value heads as the model groups them) the searches are: prefill at B = 1 over
 the TOML's sequence lengths, one packed prefill batch (cu_seqlens), the training step's forward and backward at
 B * T = train_tokens, and decode (T = 1) over the TOML's batch sizes. Each job's SECONDS is its shapes times the
 per-shape budget (``[budget]``, times --scale) plus a minute for compiles; the last line prints the total.
-Their exports (each run folder's tuned.json, ``dtune export RUN``) are then merged into the shipped file
-(scripts/merge_configs.py), and benchmarks/side_by_side.py times them against fla for the backend's speed rule.
+The last line exports every run into one file (``$OUT/model_tuned.json``, the fastest entry per bucket) to merge
+into the shipped file, and benchmarks/side_by_side.py times them against fla for the backend's speed rule.
 """
 
 from __future__ import annotations
@@ -62,14 +63,19 @@ def main() -> int:
     budget = {k: v * args.scale for k, v in data["budget"].items()}
     gpus = args.gpus.split(",")
     print("# model-shaped buckets (benchmarks/model_shapes.toml), written by benchmarks/model_buckets.py")
+    print('set -u; OUT="${OUT:-out}"')
     total, i = 0.0, 0
     for model in models:
         for tp in degrees:
             for name, n, per_shape, search in searches(model, data["models"][model], tp, data["buckets"], budget):
                 secs = int(n * per_shape + OVERHEAD_S)
-                cmd = f'python -m dtune search {search} --timeout {per_shape:g} --compile-ahead 6 -o "$OUT/run"'
-                print(f"{gpus[i % len(gpus)]}|{name}|{secs}|{cmd}")
+                device = gpus[i % len(gpus)]
+                print(
+                    f'python -m dtune search {search} --timeout {per_shape:g} --compile-ahead 6 --devices {device} '
+                    f'-o "$OUT/runs/{name}"  # ~{secs} s'
+                )
                 total, i = total + secs, i + 1
+    print('python -m dtune export "$OUT"/runs/*/ -o "$OUT/model_tuned.json"')
     print(f"# {i} searches, {total / 60:.0f} GPU-minutes in all ({total / 60 / len(gpus):.0f} per GPU)")
     return 0
 

@@ -107,7 +107,7 @@ def main() -> int:
         print(f"[side by side] {label}", flush=True)
         try:
             times, rows = measure(e, device, args.rounds)
-        except Exception as exc:  # one entry that fails to run is a row, not the end of the sitting
+        except Exception as exc:  # one entry that fails to run is a row, not the end of the run
             times, rows = {}, []
             table.append({"entry": label, "times": f"failed: {type(exc).__name__}: {exc}"[:160]})
         else:

@@ -3,7 +3,7 @@
 Every function here is pure pandas (no plotting) so the numbers behind each chart are unit-tested. A run folder
 (``dtune search --out DIR``) holds ``run.json``, ``study.db``, ``trials.csv`` and ``tuned.json``; ``dtune bench`` and
 ``dtune profile`` add ``bench.csv`` and ``profile.csv``. :func:`load_run` reads one or several folders *recursively*
-(a GPU sitting's folder of run folders and ``bench_<kernel>/bench.csv`` files is one report), so one report can
+(a folder of run folders and ``bench_<kernel>/bench.csv`` files is one report), so one report can
 show every kernel. Anything may be missing: frames are None and the report leaves the section out.
 
 Every source file keeps its commit: a ``commit`` column (``dtune bench`` / ``dtune profile`` write one), else the

@@ -116,7 +116,7 @@ def supersede(shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = 
             if e.get("time_ms") is None:
                 continue
             old = entries.get(_key(e))
-            was = "new" if old is None else f"was {old['time_ms']:.4g} ms in its own sitting"
+            was = "new" if old is None else f"was {old['time_ms']:.4g} ms in its own search"
             changes.append(f"{e['kernel']} {e['dtype']} {e['bucket']}: {e['time_ms']:.4g} ms ({was})")
             entries[_key(e)] = e
     out = {**shipped, "created": now_iso(), "versions": newer[-1].get("versions", shipped.get("versions", {}))}
