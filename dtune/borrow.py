@@ -84,13 +84,16 @@ def segment_chunks(N: int, HV: int, V: int, T: int, BT: int, h_BV: int, sm_count
 @dataclass(frozen=True)
 class Tile:
     """A parameter that tiles a head dim: ``dim`` ("K" or "V"), the smallest value the padded-dim rule allows
-    (``tile <= max(floor, next_power_of_2(dim))``), whether it holds a ``[K, tile]`` float32 state in registers, and a
-    flag under which the template does not use it (then it is left as it is)."""
+    (``tile <= max(floor, next_power_of_2(dim))``), whether it holds a ``[K, tile]`` float32 state in registers, and
+    the (parameter, value) under which the template does not use it (then it is left as it is)."""
 
     dim: str
     floor: int
     state: bool = False
-    unused_when: str | None = None
+    unused_when: tuple[str, Any] | None = None
+
+    def used(self, config: Mapping[str, Any]) -> bool:
+        return self.unused_when is None or config.get(self.unused_when[0]) != self.unused_when[1]
 
 
 # Which parameters tile which head dim, per template (the search spaces' tile constraints), and which count pipeline
@@ -100,14 +103,14 @@ TILES: dict[str, dict[str, Tile]] = {
         "intra_BK": Tile("K", 32),
         "intra_BV": Tile("V", 32),
         "h_BV": Tile("V", 16, state=True),
-        "tr_BV": Tile("V", 16, state=True),
-        "seg_BV": Tile("V", 16, state=True),
-        "o_BK": Tile("K", 32, unused_when="FUSE_OUTPUT"),
-        "o_BV": Tile("V", 32, unused_when="FUSE_OUTPUT"),
+        "tr_BV": Tile("V", 16, state=True, unused_when=("SEG_CHUNKS", 0)),
+        "seg_BV": Tile("V", 16, state=True, unused_when=("SEG_CHUNKS", 0)),
+        "o_BK": Tile("K", 32, unused_when=("FUSE_OUTPUT", True)),
+        "o_BV": Tile("V", 32, unused_when=("FUSE_OUTPUT", True)),
     },
     "chunk_bwd": {
         "dh_BV": Tile("V", 16, state=True),
-        "dv_BV": Tile("V", 32, unused_when="FUSE_DV"),
+        "dv_BV": Tile("V", 32, unused_when=("FUSE_DV", True)),
         "dqk_BK": Tile("K", 32),
         "dqk_BV": Tile("V", 32),
     },
@@ -157,7 +160,7 @@ def fit_head_dims(kernel: str, config: Mapping[str, Any], K0: int, V0: int, K: i
     changes: list[Change] = []
     for name, t in TILES.get(template, {}).items():
         value = config.get(name)
-        if not isinstance(value, int) or value == 0 or (t.unused_when and config.get(t.unused_when)):
+        if not isinstance(value, int) or value == 0 or not t.used(config):
             continue
         new, why = value, ""
         if t.state and grow > 1 and value // grow >= 1:
