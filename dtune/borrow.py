@@ -123,6 +123,7 @@ ROW_STAGES: dict[str, tuple[str, ...]] = {
 }
 # The state pass's own parameters (chunk forward), taken together from one entry.
 STATE_PASS = ("STATE_LAYOUT", "h_BV", "h_num_warps", "h_num_stages", "SEG_COMBINE", "seg_BV", "tr_BV", "tr_num_warps")
+STATE_WHY = "the state pass's entry"  # a parameter taken from Choice.state_bucket (described with it)
 SEGMENT_ONLY = ("SEG_COMBINE", "seg_BV", "tr_BV", "tr_num_warps")  # unused without segments: the default then
 
 
@@ -136,7 +137,7 @@ class Change:
     why: str
 
     def __str__(self) -> str:
-        return f"{self.param} {self.old}→{self.new} ({self.why})"
+        return f"{self.param} {self.old}→{self.new}" + (f" ({self.why})" if self.why else "")
 
 
 def _template(kernel: str) -> str:
@@ -227,8 +228,10 @@ class Choice:
         """One line, the match first: ``exact: h200.json T4096-B8-...`` or ``borrowed: h200.json T4096-B8-... (state
         pass from ...; SEG_CHUNKS 0→32 (...))``."""
         head = f"{self.match}: {self.source + ' ' if self.source else ''}{bucket_text(self.bucket)}"
-        parts = [f"state pass from {bucket_text(self.state_bucket)}"] if self.state_bucket else []
-        parts += [str(c) for c in self.changes]
+        theirs = [c for c in self.changes if c.why == STATE_WHY]
+        moved = ", ".join(f"{c.param} {c.old}→{c.new}" for c in theirs)
+        parts = [f"state pass from {bucket_text(self.state_bucket)}: {moved}"] if theirs and self.state_bucket else []
+        parts += [str(c) for c in self.changes if c not in theirs or not self.state_bucket]
         return head + (f" ({'; '.join(parts)})" if parts else "")
 
 
@@ -255,7 +258,7 @@ def borrow(entries: Iterable[Tuned], kernel: str, dtype: str, shape: Shape, sm_c
     if "SEG_CHUNKS" in full and sm_count is not None:
         seg, state, state_bucket = _segments(by_distance, kernel, new, shape, target, sm_count)
         for name, value in state.items():
-            new[name], why[name] = value, f"state pass of {bucket_text(state_bucket or {})}"
+            new[name], why[name] = value, STATE_WHY
         programs = state_programs(target["B"], shape.HV, shape.V, int(new["h_BV"]))
         new["SEG_CHUNKS"], why["SEG_CHUNKS"] = (
             seg,
@@ -267,8 +270,8 @@ def borrow(entries: Iterable[Tuned], kernel: str, dtype: str, shape: Shape, sm_c
         if seg == 0:  # the segment phases' parameters are unused: the template's defaults
             default = spec.default_config(shape.K, shape.V)
             for name in SEGMENT_ONLY:
-                new[name] = default[name]
-                why.setdefault(name, "no segments")
+                if new[name] != default[name]:
+                    new[name], why[name] = default[name], "no segments"
     changes = tuple(Change(n, full[n], new[n], why.get(n, "")) for n in new if new[n] != full[n])
     config = {**donor.config, **{c.param: c.new for c in changes}}
     return Choice(config, BORROWED, dict(b), changes, state_bucket)

@@ -297,6 +297,16 @@ def tuned_choice(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.
     return found
 
 
+def explain(kernel: str, problem: Shape, dtype: str, gpu: str) -> tuple[Choice | None, str | None]:
+    """What the ops would run for ``kernel`` on ``problem`` on GPU ``gpu`` (its key): the choice (None: the
+    template's default) and the tuned-config file in force for that GPU (None when there is none). For ``dtune list
+    --shape``: the same file and rule as :func:`tuned_choice`, without a GPU present."""
+    configs = _configs_for(gpu)
+    if configs is None:
+        return None, None
+    return configs.choose(kernel, dtype, problem), configs.source
+
+
 def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
     """The config of :func:`tuned_choice` (None: the default). Called on every op call: a dict hit after the first
     call per (kernel, problem, dtype, device)."""
