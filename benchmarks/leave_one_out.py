@@ -228,7 +228,7 @@ def wait_warm(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
     end = time.monotonic() + max(0.0, seconds)
     for proc in procs:
         try:
-            proc.wait(timeout=max(0.0, end - time.monotonic()))
+            proc.wait(timeout=None if math.isinf(end) else max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             print(f"warm-up process {proc.pid} still running: stopped (its compiles so far stay cached)", flush=True)
             proc.kill()
@@ -370,7 +370,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=Path, default=SHIPPED, help="tuned-config file (default: the shipped H200 one)")
     ap.add_argument("--kernels", default="forward", help="forward (default), all (with the backward), or a list")
-    ap.add_argument("--budget-s", type=float, default=480.0, help="compiles and timing together")
+    ap.add_argument(
+        "--budget-s", type=float, default=None, help="compiles and timing together (default 480; none with --interpret)"
+    )
     ap.add_argument("-j", "--jobs", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)), help="compile procs")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per bucket")
     ap.add_argument("--no-errors", action="store_true", help="skip the float64 reference check of dtune's outputs")
@@ -384,7 +386,7 @@ def main() -> None:
     if not a.interpret and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --interpret for a dry run on the CPU)")
     t0 = time.monotonic()
-    end = t0 + a.budget_s
+    end = t0 + (a.budget_s if a.budget_s is not None else math.inf if a.interpret else 480.0)
     table_ = read_configs(a.configs)
     all_cases = cases(table_, select(a.kernels))
     if a.interpret:
