@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from dtune.kernels import KERNELS, get_kernel
 from dtune.kernels.chunk.call import check_structure
 
@@ -262,3 +263,60 @@ def test_the_state_pass_comes_whole_from_one_entry() -> None:
     off = borrow([seg], "chunk_kda", "bf16", bucket_shape("chunk_kda", _b(128)), SMS)  # B = 8: fills the GPU
     assert off is not None and off.config["SEG_CHUNKS"] == 0
     assert (off.config["seg_BV"], off.config["tr_BV"]) == (32, 0)  # unused without segments: the defaults
+
+
+# ---- borrowed configs compute the right answer ----------------------------------------------------------------------
+
+BORROWED_CASES = {
+    # kernel, the call's shape (the lookup's key), the small shape it runs at here
+    "kda-D64-T16384-segmented": ("chunk_kda", Shape(2, 16384, 16, 16, 64, 64, 2, Gate.CHANNEL), (64, 64, 1)),
+    "kda-D256-B8": ("chunk_kda", Shape(8, 4096, 16, 16, 256, 256, 8, Gate.CHANNEL), (256, 256, 1)),
+    "gdn-HV2H-D32": ("chunk_gated_delta_rule", Shape(8, 4096, 16, 32, 32, 32, 8, Gate.SCALAR), (32, 32, 2)),
+    "dn-K64-V128-long": ("chunk_delta_rule", Shape(1, 65536, 16, 16, 64, 128, 1, Gate.NONE), (64, 128, 1)),
+    "fr-kda-D256-B1": ("fused_recurrent_kda", Shape(1, 1, 16, 16, 256, 256, 1, Gate.CHANNEL), (256, 256, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BORROWED_CASES))
+def test_borrowed_configs_pass_the_gate(h200: TunedConfigs, name: str) -> None:
+    """Configs the lookup builds for untuned shapes (other head dims, K != V, HV = 2H, segmented) run right: the
+    search's correctness gate (strong decays, both states, the packed edge case) in fp32 under the interpreter, on a
+    short odd-length sequence with SEG_CHUNKS cut to one chunk so that a segmented state pass runs its phases here."""
+    from dtune.tune.gate import gate
+
+    kernel, call, (K, V, ratio) = BORROWED_CASES[name]
+    choice = h200.choose(kernel, "bf16", call)
+    assert choice is not None and choice.match == "borrowed", name
+    spec = get_kernel(kernel)
+    cfg = spec.check_config(K, V, choice.config)
+    if cfg.get("SEG_CHUNKS"):
+        cfg["SEG_CHUNKS"] = 1
+    T = 3 * int(cfg.get("BT", 16)) + 5 if spec.family == "chunk" else 1
+    p = Shape(1, T, 1, ratio, K, V, 1, Gate(spec.gate))
+    result = gate(spec, p, torch.float32, "cpu", cfg, load_space(kernel).tolerance["fp32"], edge=spec.family == "chunk")
+    assert result.passed, f"{choice.describe()}: {result.reason}"
+
+
+@pytest.mark.gpu
+def test_borrowed_configs_are_right_in_bf16_at_real_sizes(h200: TunedConfigs) -> None:
+    """On a GPU, bf16, at the shapes themselves (scaled to B·T = 32768 where larger): every borrowed config above and
+    every shipped bucket's leave-one-out config against the float64 chunked reference, within the bf16 gate
+    tolerance."""
+    from dtune.kernels.reference import chunk_reference
+
+    from dtune.measure.error import rel_rms_error
+    from dtune.measure.inputs import make_inputs
+    from dtune.ops import run_kernel
+
+    calls = [(k, s) for k, s, _ in BORROWED_CASES.values()]
+    calls += [(e.kernel, bucket_shape(e.kernel, e.bucket)) for e in forward_chunk(h200)]
+    for kernel, shape in calls:
+        choice = h200.without(kernel, "bf16", shape.lookup_bucket()).choose(kernel, "bf16", shape)
+        assert choice is not None
+        p = shape if shape.B * shape.T <= 65536 else Shape(1, 32768, shape.H, shape.HV, shape.K, shape.V, 1, shape.gate)
+        x = make_inputs(p, dtype=torch.bfloat16, device="cuda", seed=3, gate_min=-5.0)
+        x.pop("cu_seqlens")
+        o, _ = run_kernel(kernel, **x, output_final_state=True, config=choice.config, check_gate=False)
+        ref, _ = chunk_reference(**x, scale=p.K**-0.5, output_final_state=False, dtype=torch.float64)
+        err = rel_rms_error(o, ref)
+        assert err < load_space(kernel).tolerance["bf16"], f"{kernel} {p.key}: {err:.2e} ({choice.describe()})"
