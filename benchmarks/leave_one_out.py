@@ -25,10 +25,11 @@ chunked reference (relative RMS, ``err_own``, ``err_lookup``). Targets: lookup /
 never slower than fla.
 
 Compiles are the cost (cold, a chunk config's kernels take ~10-20 s each on one core): the distinct (kernel, shape,
-config) calls are first compiled without launching in -j child processes, while one child per op runs fla once per
-shape (its compiles and autotuning); Triton's on-disk cache then serves the timing. Expected on one H200 with 16
-cores, cold cache, the default kernels: ~3-4 min of compiles, ~1-2 min of timing (6-7 min with the backward). A
-bucket not reached within --budget-s keeps its row, marked.
+config) calls (37 for the default kernels of the shipped file; 15 of its 26 buckets get their own config back) are
+first compiled without launching in -j child processes, which also run fla once per shape (its compiles and
+autotuning, which fla caches on disk); Triton's on-disk cache then serves the timing. Expected on one H200 with 16
+cores, cold caches, the default kernels: ~3-4 min of compiles, ~2 min of timing, under 7 min in all (the backward
+adds ~2 min). A bucket not reached within --budget-s keeps its row, marked.
 
 Writes under $OUT (default ./out): ``leave_one_out.csv`` (one row per bucket), ``leave_one_out.json`` (the summary);
 prints the table and the summary last.
@@ -202,6 +203,8 @@ def warm_worker(path: Path, index: int, count: int, interpret: bool) -> None:
 
 
 def start_warm(all_cases: list[Case], procs: int, interpret: bool, tmp: Path) -> list[subprocess.Popen[bytes]]:
+    """``procs`` child processes, each compiling every ``procs``-th of the distinct calls and running fla on every
+    ``procs``-th shape (fla caches its autotuning on disk, ``FLA_CACHE_RESULTS``: the timing process finds it)."""
     jobs = jobs_of(all_cases)
     fla_jobs = []
     if not interpret:
@@ -211,17 +214,11 @@ def start_warm(all_cases: list[Case], procs: int, interpret: bool, tmp: Path) ->
             if key not in seen:
                 seen.add(key)
                 fla_jobs.append({**jobs_of([c])[0], "fla": True})
-    (tmp / "jobs.json").write_text(json.dumps(jobs))
-    (tmp / "fla.json").write_text(json.dumps(fla_jobs))
-    print(
-        f"compiling {len(jobs)} distinct calls in {procs} processes; fla once per shape ({len(fla_jobs)})", flush=True
-    )
+    (tmp / "jobs.json").write_text(json.dumps(jobs + fla_jobs))
+    print(f"compiling {len(jobs)} distinct calls and fla on {len(fla_jobs)} shapes in {procs} processes", flush=True)
     extra = ["--interpret"] if interpret else []
     cmd = [sys.executable, __file__, *extra, "--warm-worker"]
-    out = [subprocess.Popen([*cmd, f"{tmp / 'jobs.json'}:{i}:{procs}"], cwd=ROOT) for i in range(procs)]
-    if fla_jobs:
-        out.append(subprocess.Popen([*cmd, f"{tmp / 'fla.json'}:0:1"], cwd=ROOT))
-    return out
+    return [subprocess.Popen([*cmd, f"{tmp / 'jobs.json'}:{i}:{procs}"], cwd=ROOT) for i in range(procs)]
 
 
 def wait_warm(procs: list[subprocess.Popen[bytes]], seconds: float) -> None:
