@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from dtune.kernels import get_kernel
 from dtune.kernels.config import next_power_of_2
-from dtune.shape import Shape
+from dtune.shape import Shape, bucket_distance
 
 EXACT, BORROWED, DEFAULT = "exact", "borrowed", "default"
 
@@ -197,14 +197,14 @@ class Tuned(Protocol):
     def config(self) -> dict[str, Any]: ...
 
 
-def distance(shape: Shape, bucket: Mapping[str, int]) -> tuple[float, ...]:
-    """How far a tuned bucket is from ``shape``: head dims (K, then V), value-head ratio, then
-    :meth:`~dtune.shape.Shape.bucket_distance`; ties go to the smaller bucket."""
+def distance(shape: Shape, bucket: Mapping[str, int], mine: Mapping[str, int] | None = None) -> tuple[float, ...]:
+    """How far a tuned bucket is from ``shape`` (``mine``: its lookup bucket, when already at hand): head dims (K, then
+    V), value-head ratio, then :func:`dtune.shape.bucket_distance`; ties go to the smaller bucket."""
     return (
         abs(math.log(shape.K / bucket["K"])),
         abs(math.log(shape.V / bucket["V"])),
         abs(math.log((shape.HV / shape.H) / (bucket["HV"] / bucket["H"]))),
-        *shape.bucket_distance(bucket),
+        *bucket_distance(shape.lookup_bucket() if mine is None else mine, bucket),
     )
 
 
@@ -238,14 +238,14 @@ class Choice:
 def borrow(entries: Iterable[Tuned], kernel: str, dtype: str, shape: Shape, sm_count: int | None) -> Choice | None:
     """The config for ``shape`` from ``entries`` (see the module's docstring); None when no entry has this kernel and
     dtype. ``sm_count``: the GPU's SMs (None: the donor's ``SEG_CHUNKS`` is kept)."""
-    mine = [e for e in entries if e.kernel == kernel and e.dtype == dtype]
-    if not mine:
+    candidates = [e for e in entries if e.kernel == kernel and e.dtype == dtype]
+    if not candidates:
         return None
     target = shape.lookup_bucket()
-    for e in mine:
+    for e in candidates:
         if dict(e.bucket) == target:
             return Choice(dict(e.config), EXACT, dict(e.bucket))
-    by_distance = sorted(mine, key=lambda e: distance(shape, e.bucket))
+    by_distance = sorted(candidates, key=lambda e: distance(shape, e.bucket, target))
     donor = by_distance[0]
     spec = get_kernel(kernel)
     b = donor.bucket

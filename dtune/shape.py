@@ -85,18 +85,22 @@ class Shape:
         return {**self.bucket(), "T": max(1, self.T // N), "B": N}
 
     def bucket_distance(self, bucket: Mapping[str, int]) -> tuple[float, ...]:
-        """How far a tuned bucket is from this shape's :meth:`lookup_bucket` in sequence length, then batch (number
-        of sequences), then heads, on a log scale; ties go to the smaller bucket. (Head dims and the value-head ratio
-        come first in :func:`dtune.borrow.distance`.)"""
-        mine = self.lookup_bucket()
-        return (
-            abs(math.log(max(mine["T"], 1)) - math.log(bucket["T"])),
-            abs(math.log(max(mine["B"], 1)) - math.log(bucket["B"])),
-            abs(math.log(self.H) - math.log(bucket["H"])),
-            bucket["T"],
-            bucket["B"],
-            bucket["H"],
-        )
+        """How far a tuned bucket is from this shape's :meth:`lookup_bucket` (:func:`bucket_distance`)."""
+        return bucket_distance(self.lookup_bucket(), bucket)
+
+
+def bucket_distance(mine: Mapping[str, int], bucket: Mapping[str, int]) -> tuple[float, ...]:
+    """How far a tuned ``bucket`` is from a shape's lookup bucket ``mine``: the sequence length, then the batch (number
+    of sequences), then heads, on a log scale; ties go to the smaller bucket. (Head dims and the value-head ratio come
+    first in :func:`dtune.borrow.distance`.)"""
+    return (
+        abs(math.log(max(mine["T"], 1)) - math.log(bucket["T"])),
+        abs(math.log(max(mine["B"], 1)) - math.log(bucket["B"])),
+        abs(math.log(mine["H"]) - math.log(bucket["H"])),
+        bucket["T"],
+        bucket["B"],
+        bucket["H"],
+    )
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class TunedConfigs:
     def __post_init__(self) -> None:
         for e in self.entries:
             self._index.setdefault((e.kernel, e.dtype), []).append(e)
+        self._name = Path(self.source).name
 
     @property
     def sm_count(self) -> int | None:
@@ -82,7 +83,7 @@ class TunedConfigs:
         """The config for ``shape`` and where it came from (see the module's docstring), or None (the default)."""
         candidates = self._index.get((kernel, dtype))
         choice = borrow(candidates, kernel, dtype, shape, self.sm_count) if candidates else None
-        return replace(choice, source=Path(self.source).name) if choice is not None else None
+        return replace(choice, source=self._name) if choice is not None else None
 
     def lookup(self, kernel: str, dtype: str, shape: Shape) -> dict[str, Any] | None:
         """The config of :meth:`choose`, or None."""
@@ -166,6 +167,8 @@ def read_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
 _explicit: TunedConfigs | None = None
 _loaded: dict[str, TunedConfigs | None] = {}  # by GPU key: the file in force for that GPU (None: defaults)
 _cache: dict[tuple[Any, ...], Choice | None] = {}
+# Lookups kept (the oldest forgotten first): packed batches make a new shape of every total length they have.
+CACHE_SIZE = 4096
 
 
 def load_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
@@ -293,6 +296,8 @@ def tuned_choice(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.
     gpu = gpu_key(device)
     configs = _configs_for(gpu) if gpu is not None else None
     found = configs.choose(kernel, dtype_name(dtype), problem) if configs is not None else None
+    if len(_cache) >= CACHE_SIZE:
+        del _cache[next(iter(_cache))]
     _cache[key] = found
     return found
 

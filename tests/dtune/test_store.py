@@ -116,6 +116,15 @@ def test_lookup_is_cached(tmp_path: Path, on_h100: None, monkeypatch: pytest.Mon
     assert tuned_config(KDA, p, torch.bfloat16, CUDA) == first
 
 
+def test_the_cache_is_bounded(tmp_path: Path, on_h100: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed batches of ever new total lengths are new shapes: the oldest lookups go, the newest stay hits."""
+    load_configs(write(tmp_path, doc()), gpu="h100")
+    monkeypatch.setattr(store, "CACHE_SIZE", 8)
+    for T in range(100, 120):
+        tuned_config(KDA, problem(T, 1), torch.bfloat16, CUDA)
+    assert len(store._cache) == 8 and list(store._cache)[-1][1] == problem(119, 1)
+
+
 @pytest.mark.parametrize(
     ("content", "match"),
     [
