@@ -71,7 +71,7 @@ def main() -> int:
                 secs = int(n * per_shape + OVERHEAD_S)
                 device = gpus[i % len(gpus)]
                 print(
-                    f'python -m dtune search {search} --timeout {per_shape:g} --compile-ahead 6 --devices {device} '
+                    f"python -m dtune search {search} --timeout {per_shape:g} --compile-ahead 6 --devices {device} "
                     f'-o "$OUT/runs/{name}"  # ~{secs} s'
                 )
                 total, i = total + secs, i + 1

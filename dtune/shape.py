@@ -75,19 +75,32 @@ class Shape:
         B = int(d["B"])
         return cls(B, int(d["T"]), int(d["H"]), int(d["HV"]), int(d["K"]), int(d["V"]), int(d.get("N", B)), Gate(gate))
 
+    def lookup_bucket(self) -> dict[str, int]:
+        """The bucket a call's config is looked up by: :meth:`bucket`, except that a packed batch (``varlen``) is
+        bucketed by its number of sequences (``B = N``) and their mean length (``T = tokens // N``), as
+        ``dtune search --packed-seqs`` records it."""
+        if not self.varlen:
+            return self.bucket()
+        N = max(self.N, 1)
+        return {**self.bucket(), "T": max(1, self.T // N), "B": N}
+
     def bucket_distance(self, bucket: Mapping[str, int]) -> tuple[float, ...]:
-        """How far a tuned bucket (same kernel, dtype, K, V and HV/H) is from this shape: the nearest sequence
-        length first, then batch, then heads, on a log scale; ties go to the smaller bucket. A packed batch is
-        bucketed by its mean sequence length and its number of sequences."""
-        T = self.T // max(self.N, 1) if self.varlen else self.T
-        return (
-            abs(math.log(max(T, 1)) - math.log(bucket["T"])),
-            abs(math.log(max(self.N, 1)) - math.log(bucket["B"])),
-            abs(math.log(self.H) - math.log(bucket["H"])),
-            bucket["T"],
-            bucket["B"],
-            bucket["H"],
-        )
+        """How far a tuned bucket is from this shape's :meth:`lookup_bucket` (:func:`bucket_distance`)."""
+        return bucket_distance(self.lookup_bucket(), bucket)
+
+
+def bucket_distance(mine: Mapping[str, int], bucket: Mapping[str, int]) -> tuple[float, ...]:
+    """How far a tuned ``bucket`` is from a shape's lookup bucket ``mine``: the sequence length, then the batch (number
+    of sequences), then heads, on a log scale; ties go to the smaller bucket. (Head dims and the value-head ratio come
+    first in :func:`dtune.borrow.distance`.)"""
+    return (
+        abs(math.log(max(mine["T"], 1)) - math.log(bucket["T"])),
+        abs(math.log(max(mine["B"], 1)) - math.log(bucket["B"])),
+        abs(math.log(mine["H"]) - math.log(bucket["H"])),
+        bucket["T"],
+        bucket["B"],
+        bucket["H"],
+    )
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,15 @@
 :func:`tuned_config` runs on every op call (decode steps included), so after the first call for a given
 (kernel, shape, dtype, device) it is one dict lookup; the only device query is the GPU's name, cached.
 Sources, first match wins: a file loaded with :func:`load_configs`; the file named by ``DTUNE_CONFIG``; the
-configs shipped for this GPU in ``dtune/configs/<gpu>.json``. Within a file the entry must match kernel,
-dtype, K, V and the value-head ratio HV/H; among those the exact shape bucket wins, else the nearest
-sequence length (log scale), then batch, then heads. Every config is re-checked against the template's
-legal values when the file is read. A corrupt or mismatched file is an error when loaded explicitly and a
-warning (the defaults are used) from ``DTUNE_CONFIG`` or the shipped folder: never a wrong kernel.
-On the CPU (Triton's interpreter) there is no tuned config: None.
+configs shipped for this GPU in ``dtune/configs/<gpu>.json``. Within a file the entries of the call's kernel and
+dtype are candidates: the call's own bucket (:meth:`dtune.shape.Shape.lookup_bucket`) is used verbatim
+(``exact``); else the config is built from the nearest tuned buckets and adjusted to the shape (``borrowed``:
+:mod:`dtune.borrow` — the same head dims first, then the nearest sequence length, with the sequence-parallel
+segment length for the call's sequences and tiles fitted to its head dims); with no entry for the kernel and dtype,
+None (the template's default). :func:`tuned_choice` says which it was and what was changed. Every config is
+re-checked against the template's legal values when the file is read. A corrupt or mismatched file is an error when
+loaded explicitly and a warning (the defaults are used) from ``DTUNE_CONFIG`` or the shipped folder: never a wrong
+kernel. On the CPU (Triton's interpreter) there is no tuned config: None.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dtune.borrow import Choice, borrow, distance
 from dtune.errors import FileProblem
 from dtune.inputs import DTYPE_NAMES, dtype_name
 from dtune.kernels import get_kernel
@@ -56,23 +60,44 @@ class TunedConfigs:
     gpu_name: str
     source: str
     entries: list[Entry]
-    _index: dict[tuple[str, str, int, int, int], list[Entry]] = field(default_factory=dict, repr=False)
+    _index: dict[tuple[str, str], list[Entry]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for e in self.entries:
-            b = e.bucket
-            self._index.setdefault((e.kernel, e.dtype, b["K"], b["V"], b["HV"] // b["H"]), []).append(e)
+            self._index.setdefault((e.kernel, e.dtype), []).append(e)
+        self._name = Path(self.source).name
+
+    @property
+    def sm_count(self) -> int | None:
+        """The SMs of the file's GPU (its profile in dtune/gpus.toml), None for a GPU dtune has no profile of."""
+        from dtune.gpu import GpuError, get_profile
+
+        try:
+            return get_profile(self.gpu).sm_count
+        except GpuError:
+            return None
 
     def nearest(self, kernel: str, dtype: str, shape: Shape) -> Entry | None:
-        """The entry of the nearest bucket (:meth:`dtune.shape.Shape.bucket_distance`) among those of the same
-        kernel, dtype, K, V and HV/H; None when there is none."""
-        candidates = self._index.get((kernel, dtype, shape.K, shape.V, shape.HV // shape.H))
-        return min(candidates, key=lambda e: shape.bucket_distance(e.bucket)) if candidates else None
+        """The entry of ``kernel`` and ``dtype`` nearest to ``shape`` (:func:`dtune.borrow.distance`: head dims, the
+        value-head ratio, then the bucket), verbatim; None when there is none."""
+        candidates = self._index.get((kernel, dtype))
+        return min(candidates, key=lambda e: distance(shape, e.bucket)) if candidates else None
+
+    def choose(self, kernel: str, dtype: str, shape: Shape) -> Choice | None:
+        """The config for ``shape`` and where it came from (see the module's docstring), or None (the default)."""
+        candidates = self._index.get((kernel, dtype))
+        choice = borrow(candidates, kernel, dtype, shape, self.sm_count) if candidates else None
+        return replace(choice, source=self._name) if choice is not None else None
 
     def lookup(self, kernel: str, dtype: str, shape: Shape) -> dict[str, Any] | None:
-        """The config of the nearest bucket (see the module's docstring), or None."""
-        entry = self.nearest(kernel, dtype, shape)
-        return dict(entry.config) if entry is not None else None
+        """The config of :meth:`choose`, or None."""
+        choice = self.choose(kernel, dtype, shape)
+        return dict(choice.config) if choice is not None else None
+
+    def without(self, kernel: str, dtype: str, bucket: dict[str, int]) -> TunedConfigs:
+        """This file with one bucket's entry hidden (the leave-one-out check)."""
+        kept = [e for e in self.entries if (e.kernel, e.dtype, e.bucket) != (kernel, dtype, bucket)]
+        return TunedConfigs(self.gpu, self.gpu_name, self.source, kept)
 
     def shapes(self, kernel: str, dtype: str, gate: Gate = Gate.NONE) -> list[Shape]:
         """The buckets tuned for ``kernel`` and ``dtype``, as shapes (each once), by head dim, T, B, H."""
@@ -157,7 +182,9 @@ def read_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
 
 _explicit: TunedConfigs | None = None
 _loaded: dict[str, TunedConfigs | None] = {}  # by GPU key: the file in force for that GPU (None: defaults)
-_cache: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+_cache: dict[tuple[Any, ...], Choice | None] = {}
+# Lookups kept (the oldest forgotten first): packed batches make a new shape of every total length they have.
+CACHE_SIZE = 4096
 
 
 def load_configs(path: str | Path, gpu: str | None = None) -> TunedConfigs:
@@ -271,10 +298,11 @@ def config_status(gpu: str | None) -> list[SourceStatus]:
     return out
 
 
-def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
-    """The tuned config for this kernel, GPU, dtype and nearest shape bucket, or None for the default.
+def tuned_choice(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> Choice | None:
+    """The tuned config for this kernel, GPU, dtype and shape, and where it came from (exact bucket, or borrowed and
+    adjusted: :class:`dtune.borrow.Choice`); None for the template's default (no entry, no GPU, no file).
 
-    Called on every op call: a dict hit after the first call per (kernel, problem, dtype, device).
+    A dict hit after the first call per (kernel, problem, dtype, device).
     """
     key = (kernel, problem, dtype, device.type, device.index)
     try:
@@ -283,7 +311,9 @@ def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.
         pass
     gpu = gpu_key(device)
     configs = _configs_for(gpu) if gpu is not None else None
-    found = configs.lookup(kernel, dtype_name(dtype), problem) if configs is not None else None
+    found = configs.choose(kernel, dtype_name(dtype), problem) if configs is not None else None
+    if len(_cache) >= CACHE_SIZE:
+        del _cache[next(iter(_cache))]
     _cache[key] = found
     return found
 
@@ -295,3 +325,20 @@ def tuned_entry(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.d
     gpu = gpu_key(device)
     configs = _configs_for(gpu) if gpu is not None else None
     return configs.nearest(kernel, dtype_name(dtype), problem) if configs is not None else None
+
+
+def explain(kernel: str, problem: Shape, dtype: str, gpu: str) -> tuple[Choice | None, str | None]:
+    """What the ops would run for ``kernel`` on ``problem`` on GPU ``gpu`` (its key): the choice (None: the
+    template's default) and the tuned-config file in force for that GPU (None when there is none). For ``dtune list
+    --shape``: the same file and rule as :func:`tuned_choice`, without a GPU present."""
+    configs = _configs_for(gpu)
+    if configs is None:
+        return None, None
+    return configs.choose(kernel, dtype, problem), configs.source
+
+
+def tuned_config(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> dict[str, Any] | None:
+    """The config of :func:`tuned_choice` (None: the default). Called on every op call: a dict hit after the first
+    call per (kernel, problem, dtype, device)."""
+    choice = tuned_choice(kernel, problem, dtype, device)
+    return None if choice is None else choice.config

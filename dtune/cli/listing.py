@@ -1,6 +1,10 @@
 """``dtune list``: kernels (forward and backward) and their search spaces, GPU profiles, shipped tuned configs (entries
 per kernel, e.g. ``chunk_kda_bwd``'s, which the chunk ops' backward reads at run time), and which tuned-config file the
-ops read on this machine (a corrupt ``DTUNE_CONFIG`` is an error, exit 2, after the listing)."""
+ops read on this machine (a corrupt ``DTUNE_CONFIG`` is an error, exit 2, after the listing).
+
+``dtune list --shape T16384-B2-H16-D64 [-k chunk_kda] [--gpu h200]``: instead, the config the ops would run for that
+shape, per kernel, and where it comes from: its own tuned bucket (``exact``), the nearest buckets adjusted to the
+shape (``borrowed``, with every change and why: :mod:`dtune.borrow`), or the template's default."""
 
 from __future__ import annotations
 
@@ -86,12 +90,89 @@ def print_config_sources(inv: dict[str, Any]) -> None:
 
 
 ENV = "DTUNE_CONFIG"
+SHAPE_KEYS = {"T", "B", "H", "HV", "K", "V", "D", "N"}
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    """``T16384-B2-H16-D64`` (also ``HV32``, ``K128-V64``, ``N16`` for 16 packed sequences of T tokens in all) as
+    ``B, T, H, HV, K, V, N, varlen``; ValueError naming the problem. Defaults: B = 1, H = 16, HV = H, K = V = 128."""
+    import re
+
+    parts: dict[str, int] = {}
+    for token in re.split(r"[-,\s]+", text.strip()):
+        m = re.fullmatch(r"(HV|[A-Z])(\d+)", token.upper())
+        if not token or m is None or m.group(1) not in SHAPE_KEYS or int(m.group(2)) < 1:
+            raise ValueError(
+                f"--shape {text!r}: cannot read {token!r} (write e.g. T16384-B2-H16-D64; keys {sorted(SHAPE_KEYS)})"
+            )
+        parts[m.group(1)] = int(m.group(2))
+    if "T" not in parts:
+        raise ValueError(f"--shape {text!r}: needs the sequence length, e.g. T4096")
+    if "D" in parts:
+        parts.setdefault("K", parts["D"])
+        parts.setdefault("V", parts["D"])
+    H = parts.get("H", 16)
+    packed = "N" in parts
+    if packed and parts.get("B", 1) != 1:
+        raise ValueError(f"--shape {text!r}: a packed batch (N sequences) has B = 1")
+    shape = {"T": parts["T"], "B": parts.get("B", 1), "H": H, "HV": parts.get("HV", H)}
+    shape |= {"K": parts.get("K", 128), "V": parts.get("V", 128), "N": parts.get("N", parts.get("B", 1))}
+    if shape["HV"] % H:
+        raise ValueError(f"--shape {text!r}: HV={shape['HV']} is not a multiple of H={H}")
+    return {**shape, "varlen": int(packed)}
+
+
+def lookups(shape_text: str, kernels: list[str], gpu: str | None, dtype: str) -> list[dict[str, Any]]:
+    """The lookup of every kernel in ``kernels`` for the shape on ``gpu`` (see the module's docstring)."""
+    from dtune.kernels import get_kernel
+    from dtune.shape import Gate, Shape
+    from dtune.store import explain
+
+    d = parse_shape(shape_text)
+    rows = []
+    for kernel in kernels:
+        spec = get_kernel(kernel)
+        p = Shape(d["B"], d["T"], d["H"], d["HV"], d["K"], d["V"], d["N"], Gate(spec.gate), bool(d["varlen"]))
+        choice, source = explain(spec.name, p, dtype, gpu) if gpu else (None, None)
+        rows.append(
+            {
+                "kernel": spec.name,
+                "shape": p.key + (f" ({p.N} packed)" if p.varlen else ""),
+                "bucket": p.lookup_bucket(),
+                "match": choice.match if choice else "default",
+                "source": source,
+                "from": choice.describe() if choice else (f"no {dtype} entry in {Path(source).name}" if source else ""),
+                "changes": [str(c) for c in choice.changes] if choice else [],
+                "config": choice.config if choice else None,
+            }
+        )
+    return rows
 
 
 def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print the inventory as JSON.")] = False,
+    shape: Annotated[
+        str | None,
+        typer.Option(
+            "--shape",
+            help="Instead: which config the ops run for this shape (e.g. T16384-B2-H16-D64; HV32, K128-V64, N16 for 16 "
+            "packed sequences) and where it comes from: its tuned bucket, borrowed and adjusted, or the default.",
+        ),
+    ] = None,
+    kernel: Annotated[
+        str | None, typer.Option("--kernel", "-k", help="With --shape: kernels, comma-separated (default: all).")
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option("--gpu", help="With --shape: the GPU whose tuned configs to read (default: the one present)."),
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="With --shape: bf16, fp16 or fp32.")] = "bf16",
 ) -> None:
-    """List the kernels (and their search spaces), the GPU profiles and the shipped tuned configs."""
+    """List the kernels (and their search spaces), the GPU profiles and the shipped tuned configs; with --shape, the
+    config the ops run for a shape and where it comes from."""
+    if shape is not None:
+        _print_lookups(shape, kernel, gpu, dtype, as_json)
+        return
     inv = inventory()
     broken = [st for st in inv["config_sources"] if st["origin"] == ENV and st["gpu"] is None]
     if as_json:
@@ -138,6 +219,32 @@ def list_(
     print_config_sources(inv)
     if broken:
         fail(f"{ENV}={broken[0]['path']}: {broken[0]['error']}")
+
+
+def _print_lookups(shape: str, kernel: str | None, gpu: str | None, dtype: str, as_json: bool) -> None:
+    from dtune.gpu import GpuError, detect, get_profile
+    from dtune.inputs import DTYPE_NAMES
+    from dtune.kernels import KERNELS
+
+    if dtype not in DTYPE_NAMES:
+        fail(f"--dtype {dtype!r}: choose from {', '.join(DTYPE_NAMES)}")
+    names = [k.strip() for k in kernel.split(",") if k.strip()] if kernel else list(KERNELS)
+    unknown = [k for k in names if k not in KERNELS]
+    if unknown:
+        fail(f"unknown kernel(s) {unknown}; known: {', '.join(KERNELS)}")
+    try:
+        key = get_profile(gpu).key if gpu else detect()
+        rows = lookups(shape, names, key, dtype)
+    except (GpuError, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps({"gpu": key, "dtype": dtype, "lookups": rows}, indent=2))
+        return
+    where = f"GPU {key}" if key else "no CUDA GPU here (name one with --gpu): the ops run the templates' defaults"
+    out.print(f"{escape(shape)}, {dtype}, {where}:", highlight=False)
+    for r in rows:
+        text = r["from"] if r["match"] != "default" else f"default ({r['from'] or 'no tuned-config file'})"
+        out.print(f"  {r['kernel']}: {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

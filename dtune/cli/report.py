@@ -26,7 +26,8 @@ def report(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write one self-contained, offline HTML report: dtune vs fla first, then sweeps, stages, search, sources."""
+    """Write one self-contained, offline HTML report: dtune vs fla first (prefill, training step, decode), then sweeps,
+    stages, search, sources. Folders with nothing to report: one line, exit 2."""
     from dtune.report import build_report, default_output
 
     for run_dir in run_dirs:

@@ -37,7 +37,7 @@ import torch
 from dtune.inputs import INTERPRETER_BF16, dtype_name, interpreting
 from dtune.kernels import get_kernel
 from dtune.measure.baselines import BASELINES, FLA_IMPLS, Impl, build_impls
-from dtune.measure.configs import ConfigSource
+from dtune.measure.configs import ConfigSource, config_match
 from dtune.measure.error import rel_rms_error
 from dtune.measure.grad import REFERENCE_MAX_BYTES, StepResult, reference_bytes, reference_step
 from dtune.measure.grids import bench_shapes
@@ -72,6 +72,7 @@ COLUMNS = [
     "bytes",
     "config",
     "config_source",
+    "config_match",  # the tuned row's config: exact (its own bucket), borrowed (adjusted from others), default, given
     "device",
     "note",
     "commit",
@@ -233,6 +234,7 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
                 "bytes": w.bytes,
                 "config": json.dumps(impl.config, sort_keys=True) if impl.config is not None else "",
                 "config_source": impl.config_source,
+                "config_match": config_match(impl.config_source),
                 "device": str(device),
                 "note": errors.get(impl.name if mode != "graph" else f"{impl.name}/graph", impl.note),
             }

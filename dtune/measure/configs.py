@@ -1,8 +1,14 @@
 """Which config a measurement runs: a tuned-config file (``--config``), else the store, else the default.
 
-A tuned-config file (``tuned.json`` from ``dtune export``) is read and validated by :mod:`dtune.store`, and an
-entry is chosen by the store's bucket rule, so a benchmark times exactly what the ops would launch with that
-file loaded. A plain JSON config object (or ``{"config": {...}}``) is one config for every shape.
+A tuned-config file (``tuned.json`` from ``dtune export``) is read and validated by :mod:`dtune.store`, and the
+config is chosen by the store's rule (the exact bucket, else borrowed from the nearest ones and adjusted:
+:mod:`dtune.borrow`), so a benchmark times exactly what the ops would launch with that file loaded. A plain JSON
+config object (or ``{"config": {...}}``) is one config for every shape.
+
+Where a config came from (``dtune bench``'s ``config_source``) starts with how it matched the shape
+(:func:`config_match`): ``exact: h200.json T4096-B8-…`` (the shape's own tuned bucket), ``borrowed: h200.json
+T4096-B8-… (what was changed)``, ``default (…)`` (no entry: the template's default), ``given: FILE`` or ``given
+config`` (one config for every shape).
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from typing import Any
 
 import torch
 
+from dtune.borrow import BORROWED, DEFAULT, EXACT
 from dtune.inputs import dtype_name
 from dtune.shape import Gate, Shape, ShapeGrid
-from dtune.store import ConfigFileError, TunedConfigs, read_configs, tuned_config
+from dtune.store import ConfigFileError, TunedConfigs, read_configs, tuned_choice
 
+GIVEN = "given"
+MATCHES = (EXACT, BORROWED, DEFAULT, GIVEN)
 TINY = 1 << 14  # B·T·H·K of a shape the interpreter runs in seconds
 
 
@@ -53,20 +62,22 @@ class ConfigSource:
         raise ConfigFileError(f"config file {path}: expected a tuned.json (with 'entries') or a JSON config object")
 
     def resolve(self, kernel: str, p: Shape, dtype: torch.dtype, device: torch.device) -> tuple[dict | None, str]:
-        """``(config, where_from)``; config None means the template's default."""
+        """``(config, where_from)``; config None means the template's default. ``where_from`` starts with the match
+        (see the module's docstring)."""
         if self.fixed is not None:
-            return dict(self.fixed), f"file:{self.path}" if self.path is not None else "given config"
+            return dict(self.fixed), f"{GIVEN}: {self.path}" if self.path is not None else f"{GIVEN} config"
         if self.table is not None and self.path is not None:
-            e = self.table.nearest(kernel, dtype_name(dtype), p)
-            if e is None:
-                return None, f"default (no entry for {kernel} {dtype_name(dtype)} K={p.K} V={p.V} in {self.path.name})"
-            b = e.bucket
-            return dict(e.config), f"{self.path.name}: T={b['T']} B={b['B']} H={b['H']}"
+            choice = self.table.choose(kernel, dtype_name(dtype), p)
+            if choice is None:
+                return None, f"{DEFAULT} (no entry for {kernel} {dtype_name(dtype)} in {self.path.name})"
+            return dict(choice.config), choice.describe()
         try:
-            config = tuned_config(kernel, p, dtype, device)
+            found = tuned_choice(kernel, p, dtype, device)
         except Exception as exc:  # a broken shipped file must not break a benchmark
-            return None, f"default (store unavailable: {exc})"
-        return (dict(config), "store") if config else (None, "default (no tuned config in the store)")
+            return None, f"{DEFAULT} (store unavailable: {exc})"
+        if found is None:
+            return None, f"{DEFAULT} (no tuned config in the store)"
+        return dict(found.config), found.describe()
 
     def tuned_grid(self, kernel: str, dtype: torch.dtype, on_gpu: bool, gate: Gate = Gate.NONE) -> ShapeGrid | None:
         """The shapes the file was tuned on, when it has any for ``kernel`` and ``dtype`` and they can run here
@@ -77,3 +88,10 @@ class ConfigSource:
         if not shapes or (not on_gpu and any(s.B * s.T * s.H * s.K > TINY for s in shapes)):
             return None
         return ShapeGrid(explicit=tuple(shapes))
+
+
+def config_match(where: str) -> str:
+    """How a ``where_from`` of :meth:`ConfigSource.resolve` matched its shape: one of :data:`MATCHES`, or "" for
+    anything else (fla's rows, older bench.csv files)."""
+    head = str(where).split(":", 1)[0].split(" ", 1)[0]
+    return head if head in MATCHES else ""

@@ -3,6 +3,6 @@ page in :mod:`.html`, the sections assembled in :mod:`.build`)."""
 
 from __future__ import annotations
 
-from .build import build_report, build_sections, default_output
+from .build import NothingToReport, build_report, build_sections, default_output
 
-__all__ = ["build_report", "build_sections", "default_output"]
+__all__ = ["NothingToReport", "build_report", "build_sections", "default_output"]

@@ -1,9 +1,12 @@
 """Assemble the report's sections from run folders and write the page.
 
-The page opens with the answer (dtune against flash-linear-attention's fastest mode, per kernel × sequence length
-× head dim), then speedup along sequence length and head dim (real sweeps only), each stage against its floor, the
-time of every implementation, the roofline, the search, every trial, and the environment with one commit per source.
-A section without data is left out of the page; the last section lists what was left out and why.
+The page opens with the answer for the three uses (:data:`dtune.report.data.USES`): prefill (the chunk forward),
+the training step and decode, each with its own headline ratio against flash-linear-attention's fastest mode and
+its own heatmap (prefill: op × head dim by sequence length, packed batches in columns of their own; decode: by batch;
+training: by shape; a shape whose bucket was not tuned marked †). Then speedup along sequence length and head dim
+(real sweeps only), each stage against its floor, the time of every implementation, the roofline, the search, every
+trial, and the environment with one commit per source. A section without data is left out of the page; the last
+section lists what was left out and why. Folders with nothing to report are an error (:class:`NothingToReport`).
 """
 
 from __future__ import annotations
@@ -12,9 +15,17 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dtune.errors import FileProblem
+
 from . import charts
 from . import data as d
 from .html import Section, page
+
+
+class NothingToReport(FileProblem):
+    """Folders that hold no run.json, trials.csv, bench.csv, profile.csv or tuned.json that could be read (the message
+    names the folders and what could not be read)."""
+
 
 MIN_COMPLETE_FOR_IMPORTANCE = 5
 MAX_TABLE_ROWS = 5000
@@ -50,17 +61,32 @@ def build_sections(data: d.RunData) -> list[Section]:
             s.missing = "no bench.csv with tuned and fla (or default) rows: run `dtune bench --config tuned.json`"
             return
         s.title = "dtune vs flash-linear-attention" if against == "fla" else "Tuned config vs the untuned default"
-        s.add_headline(d.headline(vs, against))
+        grid = d.heatmap_rows(vs)
+        present = [u for u in d.USES if (grid["use"] == u).any()]
+        for use in present:
+            s.add_headline(d.headline(grid[grid["use"] == use], against, use))
+        for use in d.USES:
+            if use not in present:
+                s.add_note(f"{d.USE_TITLES[use]}: {d.USE_MISSING[use]}.")
         if not d.meaningful(vs):
             s.add_warning(NOT_MEANINGFUL)
         if against != "fla":
             s.add_note("bench.csv has no fla rows (fla not installed, or run on the CPU): compared with the default.")
-        s.add_figure(charts.versus_heatmap(d.heatmap_rows(vs), against))
+        other = "fla" if against == "fla" else "default"
+        for use in present:
+            title = f"{d.USE_TITLES[use]}: time ratio, {other} / dtune"
+            s.add_figure(charts.versus_heatmap(grid[grid["use"] == use], against, title))
         s.add_note(
-            "Each cell: their median time / dtune's (above 1×: dtune faster), then both medians in ms. "
+            f"Each cell: {other}'s median time / dtune's (above 1×: dtune faster), dtune's median ms, then {other}'s. "
             + (
-                "fla's fastest mode per shape: its default or, for chunk_kda, safe_gate=True."
+                "fla's fastest mode per shape: its default or, for chunk_kda, safe_gate=True. "
                 if against == "fla"
+                else ""
+            )
+            + (
+                f"{d.UNTUNED}: the shape's bucket was not tuned; dtune ran a config borrowed from the nearest tuned "
+                "buckets and adjusted to the shape (or the default): bench.csv's config_source says from where."
+                if grid["untuned"].any()
                 else ""
             )
         )
@@ -170,7 +196,13 @@ def build_sections(data: d.RunData) -> list[Section]:
         if imp:
             import pandas as pd
 
-            s.add_figure(charts.param_importance(pd.concat(imp, ignore_index=True)))
+            frame = pd.concat(imp, ignore_index=True)
+            s.add_note(
+                f"Parameter importance ({frame['evaluator'].iloc[0]}, share of the variance of the completed trials' "
+                "times): the three most important parameters of each study. A pattern search's trials are not a "
+                "random sample, so read these as hints."
+            )
+            s.add_table(d.importance_table(frame), sortable=True)
 
     def trials(s: Section) -> None:
         if data.trials is None or "study" not in data.trials.columns:
@@ -272,9 +304,16 @@ def build_report(
     run_dirs: str | Path | Sequence[str | Path], output: str | Path | None = None
 ) -> tuple[Path, dict[str, str]]:
     """Write the report of one or several folders (default: reports/<first folder's name>.html); return its path and
-    each section's state ("ok", or why it was left out)."""
+    each section's state ("ok", or why it was left out). :class:`NothingToReport` when the folders hold nothing that
+    could be read."""
     paths = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     data = d.load_run(paths)
+    if not any(x is not None for x in (data.trials, data.bench, data.profile, data.tuned)) and not data.runs:
+        where = ", ".join(str(p) for p in paths)
+        unread = " ".join(f" (could not read: {'; '.join(data.problems)})".split()) if data.problems else ""
+        raise NothingToReport(
+            f"nothing to report in {where}: no run.json, trials.csv, bench.csv, profile.csv or tuned.json{unread}"
+        )
     sections = build_sections(data)
     out = Path(output) if output is not None else default_output(paths[0])
     out.parent.mkdir(parents=True, exist_ok=True)

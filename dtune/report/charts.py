@@ -34,22 +34,30 @@ def _styled(fig: go.Figure, title: str, height: int | None = None) -> go.Figure:
     return fig
 
 
-def versus_heatmap(frame: pd.DataFrame, against: str) -> go.Figure:
-    """Rows kernel × head dim (× batch, mode), columns sequence length; colour: the time ratio on a log scale,
-    centred on 1× (blue: dtune faster, red: slower); each cell says the ratio and both times in ms."""
-    frame = frame.assign(row=frame["row"].str.replace(" ", "<br>", n=1, regex=False))  # kernel over its shape
+CELL_FONT = 12  # px: the heatmaps' cell text, fixed (plotly would shrink it to fit: unreadable at 800 px)
+
+
+def versus_heatmap(frame: pd.DataFrame, against: str, title: str | None = None) -> go.Figure:
+    """Rows op × head dim (× grouped heads, batch, mode), columns ``col`` in ``col_order`` (sequence lengths then
+    packed batches, decode batches, training shapes: :func:`dtune.report.data.heatmap_rows`); colour: the time ratio
+    on a log scale, centred on 1× (blue: dtune faster, red: slower). Each cell: the ratio (``†``: an untuned bucket),
+    dtune's ms, the other's ms, in three short lines that stay readable in a narrow window."""
+    frame = frame.assign(row=frame["row"].str.replace(" ", "<br>", n=1, regex=False))  # op over its shape
     rows = list(dict.fromkeys(frame["row"]))
-    cols = sorted(frame["col"].unique(), key=lambda c: int(c.split("=")[1]))
+    cols = list(dict.fromkeys(frame.sort_values("col_order")["col"]))
     z = np.full((len(rows), len(cols)), np.nan)
     text = np.full((len(rows), len(cols)), "", dtype=object)
     hover = np.full((len(rows), len(cols)), "", dtype=object)
-    for r in frame.itertuples(index=False):
-        i, j = rows.index(r.row), cols.index(r.col)
-        z[i, j] = math.log2(r.ratio)
-        text[i, j] = f"<b>{r.ratio:.2f}×</b><br>{r.dtune_ms:#.4g} / {r.other_ms:#.4g} ms"
+    other = "fla" if against == "fla" else "default"
+    for r in frame.to_dict("records"):
+        i, j = rows.index(r["row"]), cols.index(r["col"])
+        mark = f" {d.UNTUNED}" if r.get("untuned") else ""
+        z[i, j] = math.log2(r["ratio"])
+        text[i, j] = f"<b>{r['ratio']:.2f}×{mark}</b><br>{r['dtune_ms']:#.3g} ms<br>vs {r['other_ms']:#.3g}"
+        source = {"borrowed": "untuned bucket: config borrowed", "default": "untuned: the default config"}
         hover[i, j] = (
-            f"{r.kernel} B{int(r.B)} T{int(r.T)} H{int(r.H)} {d.dim_label(r._asdict())} {r.mode}<br>"
-            f"dtune {r.dtune_ms:.4g} ms, {r.other} {r.other_ms:.4g} ms: {r.ratio:.3f}×"
+            f"{r['kernel']} {d.shape_label(r)} {r['mode']}<br>dtune {r['dtune_ms']:.4g} ms, {r['other']} "
+            f"{r['other_ms']:.4g} ms: {r['ratio']:.3f}×" + (f"<br>{source[r['match']]}" if r.get("untuned") else "")
         )
     span = max(1.0, float(np.nanmax(np.abs(z)))) if np.isfinite(z).any() else 1.0
     ticks = [t for t in (-2, -1, -0.5, 0, 0.5, 1, 2) if abs(t) <= span]
@@ -60,6 +68,7 @@ def versus_heatmap(frame: pd.DataFrame, against: str) -> go.Figure:
             y=rows,
             text=text,
             texttemplate="%{text}",
+            textfont={"size": CELL_FONT},
             hovertext=hover,
             hovertemplate="%{hovertext}<extra></extra>",
             colorscale="RdBu",
@@ -72,15 +81,15 @@ def versus_heatmap(frame: pd.DataFrame, against: str) -> go.Figure:
                 "title": {"text": "×"},
                 "tickvals": ticks,
                 "ticktext": [f"{2**t:.2g}×" for t in ticks],
-                "thickness": 14,
+                "thickness": 12,
             },
         )
     )
-    fig.update_xaxes(title="sequence length T (tokens)", type="category", side="bottom")
-    fig.update_yaxes(title="", type="category", autorange="reversed")
-    height = 170 + 60 * len(rows)
-    fig = _styled(fig, f"Time ratio, {'fla' if against == 'fla' else 'default'} / dtune", height)
-    fig.update_layout(margin={"l": 10, "r": 10, "t": 60, "b": 50})
+    fig.update_xaxes(title="", type="category", side="top", tickfont={"size": CELL_FONT})
+    fig.update_yaxes(title="", type="category", autorange="reversed", tickfont={"size": CELL_FONT})
+    height = 120 + 66 * len(rows)
+    fig = _styled(fig, title or f"Time ratio, {other} / dtune", height)
+    fig.update_layout(margin={"l": 10, "r": 10, "t": 80, "b": 10})
     return fig
 
 
@@ -231,17 +240,6 @@ def search_history(frame: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title="trial number (in each study)")
     fig.update_yaxes(title="time / first trial's time (×)", range=[min(0.9, low - 0.05), 1.5])
     return _styled(fig, "Search history: best so far (lines), trials (dots)")
-
-
-def param_importance(frame: pd.DataFrame) -> go.Figure:
-    grid = frame.pivot_table(index="param", columns="study", values="importance", aggfunc="mean").fillna(0.0)
-    grid = grid.loc[grid.mean(axis=1).sort_values().index]
-    grid.columns = [d.study_label(str(c)) for c in grid.columns]
-    fig = px.imshow(grid, color_continuous_scale="Blues", zmin=0, zmax=1, text_auto=".2f", aspect="auto")
-    fig.update_xaxes(title="study", tickangle=-30)
-    fig.update_yaxes(title="")
-    fig.update_layout(coloraxis_colorbar={"title": "importance (share)"})
-    return _styled(fig, f"Parameter importance ({frame['evaluator'].iloc[0]})")
 
 
 def failures(frame: pd.DataFrame) -> go.Figure:

@@ -34,6 +34,20 @@ NOT_RECORDED = "not recorded"
 FLA_NAMES = {"fla": "fla default", "fla_fast": "fla safe_gate"}  # bench impl -> how the report names fla's modes
 CSV_FILES = (("trials", "trials.csv"), ("bench", "bench.csv"), ("profile", "profile.csv"))
 LAUNCHES_CSV = ("launches", "launches.csv")  # dtune profile --mode fwd,fwd+bwd: every launch of a call
+# The three uses the report answers for, in order: a chunk forward (prefill), a training step (bench rows of mode
+# fwd+bwd: the chunk backward kernels), a fused-recurrent call (decode, T = 1; eager and CUDA-graph replays).
+USES = ("prefill", "training", "decode")
+USE_TITLES = {
+    "prefill": "Prefill (chunk forward)",
+    "training": "Training step (forward + backward)",
+    "decode": "Decode (fused recurrent)",
+}
+USE_MISSING = {
+    "prefill": "no prefill rows: `dtune bench -k chunk_kda --config FILE` times the chunk forward",
+    "training": "no training-step rows (mode fwd+bwd): `dtune bench -k chunk_kda --mode fwd+bwd` times them",
+    "decode": "no decode rows: `dtune bench -k fused_recurrent_kda --seq-lens 1 --batch 1,32,256 --graph` times them",
+}
+UNTUNED = "†"  # marks a shape whose own bucket was not tuned (its config borrowed, adjusted, or the default)
 
 
 @dataclass
@@ -90,9 +104,10 @@ def _provenance(root: Path, problems: list[str]) -> tuple[dict[str, str], str]:
     path = root / "provenance.json"
     if not path.is_file():
         return {}, ""
-    doc = _read_json(path, problems, str(path))
+    label = f"{_root_label(root)}/provenance.json"
+    doc = _read_json(path, problems, label)
     if not isinstance(doc, dict) or not isinstance(doc.get("commits", {}), dict):
-        problems.append(f"{path}: expected {{'commits': {{glob: commit}}, 'note': text}}")
+        problems.append(f"{label}: expected {{'commits': {{glob: commit}}, 'note': text}}")
         return {}, ""
     return {str(k): str(v) for k, v in doc.get("commits", {}).items()}, str(doc.get("note", ""))
 
@@ -118,8 +133,16 @@ def _files(root: Path, name: str) -> list[Path]:
     return sorted(p for p in root.rglob(name) if p.is_file())
 
 
+def _root_label(root: Path) -> str:
+    """How a folder given to :func:`load_run` is named in the report: as given when relative (``reports/h200/c2``),
+    else by its own name (an absolute path, e.g. a temporary folder of the machine that built the report, says
+    nothing to a reader)."""
+    return str(root) if not root.is_absolute() else root.name
+
+
 def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
-    """Read one or several folders (recursively); missing files stay None, unreadable ones are in ``problems``."""
+    """Read one or several folders (recursively); missing files stay None, unreadable ones are in ``problems``.
+    Files are named relative to their folder (several folders: prefixed by :func:`_root_label`)."""
     roots = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     problems: list[str] = []
     data = RunData(path=roots[0] if roots else Path("."), problems=problems)
@@ -128,10 +151,11 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
     for root in roots:
         provenance, note = _provenance(root, problems)
         if note:
-            data.notes.append(f"{root}: {note}")
+            data.notes.append(f"{_root_label(root)}: {note}")
+        prefix = "" if len(roots) == 1 else _root_label(root) + "/"
         run_jsons: dict[Path, dict[str, Any]] = {}
         for p in _files(root, "run.json"):
-            label = str(p.relative_to(root)) if len(roots) == 1 else str(p)
+            label = prefix + str(p.relative_to(root))
             info = _read_json(p, problems, label)
             if isinstance(info, dict):
                 run_jsons[p.parent] = info
@@ -140,7 +164,7 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
         for kind, filename in (*CSV_FILES, LAUNCHES_CSV):
             for p in _files(root, filename):
                 rel = str(p.relative_to(root))
-                label = rel if len(roots) == 1 else str(p)
+                label = prefix + rel
                 frame = _read_csv(p, problems, label)
                 if frame is None:
                     continue
@@ -153,7 +177,7 @@ def load_run(paths: str | Path | Sequence[str | Path]) -> RunData:
                 frames[kind].append(frame)
                 data.sources.append(Source(kind, label, len(frame), sorted(frame["commit"].astype(str).unique())))
         for p in _files(root, "tuned.json"):
-            label = str(p.relative_to(root)) if len(roots) == 1 else str(p)
+            label = prefix + str(p.relative_to(root))
             doc = _read_json(p, problems, label)
             if isinstance(doc, dict) and isinstance(doc.get("entries"), list):
                 entries += doc["entries"]
@@ -255,11 +279,53 @@ def meaningful(frame: pd.DataFrame | None) -> bool:
 # --------------------------------------------------------------------------------------------- the answer
 
 
+def use_of(kernel: Any, mode: Any) -> str:
+    """Which of :data:`USES` a bench row answers: a training step (mode fwd+bwd, a backward kernel), decode (a
+    fused-recurrent kernel) or prefill (a chunk forward)."""
+    k = str(kernel)
+    if str(mode) == "fwd+bwd" or k.endswith("_bwd"):
+        return "training"
+    return "decode" if k.startswith("fused_recurrent") else "prefill"
+
+
+def _lookup_bucket(row: Any) -> tuple[int, int, int]:
+    """``(T, B, H)`` a row's shape is looked up by: a packed batch by its mean length and number of sequences."""
+    B, T, H = int(row["B"]), int(row["T"]), int(row["H"])
+    n = row.get("N")
+    if n is not None and not (isinstance(n, float) and math.isnan(n)) and int(n) != B:
+        return max(1, T // int(n)), int(n), H
+    return T, B, H
+
+
+def config_match(row: Any) -> str:
+    """How the tuned row's config matched its shape: ``exact`` (its own tuned bucket), ``borrowed`` (built from other
+    buckets), ``default`` or ``given``; "" when unknown. From bench.csv's ``config_match`` column, else its
+    ``config_source`` (``exact: …``, ``borrowed: …``; written before: ``h200.json: T=4096 B=8 H=16``, the bucket the
+    lookup took, compared with the row's own)."""
+    from dtune.measure.configs import MATCHES
+    from dtune.measure.configs import config_match as match_of
+
+    given = row.get("config_match")
+    if isinstance(given, str) and given in MATCHES:
+        return given
+    source = str(row.get("config_source") or "")
+    found = match_of(source)
+    if found:
+        return found
+    if source.startswith("template default"):
+        return "default"
+    m = re.search(r"\bT=(\d+) B=(\d+) H=(\d+)\b", source)
+    if m is None:
+        return ""
+    return "exact" if tuple(int(x) for x in m.groups()) == _lookup_bucket(row) else "borrowed"
+
+
 def versus(bench: pd.DataFrame | None) -> tuple[pd.DataFrame | None, str]:
     """dtune's tuned config against fla's fastest mode per shape (else against the template's default), from the
-    timed rows of bench.csv: ``kernel, dtype, mode, B..V, dtune_ms, other_ms, other, ratio`` (``other_ms /
-    dtune_ms``: above 1, dtune is faster). Returns the frame (None if there is nothing to compare) and what the
-    comparison is against ("fla" or "default")."""
+    timed rows of bench.csv: ``kernel, dtype, mode, B..V, N, dtune_ms, other_ms, other, ratio, use, match``
+    (``ratio = other_ms / dtune_ms``: above 1, dtune is faster; ``use`` one of :data:`USES`; ``match`` the tuned
+    config's :func:`config_match`). Returns the frame (None if there is nothing to compare) and what the comparison
+    is against ("fla" or "default")."""
     if bench is None or not {"impl", "median_ms"} <= set(bench.columns):
         return None, ""
     if "N" not in bench.columns:  # a frame read without load_run (older bench.csv): fixed-length batches
@@ -273,55 +339,118 @@ def versus(bench: pd.DataFrame | None) -> tuple[pd.DataFrame | None, str]:
     tuned = timed[timed["impl"] == "tuned"]
     if tuned.empty or others.empty:
         return None, ""
+    tuned = tuned.assign(match=tuned.apply(config_match, axis=1) if len(tuned) else "")
     keys = ["kernel", "dtype", "mode", *SHAPE_COLS]
     best_other = others.sort_values("median_ms").drop_duplicates(keys)
     best_other = best_other[[*keys, "median_ms", "impl"]].rename(columns={"median_ms": "other_ms", "impl": "other"})
-    cols = [*keys, "median_ms", "meaningful"] if "meaningful" in tuned.columns else [*keys, "median_ms"]
+    cols = [*keys, "median_ms", "match"] + (["meaningful"] if "meaningful" in tuned.columns else [])
     mine = tuned.sort_values("median_ms").drop_duplicates(keys)[cols].rename(columns={"median_ms": "dtune_ms"})
     out = mine.merge(best_other, on=keys, how="inner")
     if out.empty:
         return None, ""
     out["other"] = out["other"].map(lambda s: FLA_NAMES.get(str(s), str(s)))
     out["ratio"] = out["other_ms"] / out["dtune_ms"]
+    out["use"] = [use_of(k, m) for k, m in zip(out["kernel"], out["mode"])]
     if "meaningful" not in out.columns:
         out["meaningful"] = True
     return out.sort_values(["kernel", "K", "mode", "T", "B"]).reset_index(drop=True), against
 
 
+def op_name(kernel: Any) -> str:
+    """The op a kernel belongs to: a backward kernel's forward op (``chunk_kda_bwd`` -> ``chunk_kda``)."""
+    k = str(kernel)
+    return k[: -len("_bwd")] if k.endswith("_bwd") else k
+
+
+def is_packed(row: Any) -> bool:
+    n = row.get("N")
+    return n is not None and not (isinstance(n, float) and math.isnan(n)) and int(n) != int(row["B"])
+
+
 def heatmap_rows(vs: pd.DataFrame) -> pd.DataFrame:
-    """``vs`` with a ``row`` label (kernel and head dim; the batch when one row would hold several at one T; the
-    mode when not eager) and a ``col`` label (``T=...``), in display order."""
+    """``vs`` with a ``row`` label (op and head dim, grouped value heads; the batch when one row would hold several
+    at one column; the mode when not eager), a ``col`` label and ``col_order`` (its place), and ``untuned``:
+
+    * prefill: one column per sequence length (``T=4096``), then one per packed batch (``16 packed``, after the
+      lengths: a packed batch is not one sequence of its total length);
+    * decode: one column per batch (``B=32``);
+    * training: one column per shape (``B8 T4096``)."""
     frame = vs.copy()
-    frame["row"] = frame["kernel"] + " " + frame.apply(dim_label, axis=1) + frame.apply(variant_label, axis=1)
-    clash = frame.groupby(["row", "mode", "T"])["B"].transform("nunique") > 1
+    frame["row"] = frame["kernel"].map(op_name) + " " + frame.apply(dim_label, axis=1)
+    hv = frame.apply(lambda r: variant_label({**r.to_dict(), "N": r["B"]}), axis=1)  # grouped heads stay in the row
+    frame["row"] = frame["row"] + hv
+    packed = frame.apply(is_packed, axis=1)
+    use = frame["use"] if "use" in frame.columns else pd.Series("prefill", index=frame.index)
+    T, B = frame["T"].astype(int), frame["B"].astype(int)
+    N = frame["N"].fillna(frame["B"]).astype(int) if "N" in frame.columns else B
+    frame["col"] = "T=" + T.astype(str)
+    frame["col_order"] = T.astype(float)
+    frame.loc[packed, "col"] = N[packed].astype(str) + " packed"
+    frame.loc[packed, "col_order"] = 1e12 + N[packed].astype(float)
+    decode = use == "decode"
+    frame.loc[decode, "col"] = "B=" + B[decode].astype(str) + T[decode].map(lambda t: "" if t == 1 else f" T={t}")
+    frame.loc[decode, "col_order"] = B[decode] * 1e6 + T[decode]
+    training = use == "training"
+    frame.loc[training, "col"] = "B" + B[training].astype(str) + " T" + T[training].astype(str)
+    frame.loc[training, "col_order"] = T[training] * 1e6 + B[training]
+    clash = frame.groupby(["row", "mode", "col"])["B"].transform("nunique") > 1
     frame.loc[clash, "row"] = frame.loc[clash, "row"] + " B" + frame.loc[clash, "B"].astype(int).astype(str)
-    graph = frame["mode"] != "eager"
-    frame.loc[graph, "row"] = frame.loc[graph, "row"] + " (" + frame.loc[graph, "mode"] + ")"
-    frame["col"] = "T=" + frame["T"].astype(int).astype(str)
+    graph = frame["mode"].isin(["graph"])
+    frame.loc[graph, "row"] = frame.loc[graph, "row"] + " (graph)"
+    match = frame["match"] if "match" in frame.columns else pd.Series("", index=frame.index)
+    frame["untuned"] = match.isin(["borrowed", "default"])
     return frame
 
 
-def headline(vs: pd.DataFrame, against: str) -> str:
-    """One sentence: how many shapes dtune wins, the range and the geometric mean of the ratios."""
-    n = len(vs)
-    wins = int((vs["ratio"] > 1.0).sum())
-    geo = math.exp(vs["ratio"].map(math.log).mean())
+def headline(vs: pd.DataFrame, against: str, use: str | None = None) -> str:
+    """One sentence. For one use (:data:`USES`): its title, then the geometric mean of the time ratios first (decode:
+    per timing mode), how many shapes dtune wins and the range, and how many shapes ran a config of an untuned
+    bucket. Without ``use``: every shape together."""
     who = "flash-linear-attention's fastest mode" if against == "fla" else "the untuned default config"
-    lo, hi = vs["ratio"].min(), vs["ratio"].max()
-    return (
-        f"dtune (tuned configs) against {who}: faster on {wins} of {n} shape{'s' if n != 1 else ''}; "
-        f"time ratio {lo:.2f}× to {hi:.2f}× (geometric mean {geo:.2f}×; above 1× dtune is faster)."
+    if use is None:
+        n, wins = len(vs), int((vs["ratio"] > 1.0).sum())
+        geo = math.exp(vs["ratio"].map(math.log).mean())
+        return (
+            f"dtune (tuned configs) against {who}: faster on {wins} of {n} shape{'s' if n != 1 else ''}; time ratio "
+            f"{vs['ratio'].min():.2f}× to {vs['ratio'].max():.2f}× (geometric mean {geo:.2f}×; above 1× dtune is "
+            "faster)."
+        )
+
+    def part(frame: pd.DataFrame) -> str:
+        n, wins = len(frame), int((frame["ratio"] > 1.0).sum())
+        geo = math.exp(frame["ratio"].map(math.log).mean())
+        if n == 1:
+            return f"{geo:.2f}× (one shape)"
+        lo, hi = frame["ratio"].min(), frame["ratio"].max()
+        return f"{geo:.2f}× (geometric mean of {n} shapes; faster on {wins}, {lo:.2f}× to {hi:.2f}×)"
+
+    modes = list(dict.fromkeys(vs["mode"]))
+    if use == "decode" and len(modes) > 1:
+        body = "; ".join(f"{'CUDA graphs' if m == 'graph' else m} {part(vs[vs['mode'] == m])}" for m in modes)
+    else:
+        body = part(vs)
+    untuned = 0
+    if "untuned" in vs.columns:
+        untuned = len(vs[vs["untuned"]].drop_duplicates(["kernel", "dtype", *SHAPE_COLS]))
+    tail = (
+        f" {untuned} shape{'s' if untuned != 1 else ''} ran the config of an untuned bucket ({UNTUNED})."
+        if untuned
+        else ""
     )
+    return f"{USE_TITLES[use]}: {body} against {who} (above 1×: dtune faster).{tail}"
 
 
 def versus_table(vs: pd.DataFrame, against: str) -> pd.DataFrame:
-    """The heatmap's numbers as a table, units in the headers."""
+    """The heatmaps' numbers as one table, units in the headers."""
     other = "fla fastest" if against == "fla" else "default"
+    match = vs["match"] if "match" in vs.columns else pd.Series("", index=vs.index)
     out = pd.DataFrame(
         {
+            "use": vs["use"] if "use" in vs.columns else "prefill",
             "kernel": vs["kernel"],
             "shape": vs.apply(shape_label, axis=1),
             "mode": vs["mode"],
+            "dtune config": match.replace("", "–"),
             "dtune (ms)": vs["dtune_ms"],
             f"{other} (ms)": vs["other_ms"],
             f"{other} is": vs["other"],
@@ -337,8 +466,9 @@ def versus_table(vs: pd.DataFrame, against: str) -> pd.DataFrame:
 def speedup_lines(bench: pd.DataFrame | None, axis: str, against: str = "fla") -> pd.DataFrame:
     """Speedup of the tuned config against fla's fastest mode (``against="fla"``) or the template's default, along
     ``axis`` ("T" or "K"): one line per kernel, mode and the other dimension (and batch, where one line would hold
-    several at one point). Only lines with at least two points (a real sweep) are kept.
-    Columns: ``line, x, speedup, dtune_ms, other_ms``."""
+    several at one point). Only lines with at least two points (a real sweep) are kept; along T, packed batches are
+    left out (their T is a total of several sequences, not a length). Columns: ``line, x, speedup, dtune_ms,
+    other_ms``."""
     cols = ["line", "x", "speedup", "dtune_ms", "other_ms"]
     if bench is None or "impl" not in bench.columns:
         return pd.DataFrame(columns=cols)
@@ -346,7 +476,9 @@ def speedup_lines(bench: pd.DataFrame | None, axis: str, against: str = "fla") -
     vs, kind = versus(source)
     if vs is None or kind != against:
         return pd.DataFrame(columns=cols)
-    frame = vs.copy()
+    frame = vs[~vs.apply(is_packed, axis=1)].copy() if axis == "T" else vs.copy()
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
     fixed = frame.apply(dim_label, axis=1) if axis == "T" else "T" + frame["T"].astype(int).astype(str)
     frame["line"] = frame["kernel"] + " " + fixed + frame.apply(variant_label, axis=1)
     frame["x"] = frame[axis].astype(int)
@@ -592,6 +724,20 @@ def param_importance(study_db: Path | None, min_complete: int = 5) -> tuple[pd.D
         rows.extend({"study": name, "param": k, "importance": float(v), "evaluator": ev_name} for k, v in imp.items())
     frame = pd.DataFrame(rows) if rows else empty
     return frame, notes
+
+
+def importance_table(frame: pd.DataFrame, top: int = 3) -> pd.DataFrame:
+    """:func:`param_importance` as a table a reader can scan: per study, its ``top`` most important parameters with
+    their share (``SEG_CHUNKS 0.62``), most important first."""
+    rows = []
+    for study, grp in frame.groupby("study", sort=True):
+        best = grp.sort_values("importance", ascending=False).head(top)
+        rec: dict[str, Any] = {"study": study_label(str(study))}
+        for i, (param, share) in enumerate(zip(best["param"], best["importance"]), 1):
+            rec[f"#{i}"] = f"{param} {share:.2f}"
+        rows.append(rec)
+    cols = ["study", *[f"#{i}" for i in range(1, top + 1)]]
+    return pd.DataFrame(rows).reindex(columns=cols).fillna("–")
 
 
 # --------------------------------------------------------------------------------------------- bench, profile

@@ -26,8 +26,8 @@ th{background:#f0f2f5;position:sticky;top:0;cursor:pointer;user-select:none}
 td.wrap{white-space:normal;min-width:24em}.scroll{max-height:520px;overflow:auto}
 dl{display:grid;grid-template-columns:max-content auto;gap:4px 16px;margin:0 0 8px;font-size:13px}
 dt{font-weight:600}dd{margin:0;overflow-wrap:anywhere}
-.headline{font-size:17px;font-weight:600;background:#eef4ff;border-left:4px solid #2a5db0;padding:10px 14px;
-margin:4px 0 12px}.warning{color:#8a1f11;background:#fdecea;padding:8px 12px;border-radius:4px;font-weight:600}
+.headline{font-size:16px;font-weight:600;background:#eef4ff;border-left:4px solid #2a5db0;padding:10px 14px;
+margin:4px 0 10px}.warning{color:#8a1f11;background:#fdecea;padding:8px 12px;border-radius:4px;font-weight:600}
 ul.left-out{font-size:13px;color:#555;margin:4px 0}.chart{width:100%;overflow:hidden}
 @media (max-width:760px){header,nav{padding-left:12px;padding-right:12px}main{padding:4px 8px 24px}
 section{padding:10px 8px}dl{grid-template-columns:auto}}

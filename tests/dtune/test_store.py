@@ -73,13 +73,27 @@ def test_nearest_bucket(tmp_path: Path, on_h100: None, T: int, B: int, BV: int) 
     assert tuned_config(KDA, problem(T, B), torch.bfloat16, CUDA) == {"BV": BV, "num_warps": 4, "num_stages": 1}
 
 
-def test_no_match_means_default(tmp_path: Path, on_h100: None) -> None:
+def test_no_entry_means_default(tmp_path: Path, on_h100: None) -> None:
     load_configs(write(tmp_path, doc()), gpu="h100")
-    assert tuned_config(KDA, problem(64, 32, K=64, V=64), torch.bfloat16, CUDA) is None  # head dims differ
     assert tuned_config(KDA, problem(64, 32), torch.float16, CUDA) is None  # dtype differs
     assert tuned_config("fused_recurrent_delta_rule", problem(64, 32), torch.bfloat16, CUDA) is None
     assert tuned_config(KDA, problem(64, 32, HV=32), torch.bfloat16, CUDA)["BV"] == 128  # type: ignore[index]
     assert tuned_config(KDA, problem(64, 32), torch.bfloat16, torch.device("cpu")) is None  # interpreter
+
+
+def test_other_head_dims_borrow_and_say_so(tmp_path: Path, on_h100: None) -> None:
+    """No entry at D = 64 or 16: the nearest bucket's config, its V tile cut to the padded head dim (dtune.borrow)."""
+    load_configs(write(tmp_path, doc()), gpu="h100")
+    p = problem(64, 32, K=64, V=64)
+    assert tuned_config(KDA, p, torch.bfloat16, CUDA) == {"BV": 32, "num_warps": 4, "num_stages": 1}
+    choice = store.tuned_choice(KDA, p, torch.bfloat16, CUDA)
+    assert choice is not None and choice.match == "borrowed" and choice.changes == ()
+    assert choice.describe() == "borrowed: tuned.json T64-B32-H16-HV16-K128-V128"
+    small = store.tuned_choice(KDA, problem(1024, 32, K=16, V=16), torch.bfloat16, CUDA)
+    assert small is not None and small.config["BV"] == 16  # 64 cut to the padded V = 16
+    assert "BV 64→16" in small.describe()
+    exact = store.tuned_choice(KDA, problem(64, 32), torch.bfloat16, CUDA)
+    assert exact is not None and exact.describe() == "exact: tuned.json T64-B32-H16-HV16-K128-V128"
 
 
 def test_other_gpu_gets_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,6 +114,15 @@ def test_lookup_is_cached(tmp_path: Path, on_h100: None, monkeypatch: pytest.Mon
     monkeypatch.setattr(dtune.gpu, "detect", boom)
     monkeypatch.setattr(store, "_configs_for", boom)
     assert tuned_config(KDA, p, torch.bfloat16, CUDA) == first
+
+
+def test_the_cache_is_bounded(tmp_path: Path, on_h100: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed batches of ever new total lengths are new shapes: the oldest lookups go, the newest stay hits."""
+    load_configs(write(tmp_path, doc()), gpu="h100")
+    monkeypatch.setattr(store, "CACHE_SIZE", 8)
+    for T in range(100, 120):
+        tuned_config(KDA, problem(T, 1), torch.bfloat16, CUDA)
+    assert len(store._cache) == 8 and list(store._cache)[-1][1] == problem(119, 1)
 
 
 @pytest.mark.parametrize(

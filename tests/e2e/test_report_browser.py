@@ -1,9 +1,10 @@
 """End to end: render the report of a run folder, open it in headless Chromium, check it works offline.
 
 Checks: no remote resources in the HTML; no console messages or uncaught errors while it loads (stderr log and
-an in-page trap); every chart div holds plotly's rendered ``svg.main-svg``; at a desktop width (1280 px) and a narrow
-one (520 px; Chromium's window is at least 500 px wide) nothing is wider than the page and every chart fits its
-section; the screenshots are not blank and show the report's colours. The screenshots are kept in the folder
+an in-page trap); every chart div holds plotly's rendered ``svg.main-svg``; at a desktop width (1280 px), a laptop
+half-screen (800 px) and a narrow one (520 px; Chromium's window is at least 500 px wide) nothing is wider than the
+page and every chart fits its section; from 800 px on, every heatmap cell's text is at least 11 px and fits its cell;
+the screenshots are not blank and show the report's colours. The screenshots are kept in the folder
 ``$DTUNE_E2E_SHOT`` when that is set (to look at them).
 """
 
@@ -62,15 +63,27 @@ def chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
 
 
-# Injected last in <body>: after plotly has drawn, the page's and every chart's width against the window's.
+# Injected last in <body>: after plotly has drawn, the page's and every chart's width against the window's, and for
+# every heatmap its widest cell text, the pitch of its columns (cell centres) and its smallest font size.
 PROBE = """<script>window.addEventListener('load',function(){setTimeout(function(){var o=[];
 o.push('window '+window.innerWidth+' page '+document.documentElement.scrollWidth);
 document.querySelectorAll('.plotly-graph-div').forEach(function(g){var s=g.closest('section');
 o.push('chart '+g.id+' '+Math.round(g.getBoundingClientRect().right)+' '+
-Math.round(s.getBoundingClientRect().right));});
+Math.round(s.getBoundingClientRect().right));
+g.querySelectorAll('g.heatmaplayer').forEach(function(layer){
+var texts=Array.prototype.slice.call(layer.querySelectorAll('g.heatmap-label text'));if(!texts.length)return;
+var img=layer.querySelector('image');var xs=[];texts.forEach(function(t){var x=+t.getAttribute('x');
+if(xs.indexOf(x)<0)xs.push(x);});xs.sort(function(a,b){return a-b;});
+var pitch=img?+img.getAttribute('width')/xs.length:1e9;
+for(var i=1;i<xs.length;i++)pitch=Math.min(pitch,xs[i]-xs[i-1]);
+var widest=0,font=1e9;texts.forEach(function(t){widest=Math.max(widest,t.getBBox().width);
+font=Math.min(font,parseFloat(getComputedStyle(t).fontSize));});
+o.push('heatmap '+g.id+' '+Math.ceil(widest)+' '+Math.floor(pitch)+' '+font);});});
 var p=document.createElement('pre');p.id='probe';p.textContent=o.join('\\n');document.body.appendChild(p);},300);});
 </script>"""
-WIDTHS = (1280, 520)
+WIDTHS = (1280, 800, 520)
+READABLE_FROM = 800  # px: from this window width on, every heatmap cell's text fits its cell
+MIN_FONT = 11  # px
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +157,15 @@ def test_report_fits_the_window(report: Path, tmp_path: Path, width: int) -> Non
     lines = probe.group(1).strip().splitlines()
     window, page_width = (int(x) for x in re.findall(r"\d+", lines[0]))
     assert page_width <= window, f"the page is {page_width} px wide in a {window} px window"
-    charts = [line.split() for line in lines[1:]]
+    charts = [line.split() for line in lines[1:] if line.startswith("chart ")]
     assert len(charts) >= 9
     for _, cid, right, section_right in charts:
         assert int(right) <= int(section_right), f"{cid} overflows its section at {width} px"
+    heatmaps = [line.split() for line in lines[1:] if line.startswith("heatmap ")]
+    assert len(heatmaps) >= 3  # prefill, training step, decode
+    for _, cid, widest, pitch, font in heatmaps:
+        assert float(font) >= MIN_FONT, f"{cid}: cell text of {font} px at {width} px"
+        if width >= READABLE_FROM:
+            assert int(widest) <= int(pitch) - 3, (
+                f"{cid}: a cell's text is {widest} px wide in {pitch} px at {width} px"
+            )

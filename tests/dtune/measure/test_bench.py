@@ -17,7 +17,7 @@ from dtune.cli.measure import register
 from dtune.measure import baselines as bl
 from dtune.measure import bench as b
 from dtune.measure import grids
-from dtune.measure.configs import ConfigSource
+from dtune.measure.configs import ConfigSource, config_match
 from dtune.shape import Gate, Shape
 from dtune.store import Entry, TunedConfigs
 
@@ -86,15 +86,20 @@ def test_config_source(tmp_path: Path) -> None:
     tuned = tmp_path / "tuned.json"
     tuned.write_text(tuned_doc(entry(1, 16, 8, H=2)))
     cfg, where = ConfigSource.load(tuned).resolve("fused_recurrent_kda", p, torch.bfloat16, torch.device("cpu"))
-    assert cfg == {"BV": 8} and where.startswith("tuned.json")
+    assert cfg == {"BV": 8} and where == "exact: tuned.json T1-B1-H2-HV2-K16-V16" and config_match(where) == "exact"
+    wider = Shape(B=4, T=1, H=2, HV=2, K=32, V=32, N=4, gate=Gate.CHANNEL)  # an untuned bucket: borrowed
+    cfg, where = ConfigSource.load(tuned).resolve("fused_recurrent_kda", wider, torch.bfloat16, torch.device("cpu"))
+    assert cfg == {"BV": 8} and where == "borrowed: tuned.json T1-B1-H2-HV2-K16-V16"
+    assert config_match(where) == "borrowed"
     cfg, where = ConfigSource.load(tuned).resolve("chunk_kda", p, torch.bfloat16, torch.device("cpu"))
-    assert cfg is None and "no entry" in where
+    assert cfg is None and "no entry" in where and config_match(where) == "default"
     plain = tmp_path / "cfg.json"
     plain.write_text(json.dumps({"BV": 4, "num_warps": 1}))
     cfg, where = ConfigSource.load(plain).resolve("fused_recurrent_kda", p, torch.bfloat16, torch.device("cpu"))
-    assert cfg == {"BV": 4, "num_warps": 1} and where == f"file:{plain}"
+    assert cfg == {"BV": 4, "num_warps": 1} and where == f"given: {plain}" and config_match(where) == "given"
     cfg, where = ConfigSource().resolve("fused_recurrent_kda", p, torch.bfloat16, torch.device("cpu"))
-    assert cfg is None and where.startswith("default")
+    assert cfg is None and where.startswith("default") and config_match(where) == "default"
+    assert config_match("fla default") == "" and config_match("h200.json: T=4096 B=8 H=16") == ""
 
 
 def test_add_speedups_per_shape_and_mode() -> None:
@@ -156,7 +161,9 @@ def test_bench_end_to_end_under_interpreter(tmp_path: Path) -> None:
     assert f["median_ms"].gt(0).all() and not f["meaningful"].any()
     assert any("NOT meaningful" in n for n in res.notes) and any("--graph needs CUDA" in n for n in res.notes)
     tuned_rows = f[f["impl"] == "tuned"]
-    assert (tuned_rows["config_source"].str.startswith("tuned.json")).all()
+    assert (tuned_rows["config_source"].str.contains("tuned.json T1-B2-H2-HV2-K16-V16")).all()
+    assert list(tuned_rows["config_match"]) == ["borrowed", "exact"]  # the grid's other batch was not tuned
+    assert (f[f["impl"] != "tuned"]["config_match"] == "").all()
     assert json.loads(tuned_rows["config"].iloc[0]) == {"BV": 8, "num_warps": 1}
     d = f[f["impl"] == "default"]
     assert (d["speedup_vs_default"] == 1.0).all()

@@ -13,7 +13,8 @@ import typer
 from typer.testing import CliRunner
 
 from dtune.cli.main import app
-from dtune.report import build_report, default_output
+from dtune.report import NothingToReport, build_report, default_output
+from dtune.report.data import USE_TITLES
 from tests.e2e.run_folder import make_run_folder
 
 SECTIONS = ["answer", "speedup-T", "speedup-D", "stages", "launches", "baselines", "roofline", "search", "trials"]
@@ -32,14 +33,20 @@ def test_full_run_folder_every_section_ok(tmp_path: Path) -> None:
     html = out.read_text(encoding="utf-8")
     assert html.count('<section id="') == len(SECTIONS)
     assert html.index('<section id="answer">') < html.index('<section id="speedup-T">')  # the answer first
-    assert "dtune (tuned configs) against flash-linear-attention&#x27;s fastest mode" in html
+    heads = [html.index(f'<p class="headline">{USE_TITLES[use]}: ') for use in ("prefill", "training", "decode")]
+    assert heads == sorted(heads) and heads[-1] < html.index('id="chart-answer-')  # three answers, before the charts
+    assert "Prefill (chunk forward): 1.51× (geometric mean of 8 shapes; faster on 8" in html
+    assert "Training step (forward + backward): 0.74× (one shape) against flash-linear-attention" in html
+    assert "Decode (fused recurrent): eager 1.09×" in html and "CUDA graphs 1.09×" in html
+    assert "1 shape ran the config of an untuned bucket (†)" in html and "2 shapes ran the config" in html
+    assert html.count('id="chart-answer-') == 3 and "16 packed" in html
     assert "NVIDIA H200" in html and "triton 3.9.0" in html
     assert html.count("83e632d") >= 2  # the header and the sources table say the same commit
     assert "BC=" in html  # best configs, compact
     assert 'class="dataframe sortable"' in html
     for unit in ("dtune (ms)", "fla fastest (ms)", "median (ms)", "time (ms)", "GB/s", "TFLOP/s"):
         assert unit in html, unit
-    assert "Parameter importance" in html  # 8 trials per study: enough for importance
+    assert "Parameter importance (" in html and "<th>#1</th>" in html  # 8 trials per study: a table of the top three
     assert "Left out of this report" not in html
 
 
@@ -58,12 +65,38 @@ def test_missing_data_is_left_out_and_listed(tmp_path: Path) -> None:
     assert "Left out of this report" in html and "dtune bench --config" in html  # ... but listed, with the fix
     assert "Parameter importance" not in html  # 3 trials per study: not enough
 
-    empty = tmp_path / "empty-run"
-    empty.mkdir()
-    out, sections = build_report(empty, tmp_path / "empty.html")
+    only_run = tmp_path / "only-run-json"
+    only_run.mkdir()
+    shutil.copy(run / "run.json", only_run / "run.json")
+    out, sections = build_report(only_run, tmp_path / "env.html")
     assert [k for k, v in sections.items() if v == "ok"] == ["environment"]  # only the list of what is missing
     html = out.read_text(encoding="utf-8")
     assert html.endswith("</html>\n") and "Left out of this report" in html
+
+
+def test_nothing_to_report_is_an_error(tmp_path: Path) -> None:
+    """An empty folder, or one whose files are all unreadable: NothingToReport (the CLI: one line, exit 2), no page."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(NothingToReport, match=r"nothing to report in .*empty: no run\.json"):
+        build_report(empty, tmp_path / "empty.html")
+    assert not (tmp_path / "empty.html").exists()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "run.json").write_text("{not json")
+    (broken / "bench.csv").write_text("")
+    (broken / "trials.csv").write_bytes(b"\x00\x01garbage,\n\xff")
+    r = CliRunner().invoke(cli(), ["report", str(broken), "-o", str(tmp_path / "b.html")])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("error: nothing to report in")
+        and "could not read: run.json" in lines[0]
+    )
+    assert not (tmp_path / "b.html").exists()
+    r = CliRunner().invoke(cli(), ["report", str(empty)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
 
 
 def test_interpreter_times_are_flagged_and_kept_off_the_roofline(tmp_path: Path) -> None:

@@ -313,7 +313,7 @@ def test_versus_picks_fla_fastest_mode_per_shape() -> None:
     assert d.versus(sweep_rows().query("impl != 'tuned'")) == (None, "")
 
 
-def test_heatmap_rows_name_batch_and_mode_only_when_needed() -> None:
+def test_decode_columns_are_batches_and_graph_rows_their_own() -> None:
     base = {"kernel": "fused_recurrent_kda", "dtype": "bf16", "T": 1, "H": 16, "HV": 16, "K": 128, "V": 128}
     rows = [
         {**base, "impl": impl, "mode": mode, "B": B, "median_ms": ms, "meaningful": True}
@@ -322,24 +322,29 @@ def test_heatmap_rows_name_batch_and_mode_only_when_needed() -> None:
         for impl, ms in (("tuned", 0.02 * B / 32), ("fla", 0.03 * B / 32))
     ]
     vs, _ = d.versus(pd.DataFrame(rows))
-    assert vs is not None
+    assert vs is not None and set(vs["use"]) == {"decode"}
     grid = d.heatmap_rows(vs)
-    assert sorted(grid["row"]) == [
-        "fused_recurrent_kda D128 B256",
-        "fused_recurrent_kda D128 B256 (graph)",
-        "fused_recurrent_kda D128 B32",
-        "fused_recurrent_kda D128 B32 (graph)",
-    ]
-    assert set(grid["col"]) == {"T=1"}
+    assert sorted(set(grid["row"])) == ["fused_recurrent_kda D128", "fused_recurrent_kda D128 (graph)"]
+    assert list(dict.fromkeys(grid.sort_values("col_order")["col"])) == ["B=32", "B=256"]
     plain = d.heatmap_rows(d.versus(sweep_rows())[0])  # type: ignore[arg-type]
-    assert set(plain["row"]) == {"chunk_kda D64", "chunk_kda D128", "chunk_kda D256"}
+    assert set(plain["row"]) == {"chunk_kda D64", "chunk_kda D128", "chunk_kda D256"} and set(plain["use"]) == {
+        "prefill"
+    }
 
 
 def test_grouped_and_packed_shapes_keep_their_own_cells_and_lines() -> None:
-    """One 32K prompt, the same with HV = 2H, and 16 packed prompts: three rows of the heatmap, never one cell (the
-    H200 report of 2026-11-30 first showed Gated DeltaNet's grouped-head ratio, 1.07×, in the plain 32K cell)."""
+    """One 32K prompt, the same with HV = 2H, and 16 packed prompts: the grouped one a row of its own, the packed batch
+    a column of its own after the sequence lengths (not at T = 52640: it is not one prompt of that length), never
+    one cell (the H200 report of 2026-11-30 first showed Gated DeltaNet's grouped-head ratio, 1.07×, in the plain 32K
+    cell), and no point on a line along T."""
     base = {"kernel": "chunk_gated_delta_rule", "dtype": "bf16", "mode": "eager", "B": 1, "H": 16, "K": 128, "V": 128}
-    shapes = [(1024, 16, 32, 0.6, 1.0), (32768, 16, 1, 1.0, 1.5), (32768, 32, 1, 1.8, 1.9), (52640, 16, 16, 1.3, 1.5)]
+    shapes = [
+        (1024, 16, 32, 0.6, 1.0),
+        (32768, 16, 1, 1.0, 1.5),
+        (65536, 16, 1, 2.0, 3.0),
+        (32768, 32, 1, 1.8, 1.9),
+        (52640, 16, 16, 1.3, 1.5),
+    ]
     rows = [
         {**base, "T": T, "HV": hv, "N": n, "B": 32 if T == 1024 else 1, "impl": impl, "median_ms": ms}
         for T, hv, n, mine, fla in shapes
@@ -347,15 +352,84 @@ def test_grouped_and_packed_shapes_keep_their_own_cells_and_lines() -> None:
     ]
     frame = pd.DataFrame(rows)
     vs, _ = d.versus(frame)
-    assert vs is not None and len(vs) == 4
-    grid = d.heatmap_rows(vs).set_index(["row", "col"])["ratio"]
-    assert grid[("chunk_gated_delta_rule D128", "T=32768")] == pytest.approx(1.5)
-    assert grid[("chunk_gated_delta_rule D128 HV=2H", "T=32768")] == pytest.approx(1.9 / 1.8)
-    assert grid[("chunk_gated_delta_rule D128 16 packed", "T=52640")] == pytest.approx(1.5 / 1.3)
+    assert vs is not None and len(vs) == 5
+    grid = d.heatmap_rows(vs)
+    cells = grid.set_index(["row", "col"])["ratio"]
+    assert cells[("chunk_gated_delta_rule D128", "T=32768")] == pytest.approx(1.5)
+    assert cells[("chunk_gated_delta_rule D128 HV=2H", "T=32768")] == pytest.approx(1.9 / 1.8)
+    assert cells[("chunk_gated_delta_rule D128", "16 packed")] == pytest.approx(1.5 / 1.3)
+    order = list(dict.fromkeys(grid.sort_values("col_order")["col"]))
+    assert order == ["T=1024", "T=32768", "T=65536", "16 packed"]  # the packed batch after every length
     lines = d.speedup_lines(frame, "T", "fla")
     assert set(lines["line"]) == {"chunk_gated_delta_rule D128"}  # the variants have one point each: no line
-    assert lines.set_index("x").loc[32768, "speedup"] == pytest.approx(1.5)
-    assert d.shape_label(vs.iloc[-1]) in {"B1 T52640 H16 D128 16 packed", "B1 T32768 H16 D128 HV=2H"}
+    assert list(lines["x"]) == [1024, 32768, 65536]  # and the packed batch is no point of it
+    assert d.shape_label(vs[vs["N"] == 16].iloc[0]) == "B1 T52640 H16 D128 16 packed"
+
+
+def test_uses_and_untuned_buckets() -> None:
+    """A training step (mode fwd+bwd) and decode rows are their own uses; an untuned bucket is marked, from bench.csv's
+    config_match, else from config_source (older files name the bucket the lookup took: compared with the row's)."""
+    base = {"dtype": "bf16", "H": 16, "HV": 16, "K": 128, "V": 128, "meaningful": True}
+    rows = []
+    for kernel, mode, B, T, N, source, match in [
+        ("chunk_kda", "eager", 8, 4096, 8, "h200.json: T=4096 B=8 H=16", None),  # older file: its own bucket
+        ("chunk_kda", "eager", 2, 16384, 2, "h200.json: T=4096 B=8 H=16", None),  # older file: another bucket
+        ("chunk_kda", "eager", 1, 52640, 16, "h200.json: T=3290 B=16 H=16", None),  # packed: mean length, sequences
+        ("chunk_kda", "eager", 1, 65536, 1, "borrowed: h200.json T32768-B1-H16-HV16-K128-V128", "borrowed"),
+        ("chunk_kda_bwd", "fwd+bwd", 8, 4096, 8, "store", None),  # unknown
+        ("fused_recurrent_kda", "graph", 32, 1, 32, "default (no tuned config in the store)", "default"),
+    ]:
+        for impl, ms in (("tuned", 1.0), ("fla", 1.5)):
+            row = {**base, "kernel": kernel, "mode": mode, "B": B, "T": T, "N": N, "impl": impl, "median_ms": ms}
+            row["config_source"] = source if impl == "tuned" else "fla default"
+            if match is not None:
+                row["config_match"] = match if impl == "tuned" else ""
+            rows.append(row)
+    vs, against = d.versus(pd.DataFrame(rows))
+    assert vs is not None and against == "fla"
+    got = {(r.kernel, r.T): (r.use, r.match) for r in vs.itertuples()}
+    assert got == {
+        ("chunk_kda", 4096): ("prefill", "exact"),
+        ("chunk_kda", 16384): ("prefill", "borrowed"),
+        ("chunk_kda", 52640): ("prefill", "exact"),
+        ("chunk_kda", 65536): ("prefill", "borrowed"),
+        ("chunk_kda_bwd", 4096): ("training", ""),
+        ("fused_recurrent_kda", 1): ("decode", "default"),
+    }
+    grid = d.heatmap_rows(vs)
+    assert grid.set_index(["kernel", "T"])["untuned"].to_dict() == {
+        ("chunk_kda", 4096): False,
+        ("chunk_kda", 16384): True,
+        ("chunk_kda", 52640): False,
+        ("chunk_kda", 65536): True,
+        ("chunk_kda_bwd", 4096): False,
+        ("fused_recurrent_kda", 1): True,
+    }
+    training = grid[grid["use"] == "training"]
+    assert training["row"].tolist() == ["chunk_kda D128"] and training["col"].tolist() == ["B8 T4096"]
+    prefill = grid[grid["use"] == "prefill"]
+    assert d.headline(prefill, "fla", "prefill") == (
+        "Prefill (chunk forward): 1.50× (geometric mean of 4 shapes; faster on 4, 1.50× to 1.50×) against "
+        "flash-linear-attention's fastest mode (above 1×: dtune faster). 2 shapes ran the config of an untuned "
+        "bucket (†)."
+    )
+    assert d.headline(grid[grid["use"] == "decode"], "fla", "decode").startswith("Decode (fused recurrent): 1.50× (one")
+    table = d.versus_table(vs, "fla")
+    assert table["dtune config"].tolist() == ["exact", "borrowed", "exact", "borrowed", "–", "default"]
+
+
+def test_importance_table_keeps_the_top_three() -> None:
+    frame = pd.DataFrame(
+        [
+            {"study": STUDY_A, "param": p, "importance": v, "evaluator": "fANOVA"}
+            for p, v in (("BT", 0.1), ("SEG_CHUNKS", 0.6), ("BV", 0.2), ("num_warps", 0.1))
+        ]
+        + [{"study": STUDY_B, "param": "BT", "importance": 1.0, "evaluator": "fANOVA"}]
+    )
+    t = d.importance_table(frame)
+    assert t.columns.tolist() == ["study", "#1", "#2", "#3"]
+    assert t.iloc[0].tolist() == ["chunk_kda T1024 D64", "SEG_CHUNKS 0.60", "BV 0.20", "BT 0.10"]
+    assert t.iloc[1].tolist() == ["chunk_kda T4096 D64", "BT 1.00", "–", "–"]
 
 
 def test_speedup_lines_keep_real_sweeps_only() -> None:
@@ -399,11 +473,12 @@ def test_load_run_reads_folders_recursively_with_one_commit_per_source(tmp_path:
     assert kinds[("bench", "run-h200-chunk_kda/bench.csv")] == ["83e632d"]  # the run.json beside it
     assert kinds[("bench", "bench_more/bench.csv")] == ["abcdef0"]  # the file's own column, shortened
     assert kinds[("bench", "old/bench.csv")] == [d.NOT_RECORDED]
-    assert data.bench is not None and len(data.bench) == 5 * 6 + 2 * len(sweep_rows())
+    synthetic = len(pd.read_csv(root / "run-h200-chunk_kda" / "bench.csv"))
+    assert data.bench is not None and len(data.bench) == synthetic + 2 * len(sweep_rows())
     (root / "provenance.json").write_text(json.dumps({"commits": {"old": "1234567"}, "note": "from NOTES.md"}))
     data = d.load_run(root)
     assert {(s.kind, s.path): s.commits for s in data.sources}[("bench", "old/bench.csv")] == ["1234567"]
-    assert data.notes == [f"{root}: from NOTES.md"]
+    assert data.notes == ["sitting: from NOTES.md"]  # an absolute folder by its name: no build-machine paths
     assert d.commits(data) == ["83e632d", "abcdef0", "1234567"]
 
 
@@ -414,4 +489,8 @@ def test_load_run_of_several_folders(tmp_path: Path) -> None:
     sweep_rows().to_csv(b / "bench.csv", index=False)
     data = d.load_run([a, b])
     assert data.trials is not None and data.bench is not None
-    assert set(data.bench["source"]) == {str(a / "run-h200-chunk_kda" / "bench.csv"), str(b / "bench.csv")}
+    # absolute folders (e.g. a temporary one) by their name, never the machine's path
+    assert set(data.bench["source"]) == {"a/run-h200-chunk_kda/bench.csv", "b/bench.csv"}
+    assert all(not s.path.startswith(str(tmp_path)) for s in data.sources)
+    monkey = Path("rel")  # a relative folder keeps the path as given
+    assert d._root_label(monkey) == "rel" and d._root_label(tmp_path / "x") == "x"

@@ -1,0 +1,71 @@
+"""``dtune list --shape``: which config the ops run for a shape and where it comes from, without a GPU present."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import dtune.store as store
+from dtune.cli.listing import parse_shape
+from dtune.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DTUNE_CONFIG", raising=False)
+    store.reset()
+
+
+def test_an_untuned_shape_says_what_it_borrows_and_changes() -> None:
+    result = runner.invoke(app, ["list", "--shape", "T16384-B2-H16-D64", "-k", "chunk_kda", "--gpu", "h200"])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "chunk_kda: borrowed: h200.json T4096-B8-H16-HV16-K64-V64" in flat
+    assert "state pass from T16384-B2-H16-HV16-K128-V128: h_BV 32→64" in flat and "SEG_CHUNKS 0→32" in flat
+    rows = json.loads(
+        runner.invoke(
+            app, ["list", "--shape", "T4096-B8-D128", "-k", "chunk_kda,chunk_kda_bwd", "--gpu", "h200", "--json"]
+        ).stdout
+    )["lookups"]
+    assert [r["match"] for r in rows] == ["exact", "exact"] and rows[0]["changes"] == []
+    assert rows[0]["config"]["INTRA"] == "onepass"
+
+
+def test_packed_and_defaults() -> None:
+    out = json.loads(
+        runner.invoke(
+            app, ["list", "--shape", "N16-T52640", "-k", "chunk_gated_delta_rule", "--gpu", "h200", "--json"]
+        ).stdout
+    )
+    (row,) = out["lookups"]
+    assert row["match"] == "exact" and row["bucket"]["T"] == 3290 and row["bucket"]["B"] == 16
+    fp32 = json.loads(
+        runner.invoke(
+            app, ["list", "--shape", "T4096", "-k", "chunk_kda", "--gpu", "h200", "--dtype", "fp32", "--json"]
+        ).stdout
+    )
+    assert fp32["lookups"][0]["match"] == "default"  # nothing tuned in fp32
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--shape", "T4096-Q3"], "cannot read 'Q3'"),
+        (["--shape", "B2-D64"], "needs the sequence length"),
+        (["--shape", "T4096-H16-HV24"], "HV=24 is not a multiple of H=16"),
+        (["--shape", "T4096", "-k", "nope"], "unknown kernel"),
+        (["--shape", "T4096", "--gpu", "zz"], "unknown GPU 'zz'"),
+    ],
+)
+def test_bad_shapes_are_one_line_errors(args: list[str], match: str) -> None:
+    result = runner.invoke(app, ["list", *args])
+    assert result.exit_code == 2 and match in " ".join(result.output.split()), result.output
+
+
+def test_parse_shape_defaults() -> None:
+    assert parse_shape("T64") == {"T": 64, "B": 1, "H": 16, "HV": 16, "K": 128, "V": 128, "N": 1, "varlen": 0}
+    assert parse_shape("t9,b2,h4,hv8,k32,v64")["HV"] == 8 and parse_shape("N3-T90")["varlen"] == 1
