@@ -258,7 +258,16 @@ def measured_verdict(call: Call, peer: str | None, grad: bool) -> tuple[bool, st
     what = "training step" if grad else "forward"
     against = peer or "the other implementations"
     entry = tuned_entry(kernel, shape, v.dtype, q.device)
-    if entry is None:
+    same_dims = entry is not None and (
+        entry.bucket["K"],
+        entry.bucket["V"],
+        entry.bucket["HV"] // entry.bucket["H"],
+    ) == (
+        shape.K,
+        shape.V,
+        shape.HV // shape.H,
+    )
+    if entry is None or not same_dims:  # a measurement at other head dims or head ratio says nothing of this call
         return False, f"no tuned {kernel} entry for this GPU, dtype and head dims: no measurement against {against}"
     where = _bucket_text(entry.bucket)
     if not _near(shape, entry.bucket):

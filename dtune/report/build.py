@@ -308,11 +308,14 @@ def build_report(
     could be read."""
     paths = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
     data = d.load_run(paths)
-    if not any(x is not None for x in (data.trials, data.bench, data.profile, data.tuned)) and not data.runs:
+    if (
+        not any(x is not None for x in (data.trials, data.bench, data.profile, data.launches, data.tuned))
+        and not data.runs
+    ):
         where = ", ".join(str(p) for p in paths)
         unread = " ".join(f" (could not read: {'; '.join(data.problems)})".split()) if data.problems else ""
         raise NothingToReport(
-            f"nothing to report in {where}: no run.json, trials.csv, bench.csv, profile.csv or tuned.json{unread}"
+            f"nothing to report in {where}: no run.json, trials.csv, bench.csv, profile.csv, launches.csv or tuned.json{unread}"
         )
     sections = build_sections(data)
     out = Path(output) if output is not None else default_output(paths[0])
