@@ -124,7 +124,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     if recompute_qk:  # A_qk from q and k
         state_ptrs = {n: t for n, t in state_ptrs.items() if n != "aqk"}
     h_BV = _tile(cfg["h_BV"], V)
-    tma = bool(cfg.get("STATE_TMA")) and K == _tile(triton.next_power_of_2(K), K) and V % h_BV == 0
+    tma = bool(cfg.get("STATE_TMA")) and _tile(triton.next_power_of_2(K), K) == K and V % h_BV == 0
     if tma:  # the launcher's descriptors (kernels.chunk.state.descriptors): [BT, K] and [BT, h_BV] rows
         desc = {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in (("q_td", K), ("k_td", K), ("o_td", h_BV))}
         more = [("v_td", h_BV), ("t_td", BT)] if recompute else [("w_td", K), ("u_td", h_BV)]

@@ -34,9 +34,10 @@ def check_structure(config: Config) -> None:
     if config["INTRA"] != "rows" and BT // BC not in (1, 2, 4):
         raise ValueError(f"chunk config: INTRA='{config['INTRA']}' holds 1, 2 or 4 sub-chunks, got BT={BT}, BC={BC}")
     wu, aqk = config.get("WU", "stored"), config.get("AQK", "stored")
-    for name, value in (("WU", wu), ("AQK", aqk)):
-        if value == "recomputed" and config["INTRA"] not in ("blocks", "blocks_split"):
-            raise ValueError(f"chunk config: {name}='recomputed' runs stage 1 as INTRA='blocks', not '{config['INTRA']}'")
+    if wu == "recomputed" and config["INTRA"] != "blocks":
+        raise ValueError(f"chunk config: WU='recomputed' runs stage 1 as INTRA='blocks', got '{config['INTRA']}'")
+    if aqk == "recomputed" and config["INTRA"] not in ("blocks", "blocks_split"):
+        raise ValueError(f"chunk config: AQK='recomputed' runs stage 1 as INTRA='blocks', got '{config['INTRA']}'")
     if aqk == "recomputed" and not config["FUSE_OUTPUT"]:
         raise ValueError("chunk config: AQK='recomputed' forms A_qk in the state pass, which needs FUSE_OUTPUT=True")
     if wu == "recomputed" and not config["FUSE_OUTPUT"]:

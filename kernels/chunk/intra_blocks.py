@@ -333,9 +333,9 @@ def chunk_intra_blocks_kernel(
     i_h = i_hv // (HV // H)
     bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
     L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
-    # WU_OUT = False (the state pass recomputes W and U from T, which STORE_AI stores) and QK_OUT = False (it
-    # recomputes A_qk): what is not stored is never written, its pointer may be any (the launcher passes T's buffer)
-    tl.static_assert(WU_OUT or (STORE_AI and GATE != 2), "without W and U: T is stored, for DeltaNet / Gated DeltaNet")
+    # WU_OUT = False (the state pass recomputes W and U from T, which STORE_AI stores; "blocks" only) and QK_OUT =
+    # False (it recomputes A_qk): what is not stored is never written, its pointer may be any (the launcher passes T's)
+    tl.static_assert(WU_OUT or (STORE_AI and GATE != 2 and not SPLIT_QK), "T without W, U: DeltaNet, Gated DeltaNet")
     tl.static_assert(QK_OUT or GATE != 2, "A_qk recomputed: DeltaNet / Gated DeltaNet")
     STORE_QK: tl.constexpr = QK_OUT and not SPLIT_QK
     DT = w.dtype.element_ty
@@ -510,88 +510,88 @@ def chunk_intra_blocks_kernel(
             _store_rows(ai_b + BC, r4, SA, o_c, m4, o_c < BC, b_I42)
             _store_rows(ai_b + 2 * BC, r4, SA, o_c, m4, o_c < BC, b_I43)
             _store_rows(ai_b + 3 * BC, r4, SA, o_c, m4, o_c < BC, b_I44)
-        if not WU_OUT:  # the state pass reads T's rows whole: the blocks above the diagonal as zeros
-            b_zt = tl.zeros([BC, BC], dtype=tl.float32)
-            for i_z in range(1, NB):
-                _store_rows(ai_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zt)
-            if NB >= 4:
-                for i_z in range(2, 4):
-                    _store_rows(ai_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zt)
-                _store_rows(ai_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zt)
+    if not WU_OUT:  # T (and A_qk) is all the state pass reads: the blocks of T above its diagonal as zeros, done
+        b_zt = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_z in range(1, NB):
+            _store_rows(ai_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zt)
+        if NB >= 4:
+            for i_z in range(2, 4):
+                _store_rows(ai_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zt)
+            _store_rows(ai_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zt)
+        return
 
-    if WU_OUT:
-        # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) -----------------------------------------------------------
-        for i_k in range(NK):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            b_gC = tl.zeros([BK], dtype=tl.float32)  # KDA: γ_C, and γ before each block (vectors)
-            b_s1 = b_gC
-            b_s2 = b_gC
-            b_s3 = b_gC
-            if GATE == 2:
-                # the gates' sums first, so that each block's γ tile is built, used and dropped on its own below (the
-                # γ tiles of four blocks live together made BT = 64 spill at the 255-register cap)
-                b_gC += tl.sum(_gate_rows(g_b, r1, SG, o_k, m1, m_k), 0)
-                if NB >= 2:
-                    b_s1 = b_gC
-                    b_gC += tl.sum(_gate_rows(g_b, r2, SG, o_k, m2, m_k), 0)
-                if NB >= 4:
-                    b_s2 = b_gC
-                    b_gC += tl.sum(_gate_rows(g_b, r3, SG, o_k, m3, m_k), 0)
-                    b_s3 = b_gC
-                    b_gC += tl.sum(_gate_rows(g_b, r4, SG, o_k, m4, m_k), 0)
-                tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
-            b_x1 = _w_operand(
-                k_b, q_b, g_b, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_c1, b_gC - b_gC, b_gC, scale, SK, SG, GATE
-            )
-            b_x1 = b_x1.to(DT)
+    # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) ---------------------------------------------------------------
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_gC = tl.zeros([BK], dtype=tl.float32)  # KDA: γ_C, and γ before each block (vectors)
+        b_s1 = b_gC
+        b_s2 = b_gC
+        b_s3 = b_gC
+        if GATE == 2:
+            # the gates' sums first, so that each block's γ tile is built, used and dropped on its own below (the
+            # γ tiles of four blocks live together made BT = 64 spill at the 255-register cap)
+            b_gC += tl.sum(_gate_rows(g_b, r1, SG, o_k, m1, m_k), 0)
             if NB >= 2:
-                b_x2 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_c2, b_s1, b_gC, scale, SK, SG, GATE)
-                b_x2 = b_x2.to(DT)
+                b_s1 = b_gC
+                b_gC += tl.sum(_gate_rows(g_b, r2, SG, o_k, m2, m_k), 0)
             if NB >= 4:
-                b_x3 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_c3, b_s2, b_gC, scale, SK, SG, GATE)
-                b_x3 = b_x3.to(DT)
-                b_x4 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_c4, b_s3, b_gC, scale, SK, SG, GATE)
-                b_x4 = b_x4.to(DT)
-            _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
-            if NB >= 2:
-                b_x2 = b_x2.to(DT)
-                b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
-                _store_rows(w_b, r2, SG, o_k, m2, m_k, b_o)
-            if NB >= 4:
-                b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
-                _store_rows(w_b, r3, SG, o_k, m3, m_k, b_o)
-                b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
-                _store_rows(w_b, r4, SG, o_k, m4, m_k, b_o)
+                b_s2 = b_gC
+                b_gC += tl.sum(_gate_rows(g_b, r3, SG, o_k, m3, m_k), 0)
+                b_s3 = b_gC
+                b_gC += tl.sum(_gate_rows(g_b, r4, SG, o_k, m4, m_k), 0)
+            tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
+        b_x1 = _w_operand(
+            k_b, q_b, g_b, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_c1, b_gC - b_gC, b_gC, scale, SK, SG, GATE
+        )
+        b_x1 = b_x1.to(DT)
+        if NB >= 2:
+            b_x2 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_c2, b_s1, b_gC, scale, SK, SG, GATE)
+            b_x2 = b_x2.to(DT)
+        if NB >= 4:
+            b_x3 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_c3, b_s2, b_gC, scale, SK, SG, GATE)
+            b_x3 = b_x3.to(DT)
+            b_x4 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_c4, b_s3, b_gC, scale, SK, SG, GATE)
+            b_x4 = b_x4.to(DT)
+        _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
+        if NB >= 2:
+            b_x2 = b_x2.to(DT)
+            b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
+            _store_rows(w_b, r2, SG, o_k, m2, m_k, b_o)
+        if NB >= 4:
+            b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
+            _store_rows(w_b, r3, SG, o_k, m3, m_k, b_o)
+            b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
+            _store_rows(w_b, r4, SG, o_k, m4, m_k, b_o)
 
-        for i_v in range(NV):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            b_x1 = (_rows(v_b, r1, HV * V, o_v, m1, m_v) * b_be1[:, None]).to(DT)
-            _store_rows(u_b, r1, HV * V, o_v, m1, m_v, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
-            if NB >= 2:
-                b_x2 = (_rows(v_b, r2, HV * V, o_v, m2, m_v) * b_be2[:, None]).to(DT)
-                b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
-                _store_rows(u_b, r2, HV * V, o_v, m2, m_v, b_o)
-            if NB >= 4:
-                b_x3 = (_rows(v_b, r3, HV * V, o_v, m3, m_v) * b_be3[:, None]).to(DT)
-                b_x4 = (_rows(v_b, r4, HV * V, o_v, m4, m_v) * b_be4[:, None]).to(DT)
-                b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
-                _store_rows(u_b, r3, HV * V, o_v, m3, m_v, b_o)
-                b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
-                b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
-                _store_rows(u_b, r4, HV * V, o_v, m4, m_v, b_o)
+    for i_v in range(NV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_x1 = (_rows(v_b, r1, HV * V, o_v, m1, m_v) * b_be1[:, None]).to(DT)
+        _store_rows(u_b, r1, HV * V, o_v, m1, m_v, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
+        if NB >= 2:
+            b_x2 = (_rows(v_b, r2, HV * V, o_v, m2, m_v) * b_be2[:, None]).to(DT)
+            b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
+            _store_rows(u_b, r2, HV * V, o_v, m2, m_v, b_o)
+        if NB >= 4:
+            b_x3 = (_rows(v_b, r3, HV * V, o_v, m3, m_v) * b_be3[:, None]).to(DT)
+            b_x4 = (_rows(v_b, r4, HV * V, o_v, m4, m_v) * b_be4[:, None]).to(DT)
+            b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
+            _store_rows(u_b, r3, HV * V, o_v, m3, m_v, b_o)
+            b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
+            b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
+            _store_rows(u_b, r4, HV * V, o_v, m4, m_v, b_o)
 
     if SPLIT_QK and QK_OUT:
         # ---- 4. A_qk in a pass of its own (INTRA = "blocks_split"): the first pass then holds only A_kk's
@@ -688,11 +688,12 @@ def chunk_intra_blocks_kernel(
 
 def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
     """Stage 1, ``INTRA = "blocks"``; with KDA's guarded diagonal, a second launch redoes the flagged chunks. With
-    ``WU = "recomputed"`` it stores only the chunk's inverse ``T`` (and the scalar gate's ``γ``)."""
+    ``WU = "recomputed"`` it stores the chunk's inverse ``T`` (and the scalar gate's ``γ``, and ``A_qk`` unless
+    ``AQK = "recomputed"``), no W and U."""
     if call.NC == 0:
         return None
     # with WU = "recomputed" T instead of W and U, with AQK = "recomputed" no A_qk: an output that is not stored is
-    # never written through, its pointer is T's buffer
+    # never written through, its pointer is T's buffer (or W's)
     dummy = inter.ai if inter.ai is not None else inter.w
     outs = tuple(t if t is not None else dummy for t in (inter.w, inter.u, inter.aqk))
     args = (
@@ -703,8 +704,9 @@ def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
     kw = intra_launch_options(call) | {
         "SPLIT_QK": call.config["INTRA"] == "blocks_split",
         "SOLVE": int(call.config["SOLVE"] == "squaring"),
+        "WU_OUT": not call.recompute,
+        "QK_OUT": not call.recompute_qk,
     }
-    kw |= {"WU_OUT": not call.recompute, "QK_OUT": not call.recompute_qk}
     if inter.ai is not None:
         kw |= {"ai": inter.ai, "STORE_AI": True}
     two_pass = inter.flags is not None
