@@ -46,8 +46,9 @@ def stage_costs(call: ChunkCall) -> dict[str, Cost]:
     if seg is not None:
         NS, ti = seg.NS, seg.inner_tokens * HV
         ext = NS * HV * K * (V + K) * 4
-        tk_in = ti * K * (2 * osz if gate == 2 else isz)
-        tv_in = ti * V * osz if wu else ti * (V * vsz + C * osz)
+        # k~ and W (KDA), k and W (stored) or k, v, beta and T (recomputed); U = 0 in the M columns
+        tk_in = ti * K * (2 * osz if gate == 2 else isz + (osz if wu else 0))
+        tv_in = ti * V * osz if wu else ti * (V * vsz + bsz + C * osz)
         costs["transitions"] = (float(ti * 4 * K * (V + K)), float(tk_in + tv_in + ext))
         starts = NS * HV * K * V * 4
         costs["segment-starts"] = (float(NS * HV * 2 * K * K * V), float(ext + 2 * starts))

@@ -183,13 +183,14 @@ def chunk_state_kernel(
         m_tu = (m_u[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_u[None, :])
         row_hv = t0 * HV + i_hv  # scalar: first row of the chunk in [tokens, HV, ...]
         row_h = t0 * H + i_h
-        b_hc = b_h.to(DT)
-        if GATE == 1:
+        EARLY: tl.constexpr = RECOMPUTE or QK_RECOMPUTE  # a recomputed product needs k and γ before the output
+        if GATE == 1 and EARLY:
             b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
             b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
-        if RECOMPUTE or QK_RECOMPUTE:  # k as loaded, early: a recomputed product needs it
+        if EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
         if RECOMPUTE:
+            b_hc = b_h.to(DT)
             # V_new = T (β ⊙ (V − e^γ ⊙ K S)): the chunk's inverse T (causal; stage 1 stores its upper blocks as 0)
             b_x = _tile(v + row_hv * V, off_v, m_tu, v_td, r0, c_v, USE_TMA, TRANS).to(tl.float32)
             if TRANS:
@@ -212,6 +213,7 @@ def chunk_state_kernel(
         else:
             b_w = _tile(w + row_hv * K, off_wk, m_tk, w_td, r0, c_w, USE_TMA, False)
             b_u = _tile(u + row_hv * V, off_v, m_tu, u_td, r0, c_v, USE_TMA, TRANS).to(tl.float32)
+            b_hc = b_h.to(DT)
             if TRANS:
                 b_vn = b_u - tl.dot(b_hc, tl.trans(b_w), input_precision=DOT_PREC)
             else:
@@ -219,15 +221,18 @@ def chunk_state_kernel(
         if USE_TMA:  # rows past the sequence hold the next one's tokens: no part of V_new, the output or the state
             b_vn = tl.where(m_tv, b_vn, 0.0)
         b_vnc = b_vn.to(DT)
+        if GATE == 1 and not EARLY:
+            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
+            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
         if SEG == 1:
             pass  # transitions only: no output, no chunk states
         elif FUSE_OUTPUT:
             if GATE == 2:
-                b_q = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
+                b_q = _tile(qg + row_hv * K, off_wk, m_tk, q_td, r0, c_w, USE_TMA, False)
             elif DIRECT:
                 b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(DT)
             else:
-                b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32) * scale
+                b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32) * scale
                 if GATE == 1:
                     b_q *= tl.exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
@@ -266,10 +271,10 @@ def chunk_state_kernel(
             tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
             tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
         b_vk = b_vnc  # V_new as the state update's operand
-        if GATE != 2 and not (RECOMPUTE or QK_RECOMPUTE):
+        if GATE != 2 and not EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
         if GATE == 2:
-            b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
+            b_kg = _tile(kg + row_hv * K, off_wk, m_tk, k_td, r0, c_w, USE_TMA, False)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
             if TRANS:
                 b_h *= b_dec[None, :]
@@ -306,17 +311,28 @@ def chunk_state_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + off_h, b_h, mask=m_h)
 
 
-def loop_options(config: Config) -> dict[str, Any]:
-    """The chunk loop's constexprs for ``STATE_LOOP``: ``tl.range``'s ``num_stages`` (None: the kernel's own
-    pipelining of the dots' operands) and ``warp_specialize``."""
+def loop_options(config: Config, tma: bool) -> dict[str, Any]:
+    """The chunk loop's constexprs for ``STATE_LOOP``: ``tl.range``'s ``num_stages`` (None for ``"range"``: the
+    kernel's own pipelining of the dots' operands) and ``warp_specialize``. Triton 3.6 splits the loop into producer
+    and consumer warps (sm_90a) only when every tile arrives by TMA (``tma``: ``STATE_TMA`` on a shape that allows it)
+    in the ``"vk"`` layout at 4 warps with A_qk stored; its pass fails on the other loops (an MLIR error, not a slow
+    kernel), so ``"specialized"`` runs as ``"pipelined"`` there."""
     mode = config.get("STATE_LOOP", "range")
     stages = None if mode == "range" else int(config["h_num_stages"])
-    return {"LOOP_STAGES": stages, "LOOP_WS": mode == "specialized"}
+    ws = mode == "specialized" and tma and specializable(config)
+    return {"LOOP_STAGES": stages, "LOOP_WS": ws}
+
+
+def specializable(config: Config) -> bool:
+    """The state pass's loop shapes Triton 3.6 warp-specialises on sm_90a (see :func:`loop_options`), TMA aside."""
+    vk = config["STATE_LAYOUT"] == "vk"
+    return vk and config["h_num_warps"] == 4 and config.get("AQK", "stored") == "stored"
 
 
 def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[str, Any]:
     """TMA descriptors of the state pass's tiles (2-D token-major views, one chunk of rows by one head's columns or
-    ``BV`` of them): q, k, and W, U, A_qk (stored) or V, T (recomputed), and the output. Empty unless ``call.tma``."""
+    ``BV`` of them): q, k (KDA: q~, k~), W and U (stored) or V and T (recomputed), A_qk (stored), and the output.
+    Empty unless ``call.tma``."""
     if not call.tma:
         return {}
     rows, H, HV, K, V, BT = call.tokens, call.H, call.HV, call.K, call.V, call.BT
@@ -324,7 +340,11 @@ def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[
     def desc(t: Any, width: int, block: int) -> TensorDescriptor:
         return TensorDescriptor(t.view(rows, width), [rows, width], [width, 1], [BT, block])
 
-    tds = {"q_td": desc(call.q, H * K, K), "k_td": desc(call.k, H * K, K), "o_td": desc(o, HV * V, BV)}
+    if call.gate == 2:  # KDA: q~ and k~ per value head, from stage 1
+        tds = {"q_td": desc(inter.qg, HV * K, K), "k_td": desc(inter.kg, HV * K, K)}
+    else:
+        tds = {"q_td": desc(call.q, H * K, K), "k_td": desc(call.k, H * K, K)}
+    tds["o_td"] = desc(o, HV * V, BV)
     if call.recompute:
         tds |= {"v_td": desc(call.v, HV * V, BV), "t_td": desc(inter.ai, HV * BT, BT)}
     else:
@@ -395,7 +415,7 @@ def _launch(
         QK_RECOMPUTE=call.recompute_qk,
         TMA=bool(tds),
         **tds,
-        **loop_options(call.config),
+        **loop_options(call.config, bool(tds)),
         **launch,
     )
 
