@@ -158,6 +158,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in drop and not n.endswith("_td")}
         tr_BV, tr_launch = transitions_tile(cfg, K, V)
         consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1, BV=tr_BV, TMA=False)
+        consts |= loop_options(cfg, False)  # pointer tiles (the launcher builds no descriptors for phase 1)
         tr = ("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts)
         out.append((*tr, tr_launch["num_warps"], tr_launch["num_stages"]))
         fn, opts = segment_starts_spec(cfg, K, V)
