@@ -14,6 +14,14 @@ Two layouts of the state tile (``STATE_LAYOUT``, the constexpr ``TRANS``):
   registers, so the chain from one chunk's state to the next need not pass through shared memory (in ``"kv"``
   the state and ``V_new`` are right operands, a shared-memory round trip each). Same loads, same arithmetic.
 
+``RECOMPUTE`` (``WU = "recomputed"``): ``V_new = T (β ⊙ (V − e^γ ⊙ K S))`` from stage 1's inverse ``T`` and the v,
+k tiles (in phase 1's M columns V = 0, as U = 0 there); ``QK_RECOMPUTE`` (``AQK = "recomputed"``): ``scale · A_qk =
+scale · q kᵀ ⊙ e^(γ_i − γ_j)`` from the q, k tiles. ``TMA``: the chunk's tiles through TMA descriptors (the
+launcher's :func:`descriptors`; not in phase 1), whole chunks of the output stored through one; rows past the
+sequence's end are then the next sequence's tokens, zeroed in ``V_new`` so that they reach neither the output nor the
+state. ``LOOP_STAGES`` / ``LOOP_WS``: the chunk loop's ``tl.range`` pipelining and warp specialisation
+(:func:`loop_options`).
+
 Sequence-parallel mode (``SEG_CHUNKS > 0``, constexpr ``SEG``; docs/DESIGN.md §1): per chunk the update is affine,
 ``S_{c+1} = M_c S_c + N_c`` with ``M_c = diag(exp(γ_C)) − k̃ᵀ W`` (K × K) and ``N_c = k̃ᵀ U``, so a segment of chunks
 maps its entering state as ``S_end = M_seg S_start + N_seg``.
