@@ -13,16 +13,18 @@ shipped configs there run the sequence-parallel state pass).
 What is timed is the op's call, ``dtune.ops.run_kernel(kernel, ..., config=cfg)`` (with ``check_gate=False`` where
 the op still defaults to checking the gate's values, which costs a read of g and a host sync per call), by CUDA
 events with the L2 flushed (median of up to 50, dtune.measure.timing.time_fn); fla's op the same way (its Triton
-path: ``FLA_FLASH_QLA=0``), and FlashQLA's ``chunk_gated_delta_rule`` when it is importable. Per launch: CUDA time
+path: ``FLA_FLASH_QLA=0``; chunk_kda only with ``--fla-kda``, its autotune takes minutes), and FlashQLA's
+``chunk_gated_delta_rule`` when it is importable. Per launch: CUDA time
 per call from torch.profiler (mean of 10 calls) by kernel name. Error: relative RMS (dtune.measure.error) of the
 output and the final state against ``kernels.reference.chunk_reference`` in float64 on the GPU, same inputs.
 
 Order: first every dtune config is compiled in parallel child processes (``--workers``, one small call each at the
 same constexprs, so that Triton's on-disk cache holds every kernel) while the main process warms fla (its autotune,
-cached on disk by fla); then the rows are timed one after the other. Rows past ``--budget-s`` are skipped (SKIP).
+cached on disk by fla) and FlashQLA (its JIT); then the rows are timed one after the other. Rows that would start
+past ``--budget-s`` are skipped (SKIP) and the table is printed anyway.
 
-Usage:  python benchmarks/fwd_variants.py [--shapes B8,B1] [--kernels chunk_gated_delta_rule,...] [--workers 12]
-                                          [--no-fla] [--no-flashqla] [--budget-s 330]
+Usage:  python benchmarks/fwd_variants.py [--shapes B8,B1] [--kernels chunk_gated_delta_rule,...] [--workers 10]
+                                          [--no-fla] [--fla-kda] [--no-flashqla] [--budget-s 330]
         python benchmarks/fwd_variants.py --interpret      (a dry run on the CPU: tiny shapes, Triton's interpreter)
 
 Results in $OUT (default ./out): fwd_variants.csv (one row per shape, kernel and variant), launches.jsonl (the
@@ -182,7 +184,7 @@ def reference(x: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def fla_calls(kernel: str, x: dict[str, Any]) -> list[tuple[str, Callable[[], Any]]]:
-    """fla's op (and for chunk_kda its safe_gate mode), FlashQLA's for Gated DeltaNet; those that import."""
+    """fla's op (and for chunk_kda its safe_gate mode), if fla imports."""
     from dtune.measure.baselines import KDA_LOWER_BOUND, fla_forward, fla_function
 
     out: list[tuple[str, Callable[[], Any]]] = []
@@ -213,6 +215,12 @@ def flashqla_call(kernel: str, x: dict[str, Any]) -> list[tuple[str, Callable[[]
     return [("flashqla", lambda: flash_qla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw))]
 
 
+def baselines(kernel: str, x: dict[str, Any], a: argparse.Namespace) -> list[tuple[str, Callable[[], Any]]]:
+    """The baselines to time beside dtune for ``kernel`` under the command line's switches."""
+    out = [] if a.no_fla or (kernel == "chunk_kda" and not a.fla_kda) else fla_calls(kernel, x)
+    return out + ([] if a.no_flashqla else flashqla_call(kernel, x))
+
+
 def env_info(interpret: bool) -> dict[str, Any]:
     import triton
 
@@ -240,9 +248,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1], formatter_class=fmt)
     ap.add_argument("--shapes", default="B8,B1", help="comma-separated: B8 (B 8, T 4096), B1 (B 1, T 32768)")
     ap.add_argument("--kernels", default=",".join(KERNEL_NAMES))
-    ap.add_argument("--workers", type=int, default=12, help="compile processes")
+    ap.add_argument("--workers", type=int, default=10, help="compile processes")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--no-flashqla", action="store_true")
+    ap.add_argument("--fla-kda", action="store_true", help="time fla's chunk_kda too (its autotune takes minutes)")
+    ap.add_argument("--no-flashqla", action="store_true", help="FlashQLA is timed when importable (~45 s JIT a shape)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip the rows that would start after this (GPU)")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")
     a = ap.parse_args()
@@ -272,12 +281,12 @@ def main() -> None:
             (kind, kernel, name): pool.submit(_compile_one, kernel, kind, cfg, interpret)
             for kind, kernel, name, cfg in plan
         }
-        if not interpret and not a.no_fla:  # fla's autotune at the real shapes, cached on disk for the timed calls
+        if not interpret:  # fla's autotune and FlashQLA's JIT at the real shapes (fla caches its choices on disk)
             for kind in kinds:
                 B, T = SHAPES[kind]
                 for kernel in kernels:
                     x = make_case(kernel, B, T, dev, interpret)
-                    for name, warm in fla_calls(kernel, x):
+                    for name, warm in baselines(kernel, x, a):
                         t0 = time.monotonic()
                         try:
                             warm()
@@ -324,8 +333,7 @@ def main() -> None:
                     err = compile_errors.get((kind, kernel, name), "")
                     contestants.append((name, None if err else op_call(kernel, x, cfg), err))
                 if not interpret:
-                    contestants += [(n, f, "") for n, f in ([] if a.no_fla else fla_calls(kernel, x))]
-                    contestants += [(n, f, "") for n, f in ([] if a.no_flashqla else flashqla_call(kernel, x))]
+                    contestants += [(n, f, "") for n, f in baselines(kernel, x, a)]
                 base_ms = fla_ms = None
                 group: list[dict[str, Any]] = []
                 for name, fn, note in contestants:
@@ -341,8 +349,8 @@ def main() -> None:
                         try:
                             result = fn()
                             row["err_o"], row["err_state"] = errors(result, ref)
-                            reps = {"warmup": 0, "repeats": 1} if interpret else {}  # a dry run: once
-                            row["median_ms"] = time_fn(fn, dev, **reps).median_ms
+                            n_warm, n_rep = (0, 1) if interpret else (5, 50)  # a dry run: once
+                            row["median_ms"] = time_fn(fn, dev, warmup=n_warm, repeats=n_rep).median_ms
                             launches = launch_times(fn) if not interpret else {}
                             row["launches"] = "; ".join(f"{k[:40]} {v:.3f}" for k, v in launches.items())
                             fjl.write(

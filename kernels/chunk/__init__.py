@@ -39,10 +39,9 @@ The state pass's loads: ``STATE_TMA`` tiles through TMA tensor descriptors (2-D 
 one head's columns; built on the host per call), where the shape allows it (K a power of two, ``h_BV`` dividing V,
 16-byte aligned inputs), else pointers; rows past a sequence's end then hold the next sequence's tokens, which the
 kernel keeps out of V_new (so nothing of them reaches the output or the state). ``STATE_LOOP``: ``"range"`` (the
-kernel's ``num_stages`` pipelines the dots' operand loads), ``"pipelined"`` (``tl.range(num_stages=h_num_stages)``,
-every load of the loop), ``"specialized"`` (and Triton's warp specialisation: producer warps load chunk n + 1 while
-consumers compute chunk n; Triton 3.6 splits only the TMA, ``"vk"``, 4-warp, A_qk-stored loop: elsewhere it runs
-as ``"pipelined"``). Triton's interpreter ignores the loop attributes and runs the descriptors' loads.
+kernel's ``num_stages`` pipelines the loop's loads) or ``"specialized"`` (Triton's warp specialisation: producer warps
+load chunk n + 1 while consumers compute chunk n; Triton 3.6 splits only the TMA, ``"vk"``, 4-warp, A_qk-stored loop:
+elsewhere it runs as ``"range"``). Triton's interpreter ignores the loop attribute and runs the descriptors' loads.
 
 Sequence-parallel state pass (``SEG_CHUNKS > 0``, for few long sequences, where ``N · HV · V / h_BV`` programs
 cannot fill the GPU): each sequence is cut into segments of ``SEG_CHUNKS`` chunks. Phase 1 (``transitions``, the

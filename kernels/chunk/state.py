@@ -19,8 +19,8 @@ k tiles (in phase 1's M columns V = 0, as U = 0 there); ``QK_RECOMPUTE`` (``AQK 
 scale · q kᵀ ⊙ e^(γ_i − γ_j)`` from the q, k tiles. ``TMA``: the chunk's tiles through TMA descriptors (the
 launcher's :func:`descriptors`; not in phase 1), whole chunks of the output stored through one; rows past the
 sequence's end are then the next sequence's tokens, zeroed in ``V_new`` so that they reach neither the output nor the
-state. ``LOOP_STAGES`` / ``LOOP_WS``: the chunk loop's ``tl.range`` pipelining and warp specialisation
-(:func:`loop_options`).
+state. ``LOOP_WS``: the chunk loop warp-specialised (``tl.range(num_stages=LOOP_STAGES, warp_specialize=True)``,
+:func:`loop_options`).
 
 Sequence-parallel mode (``SEG_CHUNKS > 0``, constexpr ``SEG``; docs/DESIGN.md §1): per chunk the update is affine,
 ``S_{c+1} = M_c S_c + N_c`` with ``M_c = diag(exp(γ_C)) − k̃ᵀ W`` (K × K) and ``N_c = k̃ᵀ U``, so a segment of chunks
@@ -320,15 +320,13 @@ def chunk_state_kernel(
 
 
 def loop_options(config: Config, tma: bool) -> dict[str, Any]:
-    """The chunk loop's constexprs for ``STATE_LOOP``: ``tl.range``'s ``num_stages`` (None for ``"range"``: the
-    kernel's own pipelining of the dots' operands) and ``warp_specialize``. Triton 3.6 splits the loop into producer
-    and consumer warps (sm_90a) only when every tile arrives by TMA (``tma``: ``STATE_TMA`` on a shape that allows it)
-    in the ``"vk"`` layout at 4 warps with A_qk stored; its pass fails on the other loops (an MLIR error, not a slow
-    kernel), so ``"specialized"`` runs as ``"pipelined"`` there."""
-    mode = config.get("STATE_LOOP", "range")
-    stages = None if mode == "range" else int(config["h_num_stages"])
-    ws = mode == "specialized" and tma and specializable(config)
-    return {"LOOP_STAGES": stages, "LOOP_WS": ws}
+    """The chunk loop's constexprs for ``STATE_LOOP``: ``tl.range``'s ``num_stages`` and ``warp_specialize`` (None and
+    False for ``"range"``: the kernel's own ``num_stages`` pipelines the loop). Triton 3.6 splits the loop into
+    producer and consumer warps (sm_90a) only when every tile arrives by TMA (``tma``: ``STATE_TMA`` on a shape that
+    allows it) in the ``"vk"`` layout at 4 warps with A_qk stored; its pass fails on the other loops (an MLIR error,
+    not a slow kernel), so ``"specialized"`` runs as ``"range"`` there."""
+    ws = config.get("STATE_LOOP", "range") == "specialized" and tma and specializable(config)
+    return {"LOOP_STAGES": int(config["h_num_stages"]) if ws else None, "LOOP_WS": ws}
 
 
 def specializable(config: Config) -> bool:

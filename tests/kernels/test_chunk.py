@@ -162,8 +162,11 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add(Problem(1, 0, 1, 2, 32, 32, 3, gate, True), seq_lens=[40, 0, 29], config={**SMALL, "STATE_TMA": True,
         "QK_DIRECT": True, "STATE_LAYOUT": "vk", "h_BV": 16, "h_num_stages": 2, "STATE_LOOP": "specialized"},
         extra="-tma-vk-ws")  # fmt: skip
-    # TMA asked for where K is no power of two: pointer tiles; the pipelined loop
-    add(Problem(1, 37, 1, 1, 24, 40, 1, gate), config={**both, "h_BV": 32, "STATE_LOOP": "pipelined"},
+    # unfused: the chunk states and V_new stored for the output stage
+    add(Problem(1, 0, 1, 2, 32, 32, 3, gate, True), seq_lens=[40, 0, 29], config={**SMALL, "STATE_TMA": True,
+        "FUSE_OUTPUT": False, "h_BV": 16}, extra="-tma-unfused")  # fmt: skip
+    # TMA asked for where K is no power of two: pointer tiles (and the loop not specialised)
+    add(Problem(1, 37, 1, 1, 24, 40, 1, gate), config={**both, "h_BV": 32, "STATE_LOOP": "specialized"},
         extra="-recomputed-tma-K24")  # fmt: skip
 add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config={**SMALL, "STATE_TMA": True, "STATE_LAYOUT": "vk",
     "h_BV": 16}, extra="-tma-vk")  # fmt: skip
@@ -516,3 +519,71 @@ def test_recomputed_needs_blocks_and_fused_output(gate: Gate, cfg: dict[str, Any
     p = Problem(1, 8, 1, 1, 16, 16, 1, gate)
     with pytest.raises(ValueError, match=match):
         run(CHUNK[gate], make_inputs(p, seed=1), {"BT": 32, "BC": 16, "FUSE_OUTPUT": True, **cfg})
+
+
+# Compiled on a CUDA GPU (pytest -m gpu): what the interpreter cannot show. Warp specialisation (the interpreter runs
+# the plain loop), TMA's hardware bounds and box splits, bfloat16 dots; grouped heads, odd T, packed sequences with an
+# empty one and rows past each sequence's end, K = 96 (TMA falls back to pointers), the segmented pass.
+GPU_VARIANTS: dict[str, dict[str, Any]] = {
+    "wu": {"WU": "recomputed"},
+    "wu-tma": {"WU": "recomputed", "STATE_TMA": True},
+    "wu-tma-ws": {"WU": "recomputed", "STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2},
+    "wu-aqk-tma-w8": {"WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_num_warps": 8},
+    "wu-tma-BT64": {"WU": "recomputed", "STATE_TMA": True, "BT": 64, "SOLVE": "squaring", "intra_num_warps": 4},
+    "tma": {"STATE_TMA": True},
+    "tma-ws": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2},
+}
+GPU_BASE = {"BT": 32, "BC": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True, "FUSE_OUTPUT": True}
+# the same heads and head dims where possible, so that the cases share their compiled kernels
+GPU_SHAPES: dict[str, tuple[Problem, list[int] | None, dict[str, Any]]] = {
+    "B2-T777-H2-HV4-D128": (Problem(2, 777, 2, 4, 128, 128, 2, Gate.NONE), None, {}),
+    "varlen-H2-HV4-D128": (Problem(1, 0, 2, 4, 128, 128, 5, Gate.NONE, True), [1, 700, 0, 333, 64], {}),
+    "B1-T9000-seg": (Problem(1, 9000, 2, 4, 128, 128, 1, Gate.NONE), None, {"SEG_CHUNKS": 64}),
+    "B2-T300-K96-V64": (Problem(2, 300, 2, 4, 96, 64, 2, Gate.NONE), None, {}),
+}
+BF16, F32 = torch.bfloat16, torch.float32
+GPU_CASES = [
+    (gate, v, shape, dt)
+    for gate in Gate
+    for v in GPU_VARIANTS
+    for shape, dt in (
+        ("B2-T777-H2-HV4-D128", BF16),
+        ("varlen-H2-HV4-D128", BF16),
+        ("B1-T9000-seg", BF16),
+        ("B2-T300-K96-V64", BF16),
+        ("B2-T777-H2-HV4-D128", F32),
+    )
+    if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws"))
+    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws"))
+    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws"))
+    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws"))
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("gate", "variant", "shape", "dtype"),
+    GPU_CASES,
+    ids=[f"{g.value}-{v}-{s}-{str(d)[6:]}" for g, v, s, d in GPU_CASES],
+)
+def test_variants_compiled_match_reference(gate: Gate, variant: str, shape: str, dtype: torch.dtype) -> None:
+    from dataclasses import replace
+
+    from dtune.kernels.reference import chunk_reference
+
+    from dtune.tune.space import load_space
+
+    p, seq_lens, extra = GPU_SHAPES[shape]
+    p = replace(p, gate=gate)
+    kernel = CHUNK[gate]
+    tol = load_space(kernel).tolerance["bf16" if dtype == torch.bfloat16 else "fp32"]
+    x = make_inputs(p, dtype=dtype, device="cuda", seed=53, seq_lens=seq_lens, gate_min=-5.0)
+    cfg = {**GPU_BASE, **extra, **GPU_VARIANTS[variant]}
+    if gate is Gate.CHANNEL:
+        cfg.pop("QK_DIRECT")
+    o, s = run(kernel, x, cfg)
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    o_ref, s_ref = chunk_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw, chunk_size=16)
+    assert s is not None and s_ref is not None
+    assert rel_err(o, o_ref) < tol, f"output rel err {rel_err(o, o_ref):.3g} (tolerance {tol})"
+    assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g} (tolerance {tol})"
