@@ -27,7 +27,7 @@ from dtune.kernels.chunk.intra_blocks import chunk_intra_blocks_kernel
 from dtune.kernels.chunk.intra_kda import chunk_intra_onepass_kernel
 from dtune.kernels.chunk.output import chunk_output_kernel
 from dtune.kernels.chunk.segments import segment_starts_spec
-from dtune.kernels.chunk.state import chunk_state_kernel, transitions_tile
+from dtune.kernels.chunk.state import chunk_state_kernel, loop_options, transitions_tile
 from dtune.kernels.config import GATE_CODES
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -68,7 +68,7 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
             sig[name] = "constexpr"
             default = fn.params[i].default
             consts[(i,)] = constexprs.get(name, None if default is inspect.Parameter.empty else default)
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in ptrs.items() if t.startswith("*")}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     try:
         return triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
@@ -95,16 +95,21 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     intra_fn = {"rows": chunk_intra_kernel, "onepass": chunk_intra_onepass_kernel}.get(
         cfg["INTRA"], chunk_intra_blocks_kernel
     )
+    recompute = cfg.get("WU", "stored") == "recomputed"
+    recompute_qk = cfg.get("AQK", "stored") == "recomputed"
     intra = (
         "intra",
         intra_fn,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
+        | ({"ai": p} if recompute else {})
         | ({"flags": "*i32"} if G == 2 and safe else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
         | diag
         | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] in ("blocks", "blocks_split") else {})
-        | {"SOLVE": int(cfg["SOLVE"] == "squaring"), "DIAG_LOWP": bool(cfg.get("DIAG_BF16")) and dtype == "bf16"},
+        | {"SOLVE": int(cfg["SOLVE"] == "squaring"), "DIAG_LOWP": bool(cfg.get("DIAG_BF16")) and dtype == "bf16"}
+        | ({"STORE_AI": True} if recompute else {})
+        | {"WU_OUT": not recompute, "QK_OUT": not recompute_qk},
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
@@ -114,6 +119,17 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
     seg = cfg.get("SEG_CHUNKS", 0) > 0
     state_ptrs |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen or seg else {}
     state_ptrs |= {"seg_last": "*i32"} if seg else {}
+    if recompute:  # V_new from v, beta and T
+        state_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("w", "u")} | {"v": p, "beta": p, "ai": p}
+    if recompute_qk:  # A_qk from q and k
+        state_ptrs = {n: t for n, t in state_ptrs.items() if n != "aqk"}
+    h_BV = _tile(cfg["h_BV"], V)
+    tma = bool(cfg.get("STATE_TMA")) and _tile(triton.next_power_of_2(K), K) == K and V % h_BV == 0
+    if tma:  # the launcher's descriptors (kernels.chunk.state.descriptors): [BT, K] and [BT, h_BV] rows
+        desc = {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in (("q_td", K), ("k_td", K), ("o_td", h_BV))}
+        more = [("v_td", h_BV), ("t_td", BT)] if recompute else [("w_td", K), ("u_td", h_BV)]
+        more += [] if recompute_qk else [("a_td", BT)]
+        state_ptrs |= desc | {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in more}
     state = (
         "state",
         chunk_state_kernel,
@@ -130,15 +146,19 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
             USE_H0=True,
         )
         | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
-        | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False))),
+        | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False)), RECOMPUTE=recompute, TMA=tma)
+        | dict(QK_RECOMPUTE=recompute_qk)
+        | loop_options(cfg, tma),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )
     out = [intra, state]
     if seg:  # phase 1 (the state kernel's transition mode) and phase 2 (the segments' entering states)
-        trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")}
+        drop = ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")
+        trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in drop and not n.endswith("_td")}
         tr_BV, tr_launch = transitions_tile(cfg, K, V)
-        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1, BV=tr_BV)
+        consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1, BV=tr_BV, TMA=False)
+        consts |= loop_options(cfg, False)  # pointer tiles (the launcher builds no descriptors for phase 1)
         tr = ("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts)
         out.append((*tr, tr_launch["num_warps"], tr_launch["num_stages"]))
         fn, opts = segment_starts_spec(cfg, K, V)

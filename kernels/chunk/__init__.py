@@ -25,6 +25,24 @@ Math: docs/DESIGN.md §1 (chunk of ``C = BT`` tokens, WY/UT representation). Pip
 3. ``output`` (:mod:`.output`, only without ``FUSE_OUTPUT``; chunk × V tile × value head, fully parallel):
    ``O = q̃ S_c + A_qk V_new``.
 
+What stage 1 hands the state pass (DeltaNet, Gated DeltaNet; fused output): ``WU = "stored"`` W and U as above;
+``WU = "recomputed"``: only the chunk's inverse ``T = (I + A_kk)⁻¹`` (``[tokens, HV, BT]``, zeros right of the
+diagonal; stage 1 then reads no v and does no W/U products), and the state pass forms ``V_new = T (β ⊙ (V − e^γ ⊙
+K S))`` from the v and k tiles it loads anyway (W S = T (β ⊙ e^γ ⊙ K) S: one more ``[BT, BT] × [BT, h_BV]`` product
+per chunk). ``AQK = "recomputed"``: ``scale · A_qk = scale · q kᵀ ⊙ e^(γ_i − γ_j)`` (causal) per chunk in the state
+pass, from its q and k tiles (stage 1 reads no q). Both take q and k to the dots as loaded (``QK_DIRECT``'s algebra).
+Bytes at B = 8, T = 4096, H = 16, D = 128, bf16 (:mod:`.cost`): 1.43 GB stored, 0.97 with W/U recomputed, 0.76 with
+A_qk too (the compulsory q, k, v, o, gates and states: ~0.55 GB). KDA keeps ``"stored"``: its per-channel decays
+would need ``K ⊙ e^γ`` ([tokens, K], what W replaces) and the per-channel A_qk through memory anyway.
+
+The state pass's loads: ``STATE_TMA`` tiles through TMA tensor descriptors (2-D token-major views, a chunk of rows by
+one head's columns; built on the host per call), where the shape allows it (K a power of two, ``h_BV`` dividing V,
+16-byte aligned inputs), else pointers; rows past a sequence's end then hold the next sequence's tokens, which the
+kernel keeps out of V_new (so nothing of them reaches the output or the state). ``STATE_LOOP``: ``"range"`` (the
+kernel's ``num_stages`` pipelines the loop's loads) or ``"specialized"`` (Triton's warp specialisation: producer warps
+load chunk n + 1 while consumers compute chunk n; Triton 3.6 splits only the TMA, ``"vk"``, 4-warp, A_qk-stored loop:
+elsewhere it runs as ``"range"``). Triton's interpreter ignores the loop attribute and runs the descriptors' loads.
+
 Sequence-parallel state pass (``SEG_CHUNKS > 0``, for few long sequences, where ``N · HV · V / h_BV`` programs
 cannot fill the GPU): each sequence is cut into segments of ``SEG_CHUNKS`` chunks. Phase 1 (``transitions``, the
 state kernel in a mode of its own, parallel over segments): each segment's affine map ``S_end = M S_start + N``.
@@ -55,7 +73,9 @@ memory) and ``seg_BV`` that kernel's V tile; ``tr_BV``/``tr_num_warps`` phase 1'
 state pass's); ``QK_DIRECT`` (DeltaNet, Gated DeltaNet) q and k go to the state pass's dots as loaded, the scale
 and the scalar gate's factors act on the products and on ``V_new``'s token rows (``k̃ᵀ V_new = kᵀ (exp(γ_C − γ)
 ⊙ V_new)``, ``q̃ S = exp(γ) ⊙ (scale · q S)``);
-``intra_BK``/``intra_BV`` key/value tiles of stage 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV``
+``WU``, ``AQK`` (DeltaNet, Gated DeltaNet) what stage 1 stores (``"recomputed"`` needs ``INTRA = "blocks"``, and
+for A_qk ``"blocks"`` or ``"blocks_split"``, and ``FUSE_OUTPUT``, else ValueError); ``STATE_TMA``, ``STATE_LOOP`` the
+state pass's loads and loop; ``intra_BK``/``intra_BV`` key/value tiles of stage 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV``
 tiles of the output stage (tiles larger than the head dimension are clipped to it); ``*_num_warps`` and
 ``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``, the precision of tensor-core dots on float32 inputs
 (``"ieee"`` exact, ``"tf32"`` faster, ~1e-3 relative error; ignored for 16-bit inputs, whose dots run on their
@@ -84,8 +104,8 @@ NUMERICS (where a configuration is unsafe):
   relative). The search space excludes ``SAFE_DIAG = False`` with ``BC = 64``. Full forgets (gates of −inf,
   clamped to −20) count 20 nats each: isolated ones are safe at ``BC = 16``, a key channel that forgets at every
   token is not (its half span is ``BC/2 · 20``) — only ``SAFE_DIAG = True`` is exact for every gate.
-* 16-bit inputs: the intermediates (W, U, A_qk, q̃, k̃, chunk states, V_new) are rounded to the inputs'
-  dtype, as in flash-linear-attention; float16 inputs additionally need ``|v|`` and the state small enough for
+* 16-bit inputs: the intermediates (W, U, A_qk, q̃, k̃, chunk states, V_new; with ``WU = "recomputed"`` T and
+  ``β ⊙ (V − e^γ ⊙ K S)``) are rounded to the inputs' dtype, as in flash-linear-attention; float16 inputs additionally need ``|v|`` and the state small enough for
   float16's range (the chunk states are stored in float16).
 """
 

@@ -29,6 +29,9 @@ class Intermediates:
     * ``u`` ``[tokens, HV, V]`` dt: ``U = T (β ⊙ V)``
     * ``aqk`` ``[tokens, HV, BT]`` dt: row ``i`` of the chunk holds ``scale · A_qk[i, :]`` (causal, zeros right of
       the diagonal, columns are the chunk's tokens)
+    * ``ai`` ``[tokens, HV, BT]`` dt: row ``i`` of the chunk holds row ``i`` of ``T`` (zeros right of the diagonal)
+      — only with ``WU = "recomputed"``, where ``w`` and ``u`` are None (the state pass forms ``V_new`` from T and
+      the inputs); ``aqk`` is None with ``AQK = "recomputed"`` (the state pass forms it from q and k)
     * ``qg``, ``kg`` ``[tokens, HV, K]`` dt (KDA only, else None): ``q̃ = scale · q ⊙ exp(γ)``,
       ``k̃ = k ⊙ exp(γ_C − γ)``
     * ``gout``: Gated DeltaNet ``[tokens, HV]`` float32 ``γ`` (cumulative inside each chunk); KDA ``[NC, HV, K]``
@@ -42,15 +45,16 @@ class Intermediates:
     Chunk ``c``'s rows start at token ``chunk_info[c, 0]`` (varlen) or ``(c // ⌈T/BT⌉) · T + (c mod ⌈T/BT⌉) · BT``.
     """
 
-    w: Tensor
-    u: Tensor
-    aqk: Tensor
+    w: Tensor | None
+    u: Tensor | None
+    aqk: Tensor | None
     qg: Tensor | None
     kg: Tensor | None
     gout: Tensor | None
     h: Tensor | None
     v_new: Tensor | None
     flags: Tensor | None
+    ai: Tensor | None = None
 
 
 @dataclass
@@ -86,16 +90,18 @@ def allocate(call: ChunkCall) -> tuple[Intermediates, Outputs]:
     elif call.gate == 1:
         gout = new_output(tokens, HV, dtype=torch.float32, device=dev)
     two_pass = call.gate == 2 and bool(call.config.get("SAFE_DIAG", True))  # the guarded KDA diagonal's marks
+    stored = not call.recompute
     inter = Intermediates(
-        w=new_output(tokens, HV, K, dtype=dt, device=dev),
-        u=new_output(tokens, HV, V, dtype=dt, device=dev),
-        aqk=new_output(tokens, HV, call.BT, dtype=dt, device=dev),
+        w=new_output(tokens, HV, K, dtype=dt, device=dev) if stored else None,
+        u=new_output(tokens, HV, V, dtype=dt, device=dev) if stored else None,
+        aqk=None if call.recompute_qk else new_output(tokens, HV, call.BT, dtype=dt, device=dev),
         qg=qg,
         kg=kg,
         gout=gout,
         h=None if call.fuse else new_output(NC1, HV, K, V, dtype=dt, device=dev),
         v_new=None if call.fuse else new_output(tokens, HV, V, dtype=dt, device=dev),
         flags=torch.empty(NC1 * HV, dtype=torch.int32, device=dev) if two_pass else None,
+        ai=None if stored else new_output(tokens, HV, call.BT, dtype=dt, device=dev),
     )
     return inter, Outputs(o, ht)
 

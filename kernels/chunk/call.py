@@ -33,6 +33,15 @@ def check_structure(config: Config) -> None:
         raise ValueError(f"chunk config: INTRA='onepass' holds 1 or 2 sub-chunks, got BT={BT}, BC={BC}")
     if config["INTRA"] != "rows" and BT // BC not in (1, 2, 4):
         raise ValueError(f"chunk config: INTRA='{config['INTRA']}' holds 1, 2 or 4 sub-chunks, got BT={BT}, BC={BC}")
+    wu, aqk = config.get("WU", "stored"), config.get("AQK", "stored")
+    if wu == "recomputed" and config["INTRA"] != "blocks":
+        raise ValueError(f"chunk config: WU='recomputed' runs stage 1 as INTRA='blocks', got '{config['INTRA']}'")
+    if aqk == "recomputed" and config["INTRA"] not in ("blocks", "blocks_split"):
+        raise ValueError(f"chunk config: AQK='recomputed' runs stage 1 as INTRA='blocks', got '{config['INTRA']}'")
+    if aqk == "recomputed" and not config["FUSE_OUTPUT"]:
+        raise ValueError("chunk config: AQK='recomputed' forms A_qk in the state pass, which needs FUSE_OUTPUT=True")
+    if wu == "recomputed" and not config["FUSE_OUTPUT"]:
+        raise ValueError("chunk config: WU='recomputed' keeps V_new in the state pass, which needs FUSE_OUTPUT=True")
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,24 @@ class ChunkCall:
     @property
     def fuse(self) -> bool:
         return bool(self.config["FUSE_OUTPUT"])
+
+    @property
+    def recompute(self) -> bool:
+        """``WU = "recomputed"``: stage 1 stores the inverse ``T`` only, the state pass forms ``V_new`` and ``A_qk``."""
+        return self.config.get("WU", "stored") == "recomputed"
+
+    @property
+    def recompute_qk(self) -> bool:
+        """``AQK = "recomputed"``: the state pass forms ``scale · A_qk = scale · q kᵀ ⊙ e^(γ_i − γ_j)`` per chunk."""
+        return self.config.get("AQK", "stored") == "recomputed"
+
+    @property
+    def tma(self) -> bool:
+        """``STATE_TMA`` and a shape that allows it: every tile of a descriptor lies inside one head (K a power of two,
+        ``h_BV`` dividing V) and the inputs start 16-byte aligned (the intermediates always do)."""
+        if not self.config.get("STATE_TMA", False) or self.K != self.BK or self.V % self.h_BV or not self.tokens:
+            return False
+        return all(t.data_ptr() % 16 == 0 for t in (self.q, self.k, self.v))
 
     @property
     def BK(self) -> int:

@@ -321,6 +321,8 @@ def chunk_intra_blocks_kernel(
     ai=None,
     STORE_AI: tl.constexpr = False,
     SOLVE: tl.constexpr = 0,
+    WU_OUT: tl.constexpr = True,
+    QK_OUT: tl.constexpr = True,
 ):
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -331,6 +333,11 @@ def chunk_intra_blocks_kernel(
     i_h = i_hv // (HV // H)
     bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
     L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
+    # WU_OUT = False (the state pass recomputes W and U from T, which STORE_AI stores; "blocks" only) and QK_OUT =
+    # False (it recomputes A_qk): what is not stored is never written, its pointer may be any (the launcher passes T's)
+    tl.static_assert(WU_OUT or (STORE_AI and GATE != 2 and not SPLIT_QK), "T without W, U: DeltaNet, Gated DeltaNet")
+    tl.static_assert(QK_OUT or GATE != 2, "A_qk recomputed: DeltaNet / Gated DeltaNet")
+    STORE_QK: tl.constexpr = QK_OUT and not SPLIT_QK
     DT = w.dtype.element_ty
 
     o_c = tl.arange(0, BC)
@@ -398,36 +405,38 @@ def chunk_intra_blocks_kernel(
         k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, DIAG, DOT_PREC
     )
     SA = HV * BT  # row stride of A_qk
-    b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, not SPLIT_QK)
+    b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, STORE_QK)
     if NB >= 2:
         b_zero = tl.zeros([BC, BC], dtype=tl.float32)
-        for i_z in range(1, NB):
-            _store_rows(a_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zero)
+        if QK_OUT:
+            for i_z in range(1, NB):
+                _store_rows(a_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zero)
         b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f, b_h = _row_blocks(
             k_b, q_b, g_b, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, not SPLIT_QK)
-        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE, not SPLIT_QK)
+        b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, STORE_QK)
+        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE, STORE_QK)
     if NB >= 4:
-        for i_z in range(2, 4):
-            _store_rows(a_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zero)
-        _store_rows(a_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zero)
+        if QK_OUT:
+            for i_z in range(2, 4):
+                _store_rows(a_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zero)
+            _store_rows(a_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zero)
         b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, b_h = _row_blocks(
             k_b, q_b, g_b, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, not SPLIT_QK)
-        b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, not SPLIT_QK)
-        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, not SPLIT_QK)
+        b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, STORE_QK)
+        b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, STORE_QK)
+        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, STORE_QK)
         b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, b_h = _row_blocks(
             k_b, q_b, g_b, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
-        b_A42 = _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
-        b_A43 = _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
-        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, not SPLIT_QK)
+        b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, STORE_QK)
+        b_A42 = _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE, STORE_QK)
+        b_A43 = _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, STORE_QK)
+        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, STORE_QK)
 
     if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
         tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
@@ -501,6 +510,15 @@ def chunk_intra_blocks_kernel(
             _store_rows(ai_b + BC, r4, SA, o_c, m4, o_c < BC, b_I42)
             _store_rows(ai_b + 2 * BC, r4, SA, o_c, m4, o_c < BC, b_I43)
             _store_rows(ai_b + 3 * BC, r4, SA, o_c, m4, o_c < BC, b_I44)
+    if not WU_OUT:  # T (and A_qk) is all the state pass reads: the blocks of T above its diagonal as zeros, done
+        b_zt = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_z in range(1, NB):
+            _store_rows(ai_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zt)
+        if NB >= 4:
+            for i_z in range(2, 4):
+                _store_rows(ai_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zt)
+            _store_rows(ai_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zt)
+        return
 
     # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) ---------------------------------------------------------------
     for i_k in range(NK):
@@ -575,7 +593,7 @@ def chunk_intra_blocks_kernel(
             b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
             _store_rows(u_b, r4, HV * V, o_v, m4, m_v, b_o)
 
-    if SPLIT_QK:
+    if SPLIT_QK and QK_OUT:
         # ---- 4. A_qk in a pass of its own (INTRA = "blocks_split"): the first pass then holds only A_kk's
         # accumulators and no q tiles (at BT = 64 the two together spill at the 255-register cap). The diagonal: the
         # exact loop in the guard's second launch (DIAG = 2), else the middle-row dot ------------------------------
@@ -669,18 +687,28 @@ def chunk_intra_blocks_kernel(
 
 
 def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
-    """Stage 1, ``INTRA = "blocks"``; with KDA's guarded diagonal, a second launch redoes the flagged chunks."""
+    """Stage 1, ``INTRA = "blocks"``; with KDA's guarded diagonal, a second launch redoes the flagged chunks. With
+    ``WU = "recomputed"`` it stores the chunk's inverse ``T`` (and the scalar gate's ``γ``, and ``A_qk`` unless
+    ``AQK = "recomputed"``), no W and U."""
     if call.NC == 0:
         return None
+    # with WU = "recomputed" T instead of W and U, with AQK = "recomputed" no A_qk: an output that is not stored is
+    # never written through, its pointer is T's buffer (or W's)
+    dummy = inter.ai if inter.ai is not None else inter.w
+    outs = tuple(t if t is not None else dummy for t in (inter.w, inter.u, inter.aqk))
     args = (
-        call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
+        call.q, call.k, call.v, call.g, call.beta, *outs, inter.qg, inter.kg, inter.gout,
         call.tables.chunk_info, inter.flags, call.scale, call.T,
     )  # fmt: skip
     grid = (call.NC, call.HV)
     kw = intra_launch_options(call) | {
         "SPLIT_QK": call.config["INTRA"] == "blocks_split",
         "SOLVE": int(call.config["SOLVE"] == "squaring"),
+        "WU_OUT": not call.recompute,
+        "QK_OUT": not call.recompute_qk,
     }
+    if inter.ai is not None:
+        kw |= {"ai": inter.ai, "STORE_AI": True}
     two_pass = inter.flags is not None
     first = chunk_intra_blocks_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
     if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)

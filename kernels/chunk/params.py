@@ -39,6 +39,23 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # h_num_warps). Wider tiles: fewer programs re-reading the same W and k rows
     "tr_BV": (0, 16, 32, 64, 128),
     "tr_num_warps": (0, 2, 4, 8),
+    # how the state pass gets W = T (β ⊙ K ⊙ e^γ) and U = T (β ⊙ V): "stored" by stage 1 ([tokens, K] and [tokens, V]
+    # per value head, with A_qk), or "recomputed" from the q, k, v tiles it loads anyway and the chunk's inverse T
+    # ([tokens, BT], the only matrix stage 1 then writes): V_new = T (β ⊙ (V − e^γ ⊙ K S)) and A_qk = q kᵀ per chunk.
+    # DeltaNet and Gated DeltaNet (KDA's per-channel decays would need k ⊙ e^γ as a third stored tensor: see cost.py)
+    "WU": ("stored",),
+    # the state pass's scale · A_qk = scale · q kᵀ ⊙ e^(γ_i − γ_j): "stored" by stage 1 ([tokens, BT]), or
+    # "recomputed" per chunk from the q and k tiles it loads (one [BT, K] x [K, BT] dot and BT² exponentials per V
+    # tile; fused output only). DeltaNet and Gated DeltaNet (KDA's decay is per key channel)
+    "AQK": ("stored",),
+    # the state pass's tiles of q, k, v / W, U, A_qk, T loaded through TMA tensor descriptors (and full chunks of the
+    # output stored through one); where the shape does not allow it (K not a power of two, h_BV not dividing V,
+    # unaligned inputs) the launcher keeps pointer loads
+    "STATE_TMA": (False, True),
+    # the state pass's chunk loop: "range" (the kernel's num_stages pipelines its loads), "specialized" (Triton's warp
+    # specialisation, tl.range(warp_specialize=True): producer warps fetch the next chunk's tiles while consumer warps
+    # compute this one's). tl.range(num_stages=...) alone compiles to the same PTX as "range" (Triton 3.6, sm_90a)
+    "STATE_LOOP": ("range", "specialized"),
 }
 
 
@@ -57,6 +74,8 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         # the state pass feeds q and k to the dots as loaded (no register pass over their tiles); the scale and the
         # scalar gate's factors act on the products and on V_new's token rows instead
         params["QK_DIRECT"] = (False, True)
+        params["WU"] = ("stored", "recomputed")
+        params["AQK"] = ("stored", "recomputed")
     return params
 
 
@@ -94,6 +113,10 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "tr_BV": 0,  # phase 1 as the state pass: h_BV, h_num_warps
         "tr_num_warps": 0,
     }
+    cfg["WU"] = "stored"
+    cfg["AQK"] = "stored"
+    cfg["STATE_TMA"] = False
+    cfg["STATE_LOOP"] = "range"
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
         cfg["DIAG_BF16"] = False

@@ -14,6 +14,14 @@ Two layouts of the state tile (``STATE_LAYOUT``, the constexpr ``TRANS``):
   registers, so the chain from one chunk's state to the next need not pass through shared memory (in ``"kv"``
   the state and ``V_new`` are right operands, a shared-memory round trip each). Same loads, same arithmetic.
 
+``RECOMPUTE`` (``WU = "recomputed"``): ``V_new = T (β ⊙ (V − e^γ ⊙ K S))`` from stage 1's inverse ``T`` and the v,
+k tiles (in phase 1's M columns V = 0, as U = 0 there); ``QK_RECOMPUTE`` (``AQK = "recomputed"``): ``scale · A_qk =
+scale · q kᵀ ⊙ e^(γ_i − γ_j)`` from the q, k tiles. ``TMA``: the chunk's tiles through TMA descriptors (the
+launcher's :func:`descriptors`; not in phase 1), whole chunks of the output stored through one; rows past the
+sequence's end are then the next sequence's tokens, zeroed in ``V_new`` so that they reach neither the output nor the
+state. ``LOOP_WS``: the chunk loop warp-specialised (``tl.range(num_stages=LOOP_STAGES, warp_specialize=True)``,
+:func:`loop_options`).
+
 Sequence-parallel mode (``SEG_CHUNKS > 0``, constexpr ``SEG``; docs/DESIGN.md §1): per chunk the update is affine,
 ``S_{c+1} = M_c S_c + N_c`` with ``M_c = diag(exp(γ_C)) − k̃ᵀ W`` (K × K) and ``N_c = k̃ᵀ U``, so a segment of chunks
 maps its entering state as ``S_end = M_seg S_start + N_seg``.
@@ -33,10 +41,25 @@ from typing import Any
 
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
 from .call import ChunkCall, tile
+
+
+@triton.jit
+def _tile(base, off, mask, td, row, col, TMA: tl.constexpr, TRANS: tl.constexpr):
+    """One chunk's tile of a token-major matrix: ``[BT, BX]`` (``TRANS``: ``[BX, BT]``). Pointers: ``base + off``
+    under ``mask`` (0 elsewhere). ``TMA``: the descriptor ``td``'s block at (``row`` = first token, ``col``), rows
+    past the tensor read 0 and rows past the sequence the next one's tokens (the caller keeps them out of V_new)."""
+    if TMA:
+        x = td.load([row, col])
+        if TRANS:
+            x = tl.trans(x)
+    else:
+        x = tl.load(base + off, mask=mask, other=0)
+    return x
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -76,6 +99,22 @@ def chunk_state_kernel(
     TRANS: tl.constexpr = False,
     SEG: tl.constexpr = 0,
     QK_DIRECT: tl.constexpr = False,
+    v=None,
+    beta=None,
+    ai=None,
+    q_td=None,
+    k_td=None,
+    w_td=None,
+    u_td=None,
+    v_td=None,
+    t_td=None,
+    a_td=None,
+    o_td=None,
+    RECOMPUTE: tl.constexpr = False,
+    QK_RECOMPUTE: tl.constexpr = False,
+    TMA: tl.constexpr = False,
+    LOOP_STAGES: tl.constexpr = None,
+    LOOP_WS: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -92,7 +131,14 @@ def chunk_state_kernel(
         eos = bos + T
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
-    DT = w.dtype.element_ty
+    if RECOMPUTE:
+        DT = ai.dtype.element_ty
+    else:
+        DT = w.dtype.element_ty
+    # q and k as loaded, the scale and the gate's factors on the products and on V_new's rows (always when recomputed)
+    DIRECT: tl.constexpr = RECOMPUTE or QK_RECOMPUTE or QK_DIRECT
+    # descriptors in the plain and phase-3 passes (phase 1's M columns have no values to load)
+    USE_TMA: tl.constexpr = TMA and SEG != 1
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -103,16 +149,21 @@ def chunk_state_kernel(
         is_m = i_v >= NVV
         o_v = tl.where(is_m, i_v - NVV, i_v) * BV + tl.arange(0, BV)
         m_v = o_v < tl.where(is_m, K, V)
-        m_u = o_v < tl.where(is_m, 0, V)  # U = 0 in the M columns
+        m_u = o_v < tl.where(is_m, 0, V)  # U = 0 (V = 0 when recomputed) in the M columns
         o_e = o_v + tl.where(is_m, V, 0)  # column of the extended state
     else:
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         m_u = m_v
+    c_qk = i_h * K  # descriptor columns of this head's q, k; of its W; of its U, V, O tile; of its A_qk, T rows
+    c_w = i_hv * K
+    c_v = i_hv * V + i_v * BV
+    c_a = i_hv * BT
 
     # Tile offsets inside one chunk (int32, loop-invariant); the chunk's base pointers are scalars (int64).
     off_wk = o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, BK] rows of [tokens, HV, K]
     off_qk = o_t[:, None] * (H * K) + o_k[None, :]  # [BT, BK] rows of [tokens, H, K]
+    off_a = o_t[:, None] * (HV * BT) + o_t[None, :]  # [BT, BT] rows of [tokens, HV, BT]
     if TRANS:
         m_h = m_v[:, None] & m_k[None, :]
         off_h = o_k[None, :] * V + o_v[:, None]  # [BV, BK] of one [K, V] state, transposed
@@ -131,43 +182,83 @@ def chunk_state_kernel(
     elif USE_H0:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
 
-    for i_t in range(NTn):
+    for i_t in tl.range(0, NTn, num_stages=LOOP_STAGES, warp_specialize=LOOP_WS):
         t0 = bos + i_t * BT
+        r0 = t0.to(tl.int32)  # descriptor row
         m_t = o_t < eos - t0
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = (m_v[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_v[None, :])
         m_tu = (m_u[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_u[None, :])
         row_hv = t0 * HV + i_hv  # scalar: first row of the chunk in [tokens, HV, ...]
         row_h = t0 * H + i_h
-        b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
-        b_u = tl.load(u + row_hv * V + off_v, mask=m_tu, other=0).to(tl.float32)
-        b_hc = b_h.to(DT)
-        if TRANS:
-            b_vn = b_u - tl.dot(b_hc, tl.trans(b_w), input_precision=DOT_PREC)
+        EARLY: tl.constexpr = RECOMPUTE or QK_RECOMPUTE  # a recomputed product needs k and γ before the output
+        if GATE == 1 and EARLY:
+            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
+            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
+        if EARLY:
+            b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
+        if RECOMPUTE:
+            b_hc = b_h.to(DT)
+            # V_new = T (β ⊙ (V − e^γ ⊙ K S)): the chunk's inverse T (causal; stage 1 stores its upper blocks as 0)
+            b_x = _tile(v + row_hv * V, off_v, m_tu, v_td, r0, c_v, USE_TMA, TRANS).to(tl.float32)
+            if TRANS:
+                b_ks = tl.dot(b_hc, tl.trans(b_k), input_precision=DOT_PREC)  # (K S)ᵀ [BV, BT]
+            else:
+                b_ks = tl.dot(b_k, b_hc, input_precision=DOT_PREC)  # K S [BT, BV]
+            b_rf = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)  # β per token row
+            if GATE == 1:
+                b_eg = tl.exp(b_gam)
+                b_x -= b_ks * (b_eg[None, :] if TRANS else b_eg[:, None])
+            else:
+                b_x -= b_ks
+            b_x = (b_x * (b_rf[None, :] if TRANS else b_rf[:, None])).to(DT)
+            b_T = _tile(ai + row_hv * BT, off_a, m_t[:, None] & (o_t[None, :] <= o_t[:, None]), t_td, r0, c_a,
+                        USE_TMA, False).to(DT)  # fmt: skip
+            if TRANS:
+                b_vn = tl.dot(b_x, tl.trans(b_T), input_precision=DOT_PREC)
+            else:
+                b_vn = tl.dot(b_T, b_x, input_precision=DOT_PREC)
         else:
-            b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)
+            b_w = _tile(w + row_hv * K, off_wk, m_tk, w_td, r0, c_w, USE_TMA, False)
+            b_u = _tile(u + row_hv * V, off_v, m_tu, u_td, r0, c_v, USE_TMA, TRANS).to(tl.float32)
+            b_hc = b_h.to(DT)
+            if TRANS:
+                b_vn = b_u - tl.dot(b_hc, tl.trans(b_w), input_precision=DOT_PREC)
+            else:
+                b_vn = b_u - tl.dot(b_w, b_hc, input_precision=DOT_PREC)
+        if USE_TMA:  # rows past the sequence hold the next one's tokens: no part of V_new, the output or the state
+            b_vn = tl.where(m_tv, b_vn, 0.0)
         b_vnc = b_vn.to(DT)
-        if GATE == 1:
+        if GATE == 1 and not EARLY:
             b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
             b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
         if SEG == 1:
             pass  # transitions only: no output, no chunk states
         elif FUSE_OUTPUT:
-            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
             if GATE == 2:
-                b_q = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
-            elif QK_DIRECT:
-                b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
+                b_q = _tile(qg + row_hv * K, off_wk, m_tk, q_td, r0, c_w, USE_TMA, False)
+            elif DIRECT:
+                b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(DT)
             else:
-                b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32) * scale
+                b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32) * scale
                 if GATE == 1:
                     b_q *= tl.exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
+            if QK_RECOMPUTE:  # scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j)), causal (j <= i), rows of this chunk
+                m_qk = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
+                b_A = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+                if GATE == 1:
+                    b_A *= tl.exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
+                    b_A = (b_A * scale).to(DT)
+                else:
+                    b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
+            else:
+                b_A = _tile(aqk + row_hv * BT, off_a, m_t[:, None], a_td, r0, c_a, USE_TMA, False)
             if TRANS:
                 b_o = tl.dot(b_hc, tl.trans(b_q), input_precision=DOT_PREC)
             else:
                 b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
-            if GATE != 2 and QK_DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
+            if GATE != 2 and DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
                 b_qf = tl.full([BT], scale, dtype=tl.float32)
                 if GATE == 1:
                     b_qf *= tl.exp(b_gam)
@@ -176,29 +267,37 @@ def chunk_state_kernel(
                 b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
             else:
                 b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
-            tl.store(o + row_hv * V + off_v, b_o.to(o.dtype.element_ty), mask=m_tv)
+            b_o = b_o.to(o.dtype.element_ty)
+            if USE_TMA and not LOOP_WS:  # (a branch in the loop keeps Triton from specialising warps)
+                if t0 + BT <= eos:  # a whole chunk: one TMA store; the sequence's last, partial one by pointers
+                    o_td.store([r0, c_v], tl.trans(b_o) if TRANS else b_o)
+                else:
+                    tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
+            else:
+                tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
         else:
             tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
             tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
         b_vk = b_vnc  # V_new as the state update's operand
+        if GATE != 2 and not EARLY:
+            b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
         if GATE == 2:
-            b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
+            b_kg = _tile(kg + row_hv * K, off_wk, m_tk, k_td, r0, c_w, USE_TMA, False)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
             if TRANS:
                 b_h *= b_dec[None, :]
             else:
                 b_h *= b_dec[:, None]
         elif GATE == 1:
-            if QK_DIRECT:  # k~ᵀ V_new = kᵀ (exp(γ_C − γ) ⊙ V_new): the factor on the token rows of V_new
-                b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
+            if DIRECT:  # k~ᵀ V_new = kᵀ (exp(γ_C − γ) ⊙ V_new): the factor on the token rows of V_new
+                b_kg = b_k
                 b_dk = tl.exp(b_gC - b_gam)
                 b_vk = (b_vn * (b_dk[None, :] if TRANS else b_dk[:, None])).to(DT)
             else:
-                b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
-                b_kg = (b_kg * tl.exp(b_gC - b_gam)[:, None]).to(DT)
+                b_kg = (b_k.to(tl.float32) * tl.exp(b_gC - b_gam)[:, None]).to(DT)
             b_h *= tl.exp(b_gC)
         else:
-            b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
+            b_kg = b_k
         if TRANS:
             b_h += tl.dot(b_vk, b_kg, input_precision=DOT_PREC)
         else:
@@ -220,6 +319,47 @@ def chunk_state_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + off_h, b_h, mask=m_h)
 
 
+def loop_options(config: Config, tma: bool) -> dict[str, Any]:
+    """The chunk loop's constexprs for ``STATE_LOOP``: ``tl.range``'s ``num_stages`` and ``warp_specialize`` (None and
+    False for ``"range"``: the kernel's own ``num_stages`` pipelines the loop). Triton 3.6 splits the loop into
+    producer and consumer warps (sm_90a) only when every tile arrives by TMA (``tma``: ``STATE_TMA`` on a shape that
+    allows it) in the ``"vk"`` layout at 4 warps with A_qk stored; its pass fails on the other loops (an MLIR error,
+    not a slow kernel), so ``"specialized"`` runs as ``"range"`` there."""
+    ws = config.get("STATE_LOOP", "range") == "specialized" and tma and specializable(config)
+    return {"LOOP_STAGES": int(config["h_num_stages"]) if ws else None, "LOOP_WS": ws}
+
+
+def specializable(config: Config) -> bool:
+    """The state pass's loop shapes Triton 3.6 warp-specialises on sm_90a (see :func:`loop_options`), TMA aside."""
+    vk = config["STATE_LAYOUT"] == "vk"
+    return vk and config["h_num_warps"] == 4 and config.get("AQK", "stored") == "stored"
+
+
+def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[str, Any]:
+    """TMA descriptors of the state pass's tiles (2-D token-major views, one chunk of rows by one head's columns or
+    ``BV`` of them): q, k (KDA: q~, k~), W and U (stored) or V and T (recomputed), A_qk (stored), and the output.
+    Empty unless ``call.tma``."""
+    if not call.tma:
+        return {}
+    rows, H, HV, K, V, BT = call.tokens, call.H, call.HV, call.K, call.V, call.BT
+
+    def desc(t: Any, width: int, block: int) -> TensorDescriptor:
+        return TensorDescriptor(t.view(rows, width), [rows, width], [width, 1], [BT, block])
+
+    if call.gate == 2:  # KDA: q~ and k~ per value head, from stage 1
+        tds = {"q_td": desc(inter.qg, HV * K, K), "k_td": desc(inter.kg, HV * K, K)}
+    else:
+        tds = {"q_td": desc(call.q, H * K, K), "k_td": desc(call.k, H * K, K)}
+    tds["o_td"] = desc(o, HV * V, BV)
+    if call.recompute:
+        tds |= {"v_td": desc(call.v, HV * V, BV), "t_td": desc(inter.ai, HV * BT, BT)}
+    else:
+        tds |= {"w_td": desc(inter.w, HV * K, K), "u_td": desc(inter.u, HV * V, BV)}
+    if not call.recompute_qk:
+        tds["a_td"] = desc(inter.aqk, HV * BT, BT)
+    return tds
+
+
 def _launch(
     call: ChunkCall,
     inter: Intermediates,
@@ -237,6 +377,7 @@ def _launch(
     BV: int,
     launch: dict[str, Any],
 ) -> Any:
+    tds = descriptors(call, inter, o, BV) if seg != 1 and o is not None else {}
     return chunk_state_kernel[grid](
         call.q,
         call.k,
@@ -273,6 +414,14 @@ def _launch(
         TRANS=call.config["STATE_LAYOUT"] == "vk",
         SEG=seg,
         QK_DIRECT=bool(call.config.get("QK_DIRECT", False)),
+        v=call.v,
+        beta=call.beta,
+        ai=inter.ai,
+        RECOMPUTE=call.recompute,
+        QK_RECOMPUTE=call.recompute_qk,
+        TMA=bool(tds),
+        **tds,
+        **loop_options(call.config, bool(tds)),
         **launch,
     )
 

@@ -137,6 +137,41 @@ for gate in Gate:
 add(Problem(1, 20, 1, 1, 32, 32, 1, Gate.SCALAR), config={"BT": 16, "BC": 16, "SOLVE": "squaring"}, extra="-squaring1")
 add(Problem(1, 50, 1, 2, 32, 32, 1, Gate.CHANNEL), config={"BT": 64, "BC": 16, "SOLVE": "squaring",
     "INTRA": "blocks_split"}, extra="-squaring-split")  # fmt: skip
+# the state pass forming V_new = T (β ⊙ (V − e^γ ⊙ K S)) from stage 1's inverse T (WU) and A_qk from q and k (AQK)
+# itself, both layouts; and its tiles through TMA descriptors (K a power of two, h_BV dividing V: the descriptor path
+# runs, and in a packed batch the rows past a sequence's end are the next sequence's tokens)
+RECOMP = {"BT": 32, "BC": 16, "FUSE_OUTPUT": True, "h_BV": 16}
+for gate in (Gate.NONE, Gate.SCALAR):
+    for wu, aqk in (("recomputed", "stored"), ("recomputed", "recomputed"), ("stored", "recomputed")):
+        for layout in ("kv", "vk"):
+            rc = {**RECOMP, "WU": wu, "AQK": aqk, "STATE_LAYOUT": layout}
+            tag = f"-wu{wu[:3]}-aqk{aqk[:3]}-{layout}"
+            add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config=rc, extra=tag)  # odd T, grouped value heads, K != V
+            add(Problem(1, 0, 1, 2, 32, 48, 4, gate, True), seq_lens=[1, 40, 0, 33], config={**rc, "STATE_TMA": True},
+                extra=f"{tag}-tma")  # fmt: skip
+    both = {**RECOMP, "WU": "recomputed", "AQK": "recomputed", "STATE_LAYOUT": "vk", "STATE_TMA": True}
+    add(Problem(2, 1, 2, 2, 32, 32, 2, gate), config=both, extra="-recomputed-tma")  # T = 1
+    # 4 sub-chunks (T's upper blocks stored as zeros), the squaring inverse; 1 sub-chunk, no initial state
+    add(Problem(1, 70, 1, 2, 32, 32, 1, gate), config={**both, "BT": 64, "AQK": "stored", "SOLVE": "squaring"},
+        extra="-recomputed-tma-BT64")  # fmt: skip
+    add(Problem(1, 33, 1, 2, 16, 32, 1, gate), h0=False, config={**both, "BT": 16, "STATE_TMA": False},
+        extra="-recomputed-BT16-noh0")  # fmt: skip
+    # W, U and A_qk stored, tiles by TMA (q scaled in registers, and q, k as loaded); the warp-specialised loop
+    add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config={**SMALL, "STATE_TMA": True, "STATE_LAYOUT": "vk", "h_BV": 16},
+        extra="-tma-vk")  # fmt: skip
+    add(Problem(1, 0, 1, 2, 32, 32, 3, gate, True), seq_lens=[40, 0, 29], config={**SMALL, "STATE_TMA": True,
+        "QK_DIRECT": True, "STATE_LAYOUT": "vk", "h_BV": 16, "h_num_stages": 2, "STATE_LOOP": "specialized"},
+        extra="-tma-vk-ws")  # fmt: skip
+    # unfused: the chunk states and V_new stored for the output stage
+    add(Problem(1, 0, 1, 2, 32, 32, 3, gate, True), seq_lens=[40, 0, 29], config={**SMALL, "STATE_TMA": True,
+        "FUSE_OUTPUT": False, "h_BV": 16}, extra="-tma-unfused")  # fmt: skip
+    # TMA asked for where K is no power of two: pointer tiles (and the loop not specialised)
+    add(Problem(1, 37, 1, 1, 24, 40, 1, gate), config={**both, "h_BV": 32, "STATE_LOOP": "specialized"},
+        extra="-recomputed-tma-K24")  # fmt: skip
+add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config={**SMALL, "STATE_TMA": True, "STATE_LAYOUT": "vk",
+    "h_BV": 16}, extra="-tma-vk")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 32, 4, Gate.CHANNEL, True), seq_lens=[1, 40, 0, 33], config={**SMALL, "STATE_TMA": True,
+    "STATE_LAYOUT": "vk", "h_BV": 16, "STATE_LOOP": "specialized"}, extra="-tma-vk-ws")  # fmt: skip
 # head dims that are not powers of two (padded tiles, masked channels), fused and unfused
 add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
 add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)
@@ -191,6 +226,10 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
         if (cfg["INTRA"] == "onepass" and cfg["BT"] // cfg["BC"] > 2) or (
             cfg["SOLVE"] == "squaring" and cfg["BC"] != 16
         ):
+            continue
+        if cfg["WU"] == "recomputed" and (cfg["INTRA"] != "blocks" or not cfg["FUSE_OUTPUT"]):
+            continue
+        if cfg["AQK"] == "recomputed" and (cfg["INTRA"] not in ("blocks", "blocks_split") or not cfg["FUSE_OUTPUT"]):
             continue
         out.append(cfg)
     return out
@@ -298,6 +337,7 @@ INF_CONFIGS = {
     "segments": {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16, "FUSE_OUTPUT": False},
     "blocks_split-BT64": {"BT": 64, "BC": 16, "INTRA": "blocks_split"},
     "onepass-squaring": {"BT": 32, "BC": 16, "INTRA": "onepass", "SOLVE": "squaring"},
+    "recomputed-tma": {"BT": 32, "BC": 16, "WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_BV": 16},
 }
 
 
@@ -309,6 +349,9 @@ def test_full_forget_gates(gate: Gate, name: str) -> None:
     cfg = dict(INF_CONFIGS[name])
     if cfg.get("INTRA") == "onepass" and gate is not Gate.CHANNEL:
         cfg["INTRA"] = "blocks"  # onepass is KDA's: the scalar gate runs the squaring inverse in "blocks"
+    if gate is Gate.CHANNEL:  # KDA stores W, U and A_qk (its decays are per key channel)
+        cfg.pop("WU", None)
+        cfg.pop("AQK", None)
     p = Problem(1, 0, 1, 2, 32, 16, 3, gate, True)
     x = with_full_forgets(make_inputs(p, seed=41, seq_lens=[70, 0, 41], gate_min=-3.0), gate, True, seed=42)
     check(p, x, cfg)
@@ -423,3 +466,124 @@ def test_forward_with_intermediates_documented_layouts() -> None:
             qg, aqk = it.qg[rows, hv].float(), it.aqk[rows, hv, :n].float()
             o[0, rows, hv] = qg @ it.h[c, hv].float() + aqk @ it.v_new[rows, hv].float()
     assert rel_err(o, res.o) < 1e-5
+
+
+SEG_RECOMP = [
+    (gate, wu, aqk, layout, tma)
+    for gate in (Gate.NONE, Gate.SCALAR)
+    for wu, aqk, layout, tma in (
+        ("recomputed", "stored", "vk", True),
+        ("recomputed", "recomputed", "kv", False),
+        ("stored", "recomputed", "vk", True),
+    )
+]
+
+
+@pytest.mark.parametrize(
+    ("gate", "wu", "aqk", "layout", "tma"),
+    SEG_RECOMP,
+    ids=[f"{g.value}-wu{w[:3]}-aqk{a[:3]}-{lay}{'-tma' if t else ''}" for g, w, a, lay, t in SEG_RECOMP],
+)
+def test_segmented_pass_recomputed(gate: Gate, wu: str, aqk: str, layout: str, tma: bool) -> None:
+    """The sequence-parallel pass with V_new / A_qk formed in the state pass: phase 1's transitions from T (the M
+    columns' values are 0), phase 3 per segment, TMA tiles in phase 3. Mild gates (down to −0.1 per step), so that a
+    wrong transition shows (tests/kernels/test_chunk_seqpar.py says why); three segments in the 70-token sequence."""
+    p = Problem(1, 0, 1, 2, 16, 32, 5, gate, True)
+    x = make_inputs(p, seed=51, seq_lens=[70, 5, 0, 33, 1], gate_min=-0.1)
+    cfg = {"BT": 16, "BC": 16, "SEG_CHUNKS": 2, "h_BV": 16, "FUSE_OUTPUT": True}
+    check(p, x, {**cfg, "WU": wu, "AQK": aqk, "STATE_LAYOUT": layout, "STATE_TMA": tma})
+
+
+@pytest.mark.parametrize("gate", [Gate.NONE, Gate.SCALAR], ids=["none", "scalar"])
+def test_recomputed_with_mild_gates(gate: Gate) -> None:
+    """Log gates down to −0.1: every entry of T and of A_qk across the chunk's 4 sub-chunks carries weight (under the
+    strong gates of the case table the far blocks are ~e^-35), so an error in T's far blocks or A_qk's decay shows."""
+    p = Problem(1, 0, 1, 2, 32, 16, 2, gate, True)
+    x = make_inputs(p, seed=52, seq_lens=[70, 45], gate_min=-0.1)
+    check(p, x, {"BT": 64, "BC": 16, "WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_BV": 16})
+
+
+@pytest.mark.parametrize(
+    ("gate", "cfg", "match"),
+    [
+        (Gate.SCALAR, {"WU": "recomputed", "INTRA": "rows"}, "WU='recomputed'"),
+        (Gate.SCALAR, {"WU": "recomputed", "INTRA": "blocks_split", "BT": 64}, "WU='recomputed'"),
+        (Gate.NONE, {"WU": "recomputed", "FUSE_OUTPUT": False}, "FUSE_OUTPUT"),
+        (Gate.NONE, {"AQK": "recomputed", "FUSE_OUTPUT": False}, "FUSE_OUTPUT"),
+        (Gate.SCALAR, {"AQK": "recomputed", "INTRA": "rows"}, "AQK='recomputed'"),
+        (Gate.CHANNEL, {"WU": "recomputed"}, "WU=.recomputed. is not one of"),
+    ],
+    ids=["wu-rows", "wu-split", "wu-unfused", "aqk-unfused", "aqk-rows", "wu-kda"],
+)
+def test_recomputed_needs_blocks_and_fused_output(gate: Gate, cfg: dict[str, Any], match: str) -> None:
+    p = Problem(1, 8, 1, 1, 16, 16, 1, gate)
+    with pytest.raises(ValueError, match=match):
+        run(CHUNK[gate], make_inputs(p, seed=1), {"BT": 32, "BC": 16, "FUSE_OUTPUT": True, **cfg})
+
+
+# Compiled on a CUDA GPU (pytest -m gpu): what the interpreter cannot show. Warp specialisation (the interpreter runs
+# the plain loop), TMA's hardware bounds and box splits, bfloat16 dots; grouped heads, odd T, packed sequences with an
+# empty one and rows past each sequence's end, K = 96 (TMA falls back to pointers), the segmented pass.
+GPU_VARIANTS: dict[str, dict[str, Any]] = {
+    "wu": {"WU": "recomputed"},
+    "wu-tma": {"WU": "recomputed", "STATE_TMA": True},
+    "wu-tma-ws": {"WU": "recomputed", "STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2},
+    "wu-aqk-tma-w8": {"WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_num_warps": 8},
+    "wu-tma-BT64": {"WU": "recomputed", "STATE_TMA": True, "BT": 64, "SOLVE": "squaring", "intra_num_warps": 4},
+    "tma": {"STATE_TMA": True},
+    "tma-ws": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2},
+}
+GPU_BASE = {"BT": 32, "BC": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True, "FUSE_OUTPUT": True}
+# the same heads and head dims where possible, so that the cases share their compiled kernels
+GPU_SHAPES: dict[str, tuple[Problem, list[int] | None, dict[str, Any]]] = {
+    "B2-T777-H2-HV4-D128": (Problem(2, 777, 2, 4, 128, 128, 2, Gate.NONE), None, {}),
+    "varlen-H2-HV4-D128": (Problem(1, 0, 2, 4, 128, 128, 5, Gate.NONE, True), [1, 700, 0, 333, 64], {}),
+    "B1-T9000-seg": (Problem(1, 9000, 2, 4, 128, 128, 1, Gate.NONE), None, {"SEG_CHUNKS": 64}),
+    "B2-T300-K96-V64": (Problem(2, 300, 2, 4, 96, 64, 2, Gate.NONE), None, {}),
+}
+BF16, F32 = torch.bfloat16, torch.float32
+GPU_CASES = [
+    (gate, v, shape, dt)
+    for gate in Gate
+    for v in GPU_VARIANTS
+    for shape, dt in (
+        ("B2-T777-H2-HV4-D128", BF16),
+        ("varlen-H2-HV4-D128", BF16),
+        ("B1-T9000-seg", BF16),
+        ("B2-T300-K96-V64", BF16),
+        ("B2-T777-H2-HV4-D128", F32),
+    )
+    if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws"))
+    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws"))
+    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws"))
+    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws"))
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("gate", "variant", "shape", "dtype"),
+    GPU_CASES,
+    ids=[f"{g.value}-{v}-{s}-{str(d)[6:]}" for g, v, s, d in GPU_CASES],
+)
+def test_variants_compiled_match_reference(gate: Gate, variant: str, shape: str, dtype: torch.dtype) -> None:
+    from dataclasses import replace
+
+    from dtune.kernels.reference import chunk_reference
+
+    from dtune.tune.space import load_space
+
+    p, seq_lens, extra = GPU_SHAPES[shape]
+    p = replace(p, gate=gate)
+    kernel = CHUNK[gate]
+    tol = load_space(kernel).tolerance["bf16" if dtype == torch.bfloat16 else "fp32"]
+    x = make_inputs(p, dtype=dtype, device="cuda", seed=53, seq_lens=seq_lens, gate_min=-5.0)
+    cfg = {**GPU_BASE, **extra, **GPU_VARIANTS[variant]}
+    if gate is Gate.CHANNEL:
+        cfg.pop("QK_DIRECT")
+    o, s = run(kernel, x, cfg)
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    o_ref, s_ref = chunk_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw, chunk_size=16)
+    assert s is not None and s_ref is not None
+    assert rel_err(o, o_ref) < tol, f"output rel err {rel_err(o, o_ref):.3g} (tolerance {tol})"
+    assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g} (tolerance {tol})"

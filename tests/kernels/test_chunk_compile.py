@@ -64,6 +64,72 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "tr_BV": 128, "tr_num_warps": 8}, False),
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True}, False),
     ("none", "bf16", 128, {"QK_DIRECT": True, "FUSE_OUTPUT": False}, True),
+    # V_new from stage 1's inverse T in the state pass (WU), A_qk too (AQK): pointer and TMA tiles, the
+    # warp-specialised loop, BT = 64, 8 warps, the segmented pass, K not a power of two (TMA falls back), float32
+    ("scalar", "bf16", 128, {"WU": "recomputed", "STATE_LAYOUT": "vk", "h_BV": 64, "h_num_stages": 3}, False),
+    ("scalar", "bf16", 128, {"WU": "recomputed", "STATE_LAYOUT": "vk", "h_BV": 64, "STATE_TMA": True}, True),
+    (
+        "scalar",
+        "bf16",
+        128,
+        {"WU": "recomputed", "STATE_LAYOUT": "vk", "h_BV": 64, "STATE_TMA": True, "STATE_LOOP": "specialized"},
+        True,
+    ),
+    (
+        "none",
+        "bf16",
+        128,
+        {
+            "WU": "recomputed",
+            "AQK": "recomputed",
+            "STATE_LAYOUT": "vk",
+            "h_BV": 64,
+            "h_num_warps": 8,
+            "STATE_TMA": True,
+        },
+        False,
+    ),
+    (
+        "scalar",
+        "bf16",
+        128,
+        {
+            "WU": "recomputed",
+            "BT": 64,
+            "STATE_LAYOUT": "vk",
+            "h_BV": 64,
+            "STATE_TMA": True,
+            "SOLVE": "squaring",
+            "intra_num_warps": 4,
+        },
+        True,
+    ),
+    (
+        "scalar",
+        "bf16",
+        128,
+        {
+            "SEG_CHUNKS": 64,
+            "WU": "recomputed",
+            "STATE_LAYOUT": "vk",
+            "h_BV": 64,
+            "STATE_TMA": True,
+            "STATE_LOOP": "specialized",
+        },
+        False,
+    ),
+    ("none", "bf16", 128, {"AQK": "recomputed", "h_BV": 64, "STATE_TMA": True, "STATE_LOOP": "specialized"}, True),
+    ("scalar", "bf16", 96, {"WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True}, False),
+    ("scalar", "fp32", 64, {"WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "F32_DOT": "tf32"}, True),
+    # W, U stored: TMA tiles (KDA: q~, k~ too) and the warp-specialised loop
+    (
+        "channel",
+        "bf16",
+        128,
+        {"INTRA": "onepass", "STATE_LAYOUT": "vk", "h_BV": 64, "STATE_TMA": True, "STATE_LOOP": "specialized"},
+        True,
+    ),
+    ("none", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64, "h_num_stages": 3, "STATE_TMA": True}, False),
 ]
 
 
