@@ -120,6 +120,7 @@ def test_gate_draws_strong_decays(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fr, "forward", spy)
     assert gate(KDA, PROBLEM, torch.float32, "cpu", CONFIG, 1e-4).passed
     assert float(seen["g"].min()) < -3.5  # gate_min = -5: strong decay present
+    assert float((seen["g"] <= -4.0).float().mean()) > 0.2  # and common: ~30% of the entries are near -5
 
 
 def test_gate_poisons_outputs_itself(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,6 +244,4 @@ def test_a_config_less_accurate_than_the_default_fails(
     assert result.error_o == pytest.approx(1e-3 * times, rel=0.1)
     if not passes:
         assert result.reason is not None and "the default config's" in result.reason and "1.15x" in result.reason
-    assert gate(KDA, PROBLEM, torch.float32, "cpu", config, 2e-2).passed  # without the criterion: the tolerance only
-    default = {"BV": 32, "num_warps": 1, "num_stages": 1}
-    assert gate(KDA, PROBLEM, torch.float32, "cpu", default, 2e-2, max_vs_default=1.0).passed  # never against itself
+        assert gate(KDA, PROBLEM, torch.float32, "cpu", config, 2e-2).passed  # without the criterion: tolerance only

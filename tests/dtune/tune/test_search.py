@@ -313,13 +313,13 @@ def test_interrupted_and_dead_trials_are_retried_on_resume(tmp_path: Path, monke
     def submit_then_ctrl_c(self: Evaluator, job: object) -> object:
         future = submit(self, job)  # type: ignore[arg-type]
         submitted.append(job)
-        if len(submitted) == 2:  # the first seed, in flight
+        if len(submitted) == 2:  # the first sampled config, in flight
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.2)
         return future
 
     monkeypatch.setattr(Evaluator, "submit", submit_then_ctrl_c)
-    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=10))
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=10, seeds=False))  # the default, then samples
     assert run.interrupted
     monkeypatch.setattr(Evaluator, "submit", submit)
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
@@ -327,7 +327,7 @@ def test_interrupted_and_dead_trials_are_retried_on_resume(tmp_path: Path, monke
     (interrupted,) = [t for t in study.get_trials() if t.user_attrs.get("reason") == "interrupted"]
     assert interrupted.state == optuna.trial.TrialState.FAIL and interrupted.params
     # a process that died with a trial RUNNING: its last heartbeat, then silence
-    dead = {"BV": 8, "num_warps": 2, "num_stages": 1}  # neither the default nor a seed: only a retry runs it
+    dead = {"BV": 8, "num_warps": 2, "num_stages": 1}  # not the default: only a retry runs it in 2 trials
     running = optuna.trial.FrozenTrial(
         number=0, state=optuna.trial.TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
         datetime_complete=None, params=dead, distributions={n: interrupted.distributions[n] for n in dead},
@@ -336,7 +336,7 @@ def test_interrupted_and_dead_trials_are_retried_on_resume(tmp_path: Path, monke
     trial_id = study._storage.create_new_trial(study._study_id, template_trial=running)
     dtune.tune.storage.record_heartbeats(study, [optuna.trial.Trial(study, trial_id)])
     time.sleep(1.5)
-    run_search(config(kernel, tmp_path, shapes=shapes, trials=5, resume=True))
+    run_search(config(kernel, tmp_path, shapes=shapes, trials=2, resume=True, seeds=False))  # the retries first
     after = study.get_trials()
     (reaped,) = [t for t in after if t._trial_id == trial_id]
     assert reaped.state == optuna.trial.TrialState.FAIL and reaped.user_attrs.get("reason") is None
