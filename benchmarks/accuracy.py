@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if not interpret:
             torch.cuda.empty_cache()
+        print(f"{c.label} {c.gates}: {len(configs)} config(s), {time.monotonic() - t0:.0f} s", file=sys.stderr)
     elapsed = time.monotonic() - t0
     for r in rows:  # what the search's criterion decides for each config variant (the baselines: nothing)
         worst = max(r["vs_default_o"], r["vs_default_s"])
