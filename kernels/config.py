@@ -10,6 +10,7 @@ Which of the legal configurations are *fast* or *safe* on a given GPU is the sea
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,9 +37,58 @@ GATE_FLOOR = -20.0
 POISON_OUTPUTS = False
 
 
+# Debug switch: while a list, launchers allocate every output inside a larger buffer whose regions just before and
+# just after it hold GUARD_SENTINEL, and record it here; :func:`touched_guards` then names each output a kernel stored
+# outside of. An out-of-range store (a row mask off by one) fails a test instead of corrupting memory or crashing the
+# process. The tests turn it on (tests/conftest.py).
+GUARDS: list[Guarded] | None = None
+GUARD_SENTINEL = -30000.0  # finite in float16, bfloat16 and float32
+GUARD_MAX = 1 << 16  # elements per guard region: one row block of the largest layouts, at most the output's size
+KEEP_GUARDS = 256  # outputs kept for the check; beyond, the untouched ones are dropped (a touched one stays)
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """An output and the buffer around it: ``pad`` guard elements, the output's ``numel``, ``pad`` more."""
+
+    base: torch.Tensor = field(repr=False)
+    pad: int
+    numel: int
+    shape: tuple[int, ...]
+
+    def touched(self) -> str | None:
+        """Where a kernel stored outside the output ("before", "after", "before and after"), or None."""
+        sentinel = torch.full_like(self.base[: self.pad], _fill(self.base.dtype))
+        before = not torch.equal(self.base[: self.pad], sentinel)
+        after = not torch.equal(self.base[self.pad + self.numel :], sentinel)
+        return " and ".join(w for w, hit in (("before", before), ("after", after)) if hit) or None
+
+
+def _fill(dtype: torch.dtype) -> float | int:
+    return GUARD_SENTINEL if dtype.is_floating_point else int(GUARD_SENTINEL)
+
+
+def _guarded_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    numel = 1
+    for n in shape:
+        numel *= n
+    pad = -(-max(min(numel, GUARD_MAX), 64) // 64) * 64  # a multiple of 64 elements keeps the output aligned
+    base = torch.full((2 * pad + numel,), _fill(dtype), dtype=dtype, device=device)
+    assert GUARDS is not None
+    if len(GUARDS) >= KEEP_GUARDS:
+        GUARDS[:] = [g for g in GUARDS if g.touched() is not None]
+    GUARDS.append(Guarded(base, pad, numel, tuple(shape)))
+    return base[pad : pad + numel].view(shape)
+
+
+def touched_guards(guards: list[Guarded]) -> list[str]:
+    """Every output of ``guards`` whose guard regions a kernel wrote: its shape, dtype and which side."""
+    return [f"{list(g.shape)} {g.base.dtype} ({where})" for g in guards if (where := g.touched()) is not None]
+
+
 def new_output(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised output buffer, NaN-filled when POISON_OUTPUTS is on."""
-    out = torch.empty(*shape, dtype=dtype, device=device)
+    """An uninitialised output buffer, NaN-filled when POISON_OUTPUTS is on, inside sentinel guards when GUARDS is."""
+    out = torch.empty(*shape, dtype=dtype, device=device) if GUARDS is None else _guarded_empty(shape, dtype, device)
     if POISON_OUTPUTS:
         out.fill_(float("nan"))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 
 import dtune.kernels.config as _kernel_config
 import pytest
@@ -17,6 +18,23 @@ __all__ = ["rel_err"]
 def poison_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every launcher NaN-fills its outputs first: an element a kernel fails to write fails the test."""
     monkeypatch.setattr(_kernel_config, "POISON_OUTPUTS", True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Every output a launcher allocates sits between two guard regions filled with a sentinel
+    (``dtune.kernels.config.GUARDS``): a test whose kernels stored outside an output fails here, naming the output,
+    instead of passing on corrupted memory or crashing the process."""
+    guards: list[_kernel_config.Guarded] = []
+    _kernel_config.GUARDS = guards
+    try:
+        result = yield
+    finally:
+        _kernel_config.GUARDS = None
+    touched = _kernel_config.touched_guards(guards)
+    if touched:
+        pytest.fail(f"a kernel stored outside its output buffer: {'; '.join(touched)}", pytrace=False)
+    return result
 
 
 GPU_SKIP = (

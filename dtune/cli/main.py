@@ -1,5 +1,5 @@
 """The ``dtune`` command: ``tune-gpu``, ``search``, ``export``, ``list``, ``bench``, ``profile``, ``verify``,
-``report``.
+``report``; ``dtune --version`` prints dtune's version and torch's, triton's and Python's.
 
 Command modules keep heavy imports (torch, triton, the kernels) inside their functions, so that
 ``dtune search --interpret`` can set TRITON_INTERPRET before Triton is imported.
@@ -11,11 +11,14 @@ shows every flag name whole, where rich's panels cut them.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable
-from typing import Any
+from importlib import metadata
+from typing import Annotated, Any
 
 import typer
 
+import dtune
 from dtune.cli import export, listing, measure, report, search, tune_gpu
 from dtune.cli.common import guarded
 
@@ -41,6 +44,41 @@ app = App(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def version_line() -> str:
+    """``dtune 0.1.0 (torch 2.9.1, triton 3.5.1, python 3.11.9)``: read from the installed packages' metadata, so
+    neither torch nor Triton is imported."""
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"dtune {dtune.__version__} (torch {installed('torch')}, triton {installed('triton')}, "
+        f"python {platform.python_version()})"
+    )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the versions of dtune, torch and triton."
+        ),
+    ] = False,
+) -> None:
+    pass
+
 
 # Each command module has `register(app)`. To add commands, import the module above and list it here.
 COMMAND_MODULES = [tune_gpu, search, export, listing, measure, report]

@@ -315,7 +315,8 @@ def build_report(
         where = ", ".join(str(p) for p in paths)
         unread = " ".join(f" (could not read: {'; '.join(data.problems)})".split()) if data.problems else ""
         raise NothingToReport(
-            f"nothing to report in {where}: no run.json, trials.csv, bench.csv, profile.csv, launches.csv or tuned.json{unread}"
+            f"nothing to report in {where}: no run.json, trials.csv, bench.csv, profile.csv, launches.csv or "
+            f"tuned.json{unread}"
         )
     sections = build_sections(data)
     out = Path(output) if output is not None else default_output(paths[0])

@@ -13,6 +13,17 @@ device, seed) in this process (:func:`case`), so a worker computes the reference
 trial; every config is still checked against it. With ``edge=False`` the variable-length edge case is skipped (its
 kernels are other specialisations, a second compile): the search gates stage-local moves so and re-gates every
 config it may export with the edge case.
+
+The accuracy criterion (``max_vs_default``, from the space's ``[accuracy]`` table for the search's dtype; 16-bit
+inputs): at the tuned shape the config's errors of o and of the final state must each be at most ``max_vs_default``
+times the template default config's on the same inputs (the default is run once per input set; with ``reuse`` once
+per process). The tolerance bounds what any config may cost in accuracy; this bounds what a config may trade for
+speed: the default keeps its diagonal blocks in float32 (KDA's ``DIAG_BF16 = false``), expected at fla's error level
+on the same inputs (``benchmarks/accuracy.py`` measures the default, both DIAG_BF16 settings and fla), so a faster
+config that rounds more (bf16 diagonal blocks, fewer float32 intermediates) fails with its ratio in the reason, even
+well inside the tolerance. Relative to the default, it needs no fla at search time. The edge case is not compared (168
+tokens: too few elements for a stable ratio); fp32 searches list no ratio (``F32_DOT = "tf32"`` is a deliberate
+trade there, bounded by the fp32 tolerance).
 """
 
 from __future__ import annotations
@@ -20,20 +31,27 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import dtune.kernels.config as kernel_config
 import torch
 from dtune.kernels import KernelSpec, get_kernel
 from dtune.kernels.reference import chunk_reference
 
 from dtune.inputs import dtype_name
 from dtune.measure.error import rel_rms_error
-from dtune.measure.inputs import GATE_MIN, make_inputs
 from dtune.shape import Gate, Shape
+from dtune.tune.gate_bwd import gate_backward
+from dtune.tune.gate_common import (
+    EDGE_SEQ_LENS,
+    GATE_MIN,
+    GateResult,
+    edge_inputs,
+    gate_inputs,
+    is_default,
+    less_accurate,
+    poisoned_outputs,
+)
 
 __all__ = [
     "EDGE_SEQ_LENS",
@@ -46,65 +64,6 @@ __all__ = [
     "gate_inputs",
     "poisoned_outputs",
 ]
-# The edge case every config must also pass, whatever shape it is tuned for: a packed variable-length batch
-# with a 1-token sequence, one shorter than any chunk and one that spans chunks without filling the last
-# (a config tuned at T = 4096 is dispatched to odd lengths too).
-EDGE_SEQ_LENS = (1, 17, 150)
-
-
-@dataclass(frozen=True)
-class GateResult:
-    passed: bool
-    error_o: float  # relative RMS error of the output (inf with NaN/Inf)
-    error_s: float  # relative RMS error of the final state
-    reason: str | None  # why it failed; None when passed
-
-    @property
-    def error(self) -> float:
-        return max(self.error_o, self.error_s)
-
-
-@contextmanager
-def poisoned_outputs() -> Iterator[None]:
-    """Launchers NaN-fill their output buffers while inside this block."""
-    before = kernel_config.POISON_OUTPUTS
-    kernel_config.POISON_OUTPUTS = True
-    try:
-        yield
-    finally:
-        kernel_config.POISON_OUTPUTS = before
-
-
-def gate_inputs(
-    spec: KernelSpec,
-    problem: Shape,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    seed: int,
-    seq_lens: tuple[int, ...] | None = None,
-) -> dict[str, Any]:
-    """The gate's inputs: strong decays, a random initial state, ``dtype`` activations; with ``seq_lens`` the packed
-    variable-length batch a search tunes (``--packed-seqs``)."""
-    problem = dataclasses.replace(problem, gate=Gate(spec.gate))
-    return make_inputs(
-        problem, dtype=dtype, device=device, seed=seed, gate_min=GATE_MIN, initial_state=True, seq_lens=seq_lens
-    )
-
-
-def edge_inputs(
-    spec: KernelSpec, problem: Shape, dtype: torch.dtype, device: torch.device | str, seed: int
-) -> dict[str, Any]:
-    """Inputs of the edge case (EDGE_SEQ_LENS packed, the problem's head dims and head grouping)."""
-    H = min(problem.H, 2)
-    edge = Shape(1, sum(EDGE_SEQ_LENS), H, H * (problem.HV // problem.H), problem.K, problem.V, len(EDGE_SEQ_LENS))
-    return make_inputs(
-        dataclasses.replace(edge, gate=Gate(spec.gate), varlen=True),
-        dtype=dtype,
-        device=device,
-        seed=seed + 1,
-        gate_min=GATE_MIN,
-        seq_lens=list(EDGE_SEQ_LENS),
-    )
 
 
 @dataclass(frozen=True)
@@ -114,6 +73,8 @@ class GateCase:
     inputs: dict[str, Any]
     ref_o: torch.Tensor
     ref_s: torch.Tensor | None
+    # the template default's errors on these inputs (o, final state), by kernel: computed once per input set
+    default_errors: dict[str, dict[str, float]] = field(default_factory=dict, compare=False, repr=False)
 
 
 _CASES: OrderedDict[tuple[Any, ...], GateCase] = OrderedDict()
@@ -176,6 +137,14 @@ def _errors(
     return o, s, err_o, err_s
 
 
+def _default_errors(spec: KernelSpec, problem: Shape, c: GateCase) -> dict[str, float]:
+    """The template default config's errors (o, final state) on the case's inputs, computed once per case."""
+    if spec.name not in c.default_errors:
+        _, _, err_o, err_s = _errors(spec, c, spec.default_config(problem.K, problem.V))
+        c.default_errors[spec.name] = {"o": err_o, "final state": err_s}
+    return c.default_errors[spec.name]
+
+
 def gate(
     kernel: str | KernelSpec,
     problem: Shape,
@@ -189,18 +158,22 @@ def gate(
     edge: bool = True,
     reuse: bool = False,
     seq_lens: tuple[int, ...] | None = None,
+    max_vs_default: float | None = None,
 ) -> GateResult:
     """Run ``kernel`` with ``config`` on the gate's inputs and check it against the float64 reference.
 
     ``edge``: also the packed variable-length edge case (:data:`EDGE_SEQ_LENS`). ``reuse``: take the inputs and
     their reference from this process's cache (:func:`case`) instead of drawing and computing them afresh.
     ``seq_lens``: gate that packed batch of ``problem``'s heads and dims instead of ``problem``'s rows.
+    ``max_vs_default``: the accuracy criterion (see the module): fail a config whose error of o or of the final state
+    is more than this many times the template default's on the same inputs.
     """
     spec = get_kernel(kernel) if isinstance(kernel, str) else kernel
     if spec.backward:  # a backward family's configs are checked on every gradient of the op's training step
-        from dtune.tune.gate_bwd import gate_backward
-
-        return gate_backward(spec, problem, dtype, device, config, tolerance, seed=seed, determinism=determinism)
+        return gate_backward(
+            spec, problem, dtype, device, config, tolerance, seed=seed, determinism=determinism,
+            max_vs_default=max_vs_default,
+        )  # fmt: skip
     main = case(spec, problem, dtype, device, seed, edge=False, reuse=reuse, seq_lens=seq_lens)
     o, s, err_o, err_s = _errors(spec, main, config)
     name = dtype_name(dtype)
@@ -216,7 +189,9 @@ def gate(
         reason = f"NaN/Inf in the {where} (unwritten elements or overflow)"
     elif err_o > tolerance or err_s > tolerance:
         reason = f"relative RMS error o={err_o:.2e}, state={err_s:.2e} exceeds the {name} tolerance {tolerance:.1e}"
-    elif edge:
+    elif max_vs_default is not None and not is_default(spec, problem, config):
+        reason = less_accurate({"o": err_o, "final state": err_s}, _default_errors(spec, problem, main), max_vs_default)
+    if reason is None and edge:
         _, _, edge_o, edge_s = _errors(spec, case(spec, problem, dtype, device, seed, True, reuse), config)
         err_o, err_s = max(err_o, edge_o), max(err_s, edge_s)
         if not (edge_o <= tolerance and edge_s <= tolerance):  # NaN compares False: fails too

@@ -1,6 +1,7 @@
 """The correctness gate of a backward config (a ``chunk_*_bwd`` kernel): every gradient against float64 autograd.
 
-The same kinds of inputs as the forward gate (:mod:`dtune.tune.gate`): fresh random inputs with strong decays (log
+The same kinds of inputs as the forward gate (:mod:`dtune.tune.gate`, which hands backward kernels to this module;
+both take their inputs from :mod:`dtune.tune.gate_common`): fresh random inputs with strong decays (log
 gates down to -5) and a random initial state at the tuned shape, then the packed variable-length edge case (1, 17 and
 150 tokens); random gradients of the output and of the final state; every buffer NaN-poisoned, so an element a stage
 fails to write surfaces as NaN. The call is the measured one (:func:`dtune.measure.grad.op_step`: the forward op
@@ -16,6 +17,10 @@ largest gradient error; a failure's reason names the gradient and lists every er
 At the tuned shape the float64 reference keeps its autograd graph (per-chunk states) in device memory and takes its
 time: a shape whose graph would exceed :data:`~dtune.measure.grad.REFERENCE_MAX_BYTES` (4 GiB) is checked with fewer
 batch rows (B = 2 at T = 4096, H = 16, D = 128): the same T, heads and head dims, which is what a config specialises on.
+
+With ``max_vs_default`` (the space's ``[accuracy]`` ratio, as in the forward gate) every output and gradient error at
+the tuned shape must also be at most that many times the backward's template default's on the same inputs (the
+default's training step runs on them once per gate call; the float64 reference is shared).
 """
 
 from __future__ import annotations
@@ -38,7 +43,15 @@ from dtune.measure.grad import (
     with_output_grads,
 )
 from dtune.shape import Shape
-from dtune.tune.gate import EDGE_SEQ_LENS, GateResult, edge_inputs, gate_inputs, poisoned_outputs
+from dtune.tune.gate_common import (
+    EDGE_SEQ_LENS,
+    GateResult,
+    edge_inputs,
+    gate_inputs,
+    is_default,
+    less_accurate,
+    poisoned_outputs,
+)
 
 GRADS = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "initial_state": "dh0"}
 
@@ -80,11 +93,15 @@ def _errors(got: StepResult, ref: StepResult, x: dict[str, Any]) -> tuple[dict[s
 
 
 def _check(
-    spec: KernelSpec, x: dict[str, Any], config: dict[str, Any] | None, tolerance: float, loop: bool, where: str
+    spec: KernelSpec,
+    x: dict[str, Any],
+    config: dict[str, Any] | None,
+    tolerance: float,
+    ref: StepResult,
+    where: str,
 ) -> tuple[dict[str, float], str | None, StepResult]:
     with poisoned_outputs():
         got = op_step(spec.forward_kernel, x, dict(config or {}))()
-    ref = reference_step(x, loop=loop)
     errors, problem = _errors(got, ref, x)
     if problem is None:
         over = {n: e for n, e in errors.items() if not e <= tolerance}
@@ -114,15 +131,20 @@ def gate_backward(
     *,
     seed: int = 0,
     determinism: bool = False,
+    max_vs_default: float | None = None,
 ) -> GateResult:
     """Run the training step with backward config ``config`` on fresh inputs; check every gradient (see the module)."""
     p = gate_shape(problem, device)
     x = with_output_grads({**gate_inputs(spec, p, dtype, device, seed), "output_final_state": True}, seed + 7)
-    errors, reason, got = _check(spec, x, config, tolerance, loop=False, where="")
+    ref = reference_step(x, loop=False)
+    errors, reason, got = _check(spec, x, config, tolerance, ref, where="")
+    if reason is None and max_vs_default is not None and not is_default(spec, p, config):
+        default_errors, _ = _errors(op_step(spec.forward_kernel, x, {})(), ref, x)
+        reason = less_accurate(errors, default_errors, max_vs_default)
     if reason is None:
         edge = with_output_grads({**edge_inputs(spec, p, dtype, device, seed), "output_final_state": True}, seed + 8)
         where = f"edge case (packed sequences of {', '.join(map(str, EDGE_SEQ_LENS))} tokens): "
-        edge_errors, reason, _ = _check(spec, edge, config, tolerance, loop=True, where=where)
+        edge_errors, reason, _ = _check(spec, edge, config, tolerance, reference_step(edge, loop=True), where=where)
         errors = {n: max(e, edge_errors.get(n, 0.0)) for n, e in errors.items()}
     if reason is None and determinism:
         again = op_step(spec.forward_kernel, x, dict(config or {}))()

@@ -1,6 +1,6 @@
 """Trials as data: one row per finished trial (``trials.csv``), the best passing trial of a study.
 
-A trial's outcome lives in its Optuna user attributes (set by :mod:`dtune.search`); this module is the one
+A trial's outcome lives in its Optuna user attributes (set by :mod:`dtune.tune.bookkeeping`); this module is the one
 place that turns them into rows, so the CSV's columns and the export's choice of winner agree.
 """
 
@@ -19,7 +19,7 @@ from dtune.shape import SHAPE_COLUMNS
 STATES = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.PRUNED: "pruned"}
 
 MEASURED = ["time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs", "tflops"]
-# What a trial's outcome leaves on it (user attributes; dtune.tune.search.record): the CSV and the export read them.
+# What a trial's outcome leaves on it (user attributes; bookkeeping.record): the CSV and the export read them.
 OUTCOME_ATTRS = ("reason", "message", "meaningful", "compile_s", *MEASURED, "stage_ms", "stage_resources", "built")
 # The search's own columns after the measured ones: how the trial came about and what it cost.
 SEARCH_COLUMNS = [

@@ -5,6 +5,10 @@ tolerances and the default shape grid of one tunable kernel. Data, not code: loa
 bucket tuned first on the whole budget, whether the ``[shapes]`` grid follows, the buckets beyond it (long prompts,
 grouped value heads, a packed batch) and each bucket's share of the job's budget (:class:`TuneSpec`).
 
+``[accuracy]`` (optional, per dtype): the most a config's error may be, as a multiple of the template default's on the
+same inputs (the gate's accuracy criterion, :mod:`dtune.tune.gate`): ``bf16 = 1.15`` fails a bf16 config whose error
+of any output is more than 1.15 times the default's, however far inside ``[tolerance]`` it is.
+
 ``[stages]`` (optional) splits the parameters by the launches they shape, for the stage-wise search
 (:mod:`dtune.tune.stages`): ``name = { params = [...], launches = [...] }`` names a stage's own parameters and the
 launches (the template's ``plan()`` stage names) whose time is that stage's time; every parameter no stage lists
@@ -118,6 +122,7 @@ class SearchSpace:
     source: str
     stages: StageMap = field(default_factory=StageMap)
     tune: TuneSpec = field(default_factory=TuneSpec)
+    accuracy: dict[str, float] = field(default_factory=dict)  # dtype: the most error as a multiple of the default's
 
     def violations(self, config: Mapping[str, Any], shape: Shape, gpu: Mapping[str, int]) -> list[str]:
         """Names of the constraints that ``config`` (a full config) breaks at ``shape`` on ``gpu``."""
@@ -190,7 +195,18 @@ def _unknown_param(name: str, kernel: str, legal: list[str]) -> str:
 
 def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace:
     """Validate a parsed space file against its kernel's template; SpaceError naming the problem otherwise."""
-    known_top = {"kernel", "description", "params", "constraints", "seeds", "tolerance", "shapes", "stages", "tune"}
+    known_top = {
+        "kernel",
+        "description",
+        "params",
+        "constraints",
+        "seeds",
+        "tolerance",
+        "accuracy",
+        "shapes",
+        "stages",
+        "tune",
+    }
     extra = sorted(set(data) - known_top)
     if extra:
         raise _fail(source, f"unknown section(s) {extra}; expected {sorted(known_top)}")
@@ -254,6 +270,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
         if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not 0 < tol < 1:
             raise _fail(source, f"[tolerance] {d} must be a number in (0, 1), got {tol!r}")
         tolerance[d] = float(tol)
+    accuracy = _parse_accuracy(source, data.get("accuracy", {}))
 
     raw_shapes = data.get("shapes")
     if not isinstance(raw_shapes, dict):
@@ -289,6 +306,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<space>") -> SearchSpace
         source=source,
         stages=stages,
         tune=_parse_tune(source, data.get("tune", {})),
+        accuracy=accuracy,
     )
 
 
@@ -327,6 +345,20 @@ def _parse_tune(source: str, raw: Any) -> TuneSpec:
             raise _fail(source, f"[tune] {key} must be a number in (0, 10] (a share of the budget), got {value!r}")
         shares[key] = float(value)
     return TuneSpec(anchor, grid, tuple(extra), packed, **shares)
+
+
+def _parse_accuracy(source: str, raw: Any) -> dict[str, float]:
+    """``[accuracy]``: per dtype, a ratio of at least 1 (the default passes its own criterion)."""
+    if not isinstance(raw, dict):
+        raise _fail(source, "[accuracy] must be a table of dtype = ratio (e.g. bf16 = 1.15)")
+    out: dict[str, float] = {}
+    for d, ratio in raw.items():
+        if d not in DTYPE_NAMES:
+            raise _fail(source, f"[accuracy] names unknown dtype {d!r}; use {', '.join(DTYPE_NAMES)}")
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 1 <= ratio < math.inf:
+            raise _fail(source, f"[accuracy] {d} must be a ratio of at least 1 (of the default's error), got {ratio!r}")
+        out[d] = float(ratio)
+    return out
 
 
 def _parse_stages(source: str, raw: Any, params: Mapping[str, Any]) -> StageMap:

@@ -1,7 +1,7 @@
 """Search strategies: what to try next, given what has been measured (``dtune search --strategy``).
 
 A strategy proposes :class:`Candidate` configs and observes each one's :class:`Result`; the driver
-(:class:`dtune.tune.search.ShapeSearch`) turns candidates into Optuna trials, checks constraints, compiles ahead,
+(:class:`dtune.tune.shape_search.ShapeSearch`) turns candidates into Optuna trials, checks constraints, compiles ahead,
 gates and times them, and reports back. Two kinds:
 
 * ``pattern`` (:mod:`dtune.tune.pattern`, the default for multi-stage kernels): the default, the space's seeds and

@@ -86,6 +86,7 @@ class TrialJob:
     edge: bool = True  # the gate's variable-length edge case (whole trials)
     reuse_inputs: bool = False  # keep inputs and the gate's reference per shape in this process (the search)
     seq_lens: list[int] | None = None  # a packed variable-length batch (``shape`` is its bucket: B = N, T = mean)
+    max_vs_default: float | None = None  # the gate's accuracy criterion (the space's [accuracy] ratio for the dtype)
 
     def workload(self) -> Workload:
         return Workload(self.initial_state, self.final_state, tuple(self.seq_lens) if self.seq_lens else None)
@@ -272,6 +273,7 @@ def evaluate(job: TrialJob) -> TrialOutcome:
                 edge=job.edge,
                 reuse=job.reuse_inputs,
                 seq_lens=job.workload().seq_lens,
+                max_vs_default=job.max_vs_default,
             )
         except Exception as e:
             out.reason, out.message = classify(e, first_launch=False), _message(e)

@@ -96,6 +96,15 @@ def test_other_head_dims_borrow_and_say_so(tmp_path: Path, on_h100: None) -> Non
     assert exact is not None and exact.describe() == "exact: tuned.json T64-B32-H16-HV16-K128-V128"
 
 
+def test_lookup_cache_keeps_dtypes_apart(tmp_path: Path, on_h100: None) -> None:
+    """The cached lookup is per dtype: after a bf16 call, an fp16 call of the same shape gets fp16's entry."""
+    load_configs(write(tmp_path, doc([*ENTRIES, entry(64, 32, 16, dtype="fp16")])), gpu="h100")
+    p = problem(64, 32)
+    assert tuned_config(KDA, p, torch.bfloat16, CUDA) == {"BV": 32, "num_warps": 4, "num_stages": 1}
+    assert tuned_config(KDA, p, torch.float16, CUDA) == {"BV": 16, "num_warps": 4, "num_stages": 1}
+    assert tuned_config(KDA, p, torch.float32, CUDA) is None
+
+
 def test_other_gpu_gets_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     load_configs(write(tmp_path, doc()), gpu="h100")
     monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "a100")

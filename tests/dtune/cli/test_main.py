@@ -19,6 +19,19 @@ def search(tmp_path: Path, *extra: str) -> list[str]:
     return ["search", "--kernel", KERNEL, "--interpret", "--dtype", "fp32", "--out", str(tmp_path / "run"), *extra]
 
 
+def test_version() -> None:
+    """``dtune --version``: dtune's version and the torch and triton it runs with (as installed)."""
+    from importlib import metadata
+
+    import dtune
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip()
+    assert line.startswith(f"dtune {dtune.__version__} (") and len(result.stdout.splitlines()) == 1
+    assert f"torch {metadata.version('torch')}" in line and f"triton {metadata.version('triton')}" in line
+
+
 def test_list() -> None:
     result = runner.invoke(app, ["list"])
     assert result.exit_code == 0, result.output

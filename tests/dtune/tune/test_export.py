@@ -66,8 +66,8 @@ def test_supersede_refuses_another_gpu() -> None:
 
 def test_export_takes_only_complete_trials_that_passed(tmp_path: Path) -> None:
     """Trials that look faster but did not pass are never exported: a PRUNED trial with a value and every passing
-    attribute, a COMPLETE one that failed the gate, a COMPLETE one with a failure reason. The winner is known by
-    construction (trial 4), not by the code the export uses."""
+    attribute, a COMPLETE one that failed the gate (with and without a reason recorded), a COMPLETE one with a failure
+    reason, one never gated. The winner is known by construction (trial 4), not by the code the export uses."""
     import optuna
 
     from dtune.gpu import get_profile
@@ -94,6 +94,8 @@ def test_export_takes_only_complete_trials_that_passed(tmp_path: Path) -> None:
         (S.COMPLETE, 0.3, 32, {"gate_passed": True, "reason": "runtime"}),  # 3: a failure reason
         (S.COMPLETE, 1.0, 32, passed),  # 4: the winner
         (S.FAIL, None, 8, {"gate_passed": True, "reason": None}),  # 5: failed, no value
+        (S.COMPLETE, 0.15, 8, {"gate_passed": False, "reason": None}),  # 6: failed the gate, no reason recorded
+        (S.COMPLETE, 0.25, 8, {"reason": None}),  # 7: never gated (no gate attribute)
     ]:
         config = {"BV": bv, "num_warps": 1, "num_stages": 1}
         study.add_trial(
@@ -105,4 +107,4 @@ def test_export_takes_only_complete_trials_that_passed(tmp_path: Path) -> None:
     (entry,) = build_export(tmp_path)["entries"]
     assert entry["config"] == {"BV": 32, "num_warps": 1, "num_stages": 1}
     assert entry["time_ms"] == 1.0 and entry["default_time_ms"] == 2.0 and entry["speedup"] == 2.0
-    assert entry["trials"] == {"complete": 4, "failed": 1, "pruned": 1}
+    assert entry["trials"] == {"complete": 6, "failed": 1, "pruned": 1}

@@ -46,12 +46,13 @@ def test_right_gradients_pass(kernel: str) -> None:
     assert 0 < r.error_o < 1e-4 and 0 < r.error_s < 1e-4
 
 
-def test_a_gradient_off_by_five_percent_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("name", "label"), [("k", "dk"), ("g", "dg")])
+def test_a_gradient_off_by_five_percent_fails(monkeypatch: pytest.MonkeyPatch, name: str, label: str) -> None:
     kernel = "chunk_kda_bwd"
-    plant(monkeypatch, lambda grads, cu: grads["k"].mul_(1.05))
+    plant(monkeypatch, lambda grads, cu: grads[name].mul_(1.05))
     r = gate(kernel, SHAPE, torch.float32, "cpu", SMALL, tolerance(kernel), seed=3)
     assert not r.passed and r.reason is not None
-    assert r.reason.startswith("relative RMS error of dk") and "exceeds the fp32 tolerance" in r.reason
+    assert r.reason.startswith(f"relative RMS error of {label}") and "exceeds the fp32 tolerance" in r.reason
     assert r.error_s > 0.04 and r.error_o < 1e-4  # the forward is right, the gradient is not
 
 
@@ -74,3 +75,31 @@ def test_reference_budget_shrinks_the_batch_on_a_gpu_only() -> None:
     small = gate_shape(big, "cuda")  # (no GPU needed: only the device's type is read)
     assert (small.B, small.N, small.T, small.H, small.K) == (2, 2, 4096, 16, 128)
     assert reference_bytes(big) > REFERENCE_MAX_BYTES >= reference_bytes(small)
+
+
+@pytest.mark.parametrize(("times", "passes"), [(1.3, False), (1.0, True)], ids=["1.3x-worse", "same-level"])
+def test_a_config_less_accurate_than_the_default_fails(
+    monkeypatch: pytest.MonkeyPatch, times: float, passes: bool
+) -> None:
+    """dk carries noise of relative RMS 1e-3 (inside the 2e-3 tolerance), 1.3x that for every backward config but the
+    default: the criterion (1.15x the default's error on the same inputs) fails it, and passes one at the same level."""
+    real = chunk_bwd.backward
+
+    def planted(*args: Any) -> dict[str, Any]:
+        grads = real(*args)
+        bwd_config, q, v = args[12], args[2], args[4]
+        default = bwd_config == chunk_bwd.default_config(q.shape[-1], v.shape[-1], args[7])
+        dk = grads["k"]
+        gen = torch.Generator().manual_seed(dk.numel() + (0 if default else 1))
+        noise = torch.randn(dk.shape, generator=gen, dtype=torch.float64)
+        step = 1e-3 * (1.0 if default else times) * dk.double().norm() / noise.norm()
+        grads["k"] = (dk.double() + step * noise).to(dk.dtype)
+        return grads
+
+    monkeypatch.setattr(chunk_bwd, "backward", planted)
+    kernel = "chunk_kda_bwd"
+    r = gate(kernel, SHAPE, torch.float32, "cpu", SMALL, tolerance(kernel), seed=3, max_vs_default=1.15)
+    assert r.passed is passes, r.reason
+    if not passes:
+        assert r.reason is not None and r.reason.startswith("relative RMS error of dk")
+        assert "the default config's" in r.reason

@@ -72,3 +72,16 @@ def test_a_failed_trial_without_reason_was_interrupted() -> None:
     stale = trial(0, None, TrialState.FAIL, gate_passed=None, reason=None)  # failed stale by a heartbeat reaper
     assert results.reason_of(stale) == "interrupted"
     assert results.failures_by_reason([stale]) == {"interrupted": 1}
+
+
+def test_a_trial_without_a_passed_gate_never_wins() -> None:
+    """No failure reason recorded is not a pass: a COMPLETE trial whose gate failed (or never ran: no gate attribute)
+    and a trial whose process died are never the best, however fast they look."""
+    good = trial(0, 2.0, is_default=True)
+    failed_gate_no_reason = trial(1, 0.5, gate_passed=False, reason=None)
+    never_gated = trial(2, 0.5, gate_passed=None, reason=None)
+    stale = trial(3, None, TrialState.FAIL, gate_passed=None, reason=None)
+    for t in (failed_gate_no_reason, never_gated, stale):
+        assert not results.passed(t) and not results.passed(t, allow_stage=True)
+    assert results.best_trial([good, failed_gate_no_reason, never_gated, stale]) is good
+    assert results.best_trial([failed_gate_no_reason, never_gated, stale]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -15,9 +16,11 @@ import pandas as pd
 import pytest
 from dtune.kernels import get_kernel
 
+import dtune.tune.storage
 from dtune.gpu import get_profile
 from dtune.shape import Shape
 from dtune.tune import transfer
+from dtune.tune.executor import Evaluator
 from dtune.tune.search import INTERPRET_SHAPES, SearchConfig, run_search
 from dtune.tune.space import _parse_text, load_space
 from dtune.tune.storage import open_storage
@@ -45,7 +48,7 @@ def test_planted_failures_are_classified_and_never_exported(
     space = _parse_text(fake.space_toml(), "fake.toml")
     shapes = space.shapes.shapes()
     cfg = config(
-        fake.NAME, tmp_path, space=space, shapes=shapes, trials=7, trial_timeout=5.0, compile_ahead=compile_ahead
+        fake.NAME, tmp_path, space=space, shapes=shapes, trials=9, trial_timeout=5.0, compile_ahead=compile_ahead
     )
     run = run_search(cfg)
     # In turn, the timing worker meets the crash and is replaced once (after the hang only a pruned trial
@@ -61,17 +64,22 @@ def test_planted_failures_are_classified_and_never_exported(
         ("ok", 16, "complete", None),  # the default config, first
         ("compile", 8, "failed", "compile"),
         ("wrong", 8, "failed", "gate"),
+        ("inexact", 8, "failed", "gate"),  # 1.5x the tolerance: the search applies the space's, not a looser one
+        ("lossy", 8, "failed", "gate"),  # inside the tolerance, ~50x the default's error: the [accuracy] criterion
         ("unwritten", 8, "failed", "gate"),
         ("crash", 8, "failed", "crash"),
         ("hang", 8, "failed", "timeout"),
         ("ok", 32, "pruned", "constraint"),
     ]
-    assert rows["is_default"].tolist() == [True] + [False] * 6
+    assert rows["is_default"].tolist() == [True] + [False] * 8
     assert rows.loc[rows["reason"] == "constraint", "message"].item() == "violates small_tiles"
+    message = dict(zip(rows["p.MODE"], rows["message"]))
+    assert "exceeds the fp32 tolerance 1.0e-04" in message["inexact"]
+    assert "the default config's" in message["lossy"] and "(1.15x" in message["lossy"]
     assert (rows["default_time_ms"] == rows["time_ms"].iloc[0]).all()
     tuned = json.loads((tmp_path / "tuned.json").read_text())
     assert [e["config"]["MODE"] for e in tuned["entries"]] == ["ok"]
-    assert tuned["entries"][0]["trials"] == {"complete": 1, "failed": 5, "pruned": 1}
+    assert tuned["entries"][0]["trials"] == {"complete": 1, "failed": 7, "pruned": 1}
 
 
 def test_full_search_resume_and_export(tmp_path: Path) -> None:
@@ -109,6 +117,10 @@ def test_full_search_resume_and_export(tmp_path: Path) -> None:
     assert e["config"] == {"BV": int(best["p.BV"]), "num_warps": int(best["p.num_warps"]),
                            "num_stages": int(best["p.num_stages"])}  # fmt: skip
     assert math.isclose(e["time_ms"], best["time_ms"]) and math.isclose(e["default_time_ms"], default["time_ms"])
+    assert math.isclose(e["speedup"], default["time_ms"] / best["time_ms"])  # > 1: the winner is faster
+    summary = run.shapes[0]
+    assert summary.best_ms is not None and summary.default_ms is not None
+    assert summary.speedup == pytest.approx(summary.default_ms / summary.best_ms) and summary.speedup >= 1.0
     assert e["trials"] == {"complete": int((rows["state"] == "complete").sum()), "failed": 0, "pruned": 1}
     assert e["bucket"] == {"T": 4, "B": 2, "H": 2, "HV": 2, "K": 32, "V": 32}
 
@@ -288,3 +300,47 @@ def test_two_timing_workers_share_one_study(tmp_path: Path) -> None:
     timed = rows[rows["state"] == "complete"]
     assert set(timed["device"].astype(int)) == {0, 1}  # both workers timed trials
     assert (tmp_path / "worker.log").exists() and (tmp_path / "worker-1.log").exists()
+
+
+def test_interrupted_and_dead_trials_are_retried_on_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite: Ctrl-C while a trial is in flight closes it as interrupted; a trial left RUNNING by a process that died
+    (its heartbeat stale) is failed by the next process's reaper; --resume runs both configs again, as new trials."""
+    monkeypatch.setattr(dtune.tune.storage, "GRACE_S", 1)  # a heartbeat older than 1 s is a dead process's
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:1]
+    submit, submitted = Evaluator.submit, []
+
+    def submit_then_ctrl_c(self: Evaluator, job: object) -> object:
+        future = submit(self, job)  # type: ignore[arg-type]
+        submitted.append(job)
+        if len(submitted) == 2:  # the first sampled config, in flight
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        return future
+
+    monkeypatch.setattr(Evaluator, "submit", submit_then_ctrl_c)
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=10, seeds=False))  # the default, then samples
+    assert run.interrupted
+    monkeypatch.setattr(Evaluator, "submit", submit)
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.load_study(study_name=run.shapes[0].study, storage=storage)
+    (interrupted,) = [t for t in study.get_trials() if t.user_attrs.get("reason") == "interrupted"]
+    assert interrupted.state == optuna.trial.TrialState.FAIL and interrupted.params
+    # a process that died with a trial RUNNING: its last heartbeat, then silence
+    dead = {"BV": 8, "num_warps": 2, "num_stages": 1}  # not the default: only a retry runs it in 2 trials
+    running = optuna.trial.FrozenTrial(
+        number=0, state=optuna.trial.TrialState.RUNNING, value=None, datetime_start=datetime.datetime.now(),
+        datetime_complete=None, params=dead, distributions={n: interrupted.distributions[n] for n in dead},
+        user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=0,
+    )  # fmt: skip
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=running)
+    dtune.tune.storage.record_heartbeats(study, [optuna.trial.Trial(study, trial_id)])
+    time.sleep(2.5)  # SQLite keeps heartbeats to the second: stale by more than the 1 s grace whatever the rounding
+    run_search(config(kernel, tmp_path, shapes=shapes, trials=2, resume=True, seeds=False))  # the retries first
+    after = study.get_trials()
+    (reaped,) = [t for t in after if t._trial_id == trial_id]
+    assert reaped.state == optuna.trial.TrialState.FAIL and reaped.user_attrs.get("reason") is None
+    for params in (interrupted.params, dead):
+        again = [t for t in after if t.params == params and t.number > interrupted.number and t._trial_id != trial_id]
+        assert again and again[0].user_attrs["source"] == "retry", f"{params} was not retried"
+        assert again[0].state == optuna.trial.TrialState.COMPLETE and again[0].user_attrs.get("reason") is None

@@ -115,6 +115,8 @@ def test_batch_tokens_grid() -> None:
         ('kernel = "fused_recurrent_kda"', 'kernel = "nope"', "unknown kernel 'nope'"),
         ("fp16 = 5e-3", "", r"\[tolerance\] lacks \['fp16'\]"),
         ("fp16 = 5e-3", "fp16 = 2.0", "fp16 must be a number in"),
+        ("[shapes]", "[accuracy]\nbf16 = 0.9\n[shapes]", r"\[accuracy\] bf16 must be a ratio of at least 1"),
+        ("[shapes]", "[accuracy]\nfp8 = 1.2\n[shapes]", r"\[accuracy\] names unknown dtype 'fp8'"),
         ("batch = [1, 32]", "", "exactly one of batch"),
         ("seq_lens = [1, 64]", "seq_lens = [0]", "positive integers"),
     ],
@@ -132,6 +134,8 @@ def test_batch_tokens_grid() -> None:
         "unknown-kernel",
         "tolerance-missing-dtype",
         "tolerance-range",
+        "accuracy-below-1",
+        "accuracy-dtype",
         "no-batch",
         "bad-seq-len",
     ],
@@ -140,6 +144,19 @@ def test_bad_spaces(old: str, new: str, match: str) -> None:
     assert old in GOOD
     with pytest.raises(SpaceError, match=match):
         parse(GOOD.replace(old, new))
+
+
+def test_accuracy_ratios() -> None:
+    assert parse_space(toml.loads(GOOD)).accuracy == {}  # optional: no criterion
+    space = parse_space(toml.loads(GOOD.replace("[shapes]", "[accuracy]\nbf16 = 1.15\nfp16 = 1\n[shapes]")))
+    assert space.accuracy == {"bf16": 1.15, "fp16": 1.0}
+
+
+@pytest.mark.parametrize("kernel", sorted(shipped_spaces()))
+def test_shipped_accuracy_ratios_fail_a_config_1_3x_worse(kernel: str) -> None:
+    """Every shipped space bounds 16-bit configs to less than 1.3x the default's error (and fp32 by tolerance only)."""
+    accuracy = load_space(kernel).accuracy
+    assert set(accuracy) == {"bf16", "fp16"} and all(1.0 <= r < 1.3 for r in accuracy.values())
 
 
 def test_empty_space_and_missing_tolerance() -> None:

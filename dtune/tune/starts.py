@@ -1,0 +1,58 @@
+"""Where a shape's study starts: the template's default first, then the space's seeds, the winners of the nearest tuned
+buckets (shipped configs and ``--transfer-from`` runs, :mod:`dtune.tune.transfer`), and on ``--resume`` the study's
+best and every config whose trial never ran to its end (cancelled, interrupted, or its process died)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from dtune.shape import Shape
+from dtune.tune import results, transfer
+from dtune.tune.bookkeeping import FINISHED, params_key, retryable
+from dtune.tune.search_config import SearchConfig
+from dtune.tune.strategy import Candidate
+
+__all__ = ["retries", "starting_configs"]
+
+
+def starting_configs(
+    cfg: SearchConfig,
+    shape: Shape,
+    baseline: dict[str, Any],
+    choices: dict[str, tuple[Any, ...]],
+    trials: list[FrozenTrial],
+) -> list[Candidate]:
+    """The default first, then the space's seeds and the nearest tuned buckets' winners (unless seeds are off),
+    configs of runs given with --transfer-from, and on --resume the study's best and its trials to retry
+    (``trials``: the study's, read after its stale trials were failed)."""
+    out = [Candidate(dict(baseline), source="default", is_default=True)]
+    if cfg.seeds:
+        out += [Candidate({**baseline, **s}, source="seed") for s in cfg.space.seeds]
+    donors: list[transfer.Donor] = transfer.shipped_donors() if cfg.seeds else []
+    for run_dir in (*cfg.transfer_from, cfg.out):
+        donors += transfer.run_donors(Path(run_dir))
+    here = (cfg.kernel, cfg.gpu.key, cfg.dtype, shape.bucket())
+    donors = [d for d in donors if (d.kernel, d.gpu, d.dtype, d.bucket) != here]  # not this study itself
+    for d in transfer.nearest(donors, cfg.kernel, cfg.gpu.key, cfg.dtype, shape, cfg.transfer_count):
+        params = {n: v for n, v in d.config.items() if n in choices and v in choices[n]}
+        out.append(Candidate({**baseline, **params}, source="transfer:" + d.describe()))
+    if cfg.resume:
+        best = results.best_trial(trials)
+        if best is not None:
+            out.append(Candidate(dict(best.params), source="resume"))
+        out += retries(trials)
+    return out
+
+
+def retries(trials: list[FrozenTrial]) -> list[Candidate]:
+    """One candidate per config whose trials all ended before running to their end (each config once)."""
+    done = {params_key(t.params) for t in trials if t.state in FINISHED and not retryable(t)}
+    out = []
+    for t in trials:
+        if t.state in FINISHED and retryable(t) and params_key(t.params) not in done:
+            done.add(params_key(t.params))
+            out.append(Candidate(dict(t.params), source="retry"))
+    return out
