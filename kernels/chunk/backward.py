@@ -49,15 +49,19 @@ import triton
 
 from ..config import GATE_CODES, GATE_FLOOR, Config, new_output, next_power_of_2
 from ..config import check_config as _check
+from .buffers import Intermediates as FwdIntermediates
+from .buffers import Outputs, SegmentScratch, allocate_segments
 from .bwd_dqk import chunk_bwd_dqk_kernel
 from .bwd_dv import chunk_bwd_dv_kernel
 from .bwd_finish import chunk_bwd_finish_kernel
-from .bwd_state import chunk_bwd_state_kernel
+from .bwd_state import launch_reverse
+from .call import prepare_call
 from .call import tile as _tile
 from .intra_blocks import chunk_intra_blocks_kernel
-from .output import chunk_output_kernel
+from .output import launch_output
 from .pipeline import forward as chunk_forward
-from .state import chunk_state_kernel
+from .segments import launch_segment_starts
+from .state import launch_state, launch_transitions
 from .tables import build_tables, host_offsets
 
 Tensor = torch.Tensor
@@ -70,6 +74,8 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dh_BV": (16, 32, 64, 128),
     "dh_num_warps": (1, 2, 4, 8, 16),
     "dh_num_stages": (1, 2, 3, 4),
+    "dh_LAYOUT": ("kv", "vk"),
+    "dh_SEG_CHUNKS": (0, 8, 16, 32, 64, 128, 256),
     "dv_BV": (16, 32, 64, 128),
     "dv_num_warps": (1, 2, 4, 8),
     "dv_num_stages": (1, 2, 3, 4),
@@ -81,11 +87,16 @@ _COMMON: dict[str, tuple[Any, ...]] = {
 }
 
 
+_CHANNEL: dict[str, tuple[Any, ...]] = {
+    "dqk_BC": (16, 32, 64),  # KDA: rows per block of the dq/dk stage's per-channel pairwise terms
+}
+
+
 def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     """Every tunable parameter of the backward and all values the templates can be built with."""
     if gate not in GATE_CODES:
         raise ValueError(f"unknown gate mode {gate!r}")
-    return dict(_COMMON)
+    return dict(_COMMON) | (dict(_CHANNEL) if gate == "channel" else {})
 
 
 def default_config(K: int, V: int, gate: str) -> Config:
@@ -104,6 +115,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dh_BV": 32 if small else 16,
         "dh_num_warps": 4 if small else 8,
         "dh_num_stages": 2 if small else 1,
+        "dh_LAYOUT": "kv",
+        "dh_SEG_CHUNKS": 0,  # the plain reverse pass (sequence-parallel: 8..256 chunks per segment)
         "dv_BV": 64,
         "dv_num_warps": 4,
         "dv_num_stages": 2,
@@ -113,14 +126,17 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dqk_num_stages": 2,
         "F32_DOT": "ieee",
     }
+    if gate == "channel":
+        cfg["dqk_BC"] = 16
     return cfg
 
 
 def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name: str = "chunk backward") -> Config:
     """The full backward config: ``config`` over the default, every key and value checked (ValueError/TypeError)."""
     full = _check(name, legal_params(gate), default_config(K, V, gate), config)
-    if not full["BC"] <= full["BT"] <= 4 * full["BC"]:
-        raise ValueError(f"config for {name}: needs BC <= BT <= 4 * BC, got BT={full['BT']}, BC={full['BC']}")
+    for bc in ("BC", "dqk_BC"):
+        if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
+            raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")
     return full
 
 
@@ -137,6 +153,7 @@ class Intermediates:
     gout: Tensor | None = None  # KDA: e^{γ_C} [chunks, HV, K]; Gated DeltaNet: γ [tokens, HV] (float32)
     hbuf: Tensor | None = None  # chunk-start states [chunks, HV, K, V]
     vnew: Tensor | None = None  # V_new [tokens, HV, V]
+    starts: Tensor | None = None  # sequence-parallel forward: the state entering each segment [NS, HV, K, V] float32
 
     def tensors(self) -> dict[str, Tensor | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -219,36 +236,48 @@ def forward_intermediates(
                 chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=2, **kw)
     if states == "skip":
         return inter, None, None
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    # the state pass through the forward's own launchers: per sequence, or sequence-parallel where the forward config
+    # has segments (SEG_CHUNKS), then the output stage unless fused
     fuse = states == "fused"
-    o = new_output(B, T, HV, V, dtype=v.dtype, device=dev) if fuse or output else None
-    ht = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if final_state else None
-    if not fuse:
-        inter.hbuf = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-        inter.vnew = new_output(tokens, HV, V, dtype=dt, device=dev)
-    h0 = None if initial_state is None else initial_state.contiguous()
-    h_BV = _tile(config["h_BV"], V)
-    chunk_state_kernel[(triton.cdiv(V, h_BV), N * HV)](
-        q, k, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout, h0, ht, inter.hbuf, inter.vnew, o,
-        cu_seqlens, tables.chunk_offsets, None, None, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=_tile(next_power_of_2(K), K), BV=h_BV, GATE=GATE, USE_H0=h0 is not None,
-        STORE_HT=final_state, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=dot_prec,
-        TRANS=config["STATE_LAYOUT"] == "vk", num_warps=config["h_num_warps"], num_stages=config["h_num_stages"],
+    offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
+    call = prepare_call(
+        q, k, v, None, beta, gate, scale, initial_state, final_state, cu_seqlens, dict(config, FUSE_OUTPUT=fuse), offsets
     )  # fmt: skip
-    if o is not None and not fuse and NC > 0:
-        o_BK, o_BV = _tile(config["o_BK"], K), _tile(config["o_BV"], V)
-        chunk_output_kernel[(NC, triton.cdiv(V, o_BV), HV)](
-            q, inter.aqk, inter.qg, inter.gout, inter.hbuf, inter.vnew, o, tables.chunk_info, scale, T,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=o_BK, BV=o_BV, NK=triton.cdiv(K, o_BK), GATE=GATE, VARLEN=varlen,
-            DOT_PREC=dot_prec, num_warps=config["o_num_warps"], num_stages=config["o_num_stages"],
-        )  # fmt: skip
+    assert inter.w is not None and inter.u is not None and inter.aqk is not None, "stage 1's outputs"
+    fi = FwdIntermediates(
+        w=inter.w, u=inter.u, aqk=inter.aqk, qg=inter.qg, kg=inter.kg, gout=inter.gout, flags=None,
+        h=None if fuse else new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev),
+        v_new=None if fuse else new_output(tokens, HV, V, dtype=dt, device=dev),
+    )  # fmt: skip
+    o = new_output(B, T, HV, V, dtype=v.dtype, device=dev) if fuse or output else None
+    ht = new_output(call.N, HV, K, V, dtype=torch.float32, device=dev) if final_state else None
+    out = Outputs(o, ht)  # type: ignore[arg-type]  # (o None: the pass stores no output)
+    scratch: SegmentScratch | None = None
+    if call.tables.segments is not None:
+        if inter.starts is not None:  # the segments' entering states, kept from the forward under autograd
+            scratch = SegmentScratch(torch.empty(0, device=dev), inter.starts)
+        else:
+            scratch = allocate_segments(call)
+            assert scratch is not None
+            launch_transitions(call, fi, scratch)
+            launch_segment_starts(call, out, scratch)
+        inter.starts = scratch.starts
+    launch_state(call, fi, out, scratch)
+    if o is not None and not fuse:
+        launch_output(call, fi, out)
+    inter.hbuf, inter.vnew = fi.h, fi.v_new
     return inter, o, ht
 
 
 def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -> Config:
     """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as
-    ``"blocks"`` (the variant that stores ``T``) with its diagonal guard, everything else the forward's."""
-    cfg = dict(fwd_config, BT=bwd_config["BT"], BC=bwd_config["BC"], INTRA="blocks")
+    ``"blocks"`` (the variant that stores ``T``, by substitution) with its diagonal guard, the forward's segments
+    (``SEG_CHUNKS``) as long in tokens as the forward config's, everything else the forward's."""
+    BT = bwd_config["BT"]
+    seg = int(fwd_config.get("SEG_CHUNKS", 0))
+    if seg > 0:
+        seg = max(1, seg * int(fwd_config["BT"]) // BT)
+    cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA="blocks", SOLVE="subst", SEG_CHUNKS=seg)
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
     return cfg
@@ -286,9 +315,9 @@ def forward_for_training(
     )  # fmt: skip
     assert out is not None
     if save == "all":
-        inter.u = None  # the backward never reads U
+        inter.u = inter.starts = None  # the backward never reads U (nor, with the states kept, the segment starts)
     else:
-        inter.hbuf = inter.vnew = None  # re-run in the backward
+        inter.hbuf = inter.vnew = None  # re-run in the backward (from the kept segment starts, if any)
     return out, ht, inter
 
 
@@ -335,19 +364,18 @@ def backward(
         )  # fmt: skip
     inter.u = None
 
-    # ---- 1. reverse state pass ----------------------------------------------------------------------------------
+    # ---- 1. reverse state pass (sequence-parallel with dh_SEG_CHUNKS) -----------------------------------------------
     dh = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-    dvn: Tensor | None = new_output(tokens, HV, V, dtype=dt, device=dev)
+    dvn_buf = new_output(tokens, HV, V, dtype=dt, device=dev)
     dh0 = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
-    dht = None if dht is None else dht.contiguous()
-    dh_BV = _tile(bwd_config["dh_BV"], V)
-    chunk_bwd_state_kernel[(triton.cdiv(V, dh_BV), N * HV)](
-        q, k, inter.w, inter.aqk, inter.qg, inter.kg, inter.gout, do, dht, dh0, dh, dvn, cu_seqlens,
-        tables.chunk_offsets, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=_tile(next_power_of_2(K), K), BV=dh_BV, GATE=GATE, USE_DHT=dht is not None,
-        STORE_DH0=dh0 is not None, VARLEN=varlen, DOT_PREC=dot_prec,
-        num_warps=bwd_config["dh_num_warps"], num_stages=bwd_config["dh_num_stages"],
+    offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
+    launch_reverse(
+        q, k, inter.w, inter.aqk, inter.qg, inter.kg, inter.gout, do, None if dht is None else dht.contiguous(), dh0,
+        dh, dvn_buf, cu_seqlens, tables.chunk_offsets, offsets, scale, B, T, H, HV, K, V, N, BT, GATE, dot_prec,
+        bwd_config,
     )  # fmt: skip
+    dvn: Tensor | None = dvn_buf
+    del dvn_buf
     inter.w = inter.qg = inter.kg = None
 
     grads: dict[str, Tensor | None] = {"initial_state": dh0}
@@ -389,7 +417,7 @@ def backward(
             q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvn if fused else dvb, daq, dak,
             inter.ai if fused else None, v if fused else None, dv if fused else None, dq, dk,
             dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, 1, ss,
-            H=H, HV=HV, K=K, V=V, BT=BT, BC=cfg["BC"], BK=dqk_BK, BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=GATE,
+            H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=GATE,
             FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
             num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
         )  # fmt: skip
