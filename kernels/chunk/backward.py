@@ -75,7 +75,7 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dh_num_warps": (1, 2, 4, 8, 16),
     "dh_num_stages": (1, 2, 3, 4),
     "dh_LAYOUT": ("kv", "vk"),
-    "dh_SEG_CHUNKS": (0, 8, 16, 32, 64, 128, 256),
+    "dh_SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
     "dv_BV": (16, 32, 64, 128),
     "dv_num_warps": (1, 2, 4, 8),
     "dv_num_stages": (1, 2, 3, 4),

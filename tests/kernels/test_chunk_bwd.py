@@ -39,6 +39,7 @@ def gradients_vs_loop(
     bwd_config: dict[str, Any] | None,
     scale: float | None = None,
     final: bool = True,
+    fwd_config: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Relative RMS error of the output and of every gradient, chunk op (through dtune.ops) vs float64 autograd."""
     leaves = {n: (x[n].clone().requires_grad_() if x[n] is not None else None) for n in NAMES}
@@ -48,6 +49,7 @@ def gradients_vs_loop(
         CHUNK[problem.gate],
         *(leaves[n] for n in ("q", "k", "v", "g", "beta")),
         initial_state=leaves["initial_state"],
+        config=fwd_config,
         bwd_config=bwd_config,
         **kw,
     )
@@ -113,6 +115,22 @@ add("BC32", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 32}, g
 add("BC32-split", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 32, "FUSE_DV": False}, gate_min=-60.0)
 add("g60-split", Shape(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL), {**BT32, "FUSE_DV": False}, gate_min=-60.0)
 add("g8-BT64", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16}, gate_min=-8.0)  # some blocks exact
+# KDA's pairwise block rows apart from stage 1's sub-chunks
+add("dqkBC32", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16, "dqk_BC": 32}, gate_min=-60.0)
+add("dqkBC16", Shape(2, 37, 1, 2, 16, 32, 2, Gate.CHANNEL), {"BT": 32, "BC": 32, "dqk_BC": 16})
+
+# The reverse pass: transposed adjoint (dh_LAYOUT = "vk") and sequence-parallel (dh_SEG_CHUNKS: segments of 1-2 chunks
+# so that every sequence has several), with grouped heads (H = 2, HV = 4), K != V, varlen with an empty sequence
+VK = {"dh_LAYOUT": "vk"}
+for gate in Gate:
+    add("vk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **VK}, scale=0.3)
+    add("vk-tiles-noh0", Shape(1, 40, 1, 1, 24, 40, 1, gate), {**tiles, **VK, "SAVE": "intra"}, h0=False, final=False)
+    seg = {"dh_SEG_CHUNKS": 1}
+    add("seg-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **seg, "dh_BV": 16}, scale=0.3)
+    add("seg-varlen", Shape(1, 0, 2, 4, 16, 16, 5, gate, True), {**BT16, **seg}, seq_lens=[1, 17, 0, 40, 2])
+    add("seg-vk-KneV", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **VK, "dh_SEG_CHUNKS": 2, "dh_BV": 16})
+    add("seg-noh0", Shape(1, 50, 1, 1, 16, 32, 1, gate), {**BT16, **seg, "SAVE": "none"}, h0=False, final=False)
+    add("seg-T1", Shape(2, 1, 2, 4, 16, 32, 2, gate), {**BT16, **seg})  # one chunk: the plain pass
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
@@ -123,6 +141,23 @@ def test_gradients_match_loop(
     if extra.get("inf"):
         x = with_inf_gates(x)
     errs = gradients_vs_loop(problem, x, cfg, scale=extra.get("scale"), final=extra.get("final", True))
+    assert_close(errs, TOL[torch.float32])
+
+
+# The forward under autograd through the forward's sequence-parallel state pass (its config's SEG_CHUNKS): SAVE =
+# "intra" keeps the segments' entering states for the backward's re-run, "none" computes them again, "all" keeps the
+# chunk states; with the sequence-parallel reverse pass too.
+SEG_FWD = {"BT": 16, "BC": 16, "SEG_CHUNKS": 1, "FUSE_OUTPUT": True}
+SEG_FWD_CASES = {
+    f"{g.value}-{save}": (Shape(1, 0, 2, 4, 16, 32, 4, g, True), save) for g in Gate for save in ("intra", "none", "all")
+}
+
+
+@pytest.mark.parametrize(("problem", "save"), list(SEG_FWD_CASES.values()), ids=list(SEG_FWD_CASES))
+def test_gradients_with_the_segmented_forward(problem: Shape, save: str) -> None:
+    x = make_inputs(problem, seed=8, seq_lens=[33, 0, 20, 50])
+    cfg = {**BT16, "SAVE": save, "dh_SEG_CHUNKS": 2 if save == "intra" else 0}
+    errs = gradients_vs_loop(problem, x, cfg, fwd_config=SEG_FWD)
     assert_close(errs, TOL[torch.float32])
 
 
@@ -186,6 +221,10 @@ def test_config_is_checked() -> None:
         chunk_bwd.check_config(64, 64, "none", {"BT": 128, "BC": 16})
     with pytest.raises(ValueError, match="SAVE"):
         chunk_bwd.check_config(64, 64, "scalar", {"SAVE": "some"})
+    with pytest.raises(ValueError, match="dqk_BC <= BT <= 4"):
+        chunk_bwd.check_config(64, 64, "channel", {"BT": 16, "BC": 16, "dqk_BC": 32})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        chunk_bwd.check_config(64, 64, "scalar", {"dqk_BC": 16})  # KDA's only
     for gate in ("none", "scalar", "channel"):
         legal = chunk_bwd.legal_params(gate)
         for K, V in ((16, 16), (128, 128), (256, 64)):
