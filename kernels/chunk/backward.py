@@ -5,7 +5,9 @@ Math: :mod:`dtune.kernels.reference_bwd` (the same formulas in float64 PyTorch, 
 token-by-token loop). Pipeline, after the forward's intermediates (saved by the forward, or recomputed here):
 
 1. :mod:`.bwd_state` (sequential over chunks, parallel over sequences × value heads × ``dh_BV`` channels): the
-   state adjoint ``X``; stores ``X_{c+1}`` per chunk and ``dV_new``; returns the initial state's gradient.
+   state adjoint ``X`` (``[K, dh_BV]``, or transposed with ``dh_LAYOUT = "vk"``); stores ``X_{c+1}`` per chunk and
+   ``dV_new``; returns the initial state's gradient. With ``dh_SEG_CHUNKS``, sequence-parallel over segments of
+   that many chunks (three phases, :mod:`.bwd_segments`: the adjoint's update is affine).
 2. :mod:`.bwd_dqk` (chunk × key tile × value head): with ``FUSE_DV`` (default) everything chunk-parallel in one
    stage: ``dVβ = Tᵀ dV_new`` (so ``dv``), ``dA_qk``, ``dA_kk = −dVβ V_newᵀ`` in registers, then ``dq``, ``dk``, the
    pairwise terms (KDA's per channel by blocks of ``BC`` rows, :mod:`.bwd_pairwise`) and the gate's gradient
@@ -19,6 +21,9 @@ heads are summed at the end.
 Where the time goes (H200, bf16, B·T = 32768, H = 16, K = V = 128; floors per stage in
 :func:`dtune.measure.work.backward_stages`): the sequential passes (the forward's state pass, its re-run with
 ``SAVE = "intra"``, the reverse state pass) are latency-bound chains; the chunk-parallel stages are memory-bound.
+On Hopper the chunk is best 64: at ``BT = 32`` the chunk-parallel stage's dots have 32 rows and compile to
+``mma.sync`` instead of wgmma (sm_90a, Triton 3.6), the chunk states and adjoints (the largest tensors moved) double
+and the sequential chains are twice as long.
 ``FUSE_DV`` removes the dv stage's pass over ``do``, ``V_new``, ``dV_new`` and the ``dVβ``/``dA`` round trip, and
 for KDA the per-channel pairwise stage and its three float32 ``[tokens, HV, K]`` partials (written, then read back):
 16 of the ~68 ``[tokens, HV, 128]``-sized bf16 passes of KDA's step at ``BT = 64``.
@@ -27,8 +32,10 @@ for KDA the per-channel pairwise stage and its three float32 ``[tokens, HV, K]``
 and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new``; ``"intra"``: it keeps stage 1's outputs and the
 backward re-runs the state pass; ``"none"``: the forward is the plain one (its own config) and the backward
 re-runs stages 1 and 2 of the forward. With ``"all"``/``"intra"`` the forward under autograd runs stage 1 as
-``INTRA = "blocks"`` with the backward config's ``BT``/``BC`` (it stores ``T``), its other parameters (tiles, warps,
-the state layout) from the forward config.
+``INTRA = "blocks"`` with the backward config's ``BT``/``BC`` (it stores ``T``), then the forward's own state-pass
+launchers: sequence-parallel where the forward config has segments (``SEG_CHUNKS``, kept as long in tokens; with
+``"intra"`` the segments' entering states are kept for the re-run, which then skips phases 1 and 2); its other
+parameters (tiles, warps, the state layout) from the forward config, or from the backward's ``fh_*``.
 
 Gates: entries below :data:`GATE_FLOOR` (``-inf`` included, a full forget) are clamped to it: by the backward's
 kernels at load, as the forward's kernels do (``kernels/config.py``); their
@@ -36,7 +43,9 @@ gradient is the clamp's, zero.
 
 Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`check_config`): ``BT``, ``BC``
 (``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage
-(``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs).
+(``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs); the reverse pass's layout
+``dh_LAYOUT`` and segments ``dh_SEG_CHUNKS``; KDA's pairwise block rows ``dqk_BC``; the forward state pass's tiles
+under autograd ``fh_*``.
 """
 
 from __future__ import annotations
@@ -84,6 +93,11 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dqk_num_warps": (1, 2, 4, 8),
     "dqk_num_stages": (1, 2, 3, 4),
     "F32_DOT": ("ieee", "tf32"),
+    # the forward's state pass under autograd and in the re-run (at the backward's BT): its value tile, warps and
+    # pipeline stages, 0 = the forward config's
+    "fh_BV": (0, 16, 32, 64, 128),
+    "fh_num_warps": (0, 2, 4, 8),
+    "fh_num_stages": (0, 1, 2, 3),
 }
 
 
@@ -125,6 +139,9 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dqk_num_warps": 8,  # 4 warps spill at BT = 32 (4-312 bytes)
         "dqk_num_stages": 2,
         "F32_DOT": "ieee",
+        "fh_BV": 0,
+        "fh_num_warps": 0,
+        "fh_num_stages": 0,
     }
     if gate == "channel":
         cfg["dqk_BC"] = 16
@@ -272,12 +289,16 @@ def forward_intermediates(
 def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -> Config:
     """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as
     ``"blocks"`` (the variant that stores ``T``, by substitution) with its diagonal guard, the forward's segments
-    (``SEG_CHUNKS``) as long in tokens as the forward config's, everything else the forward's."""
+    (``SEG_CHUNKS``) as long in tokens as the forward config's, the state pass's tiles from the backward config's
+    ``fh_*`` where set (tuned at the backward's BT), everything else the forward's."""
     BT = bwd_config["BT"]
     seg = int(fwd_config.get("SEG_CHUNKS", 0))
     if seg > 0:
         seg = max(1, seg * int(fwd_config["BT"]) // BT)
     cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA="blocks", SOLVE="subst", SEG_CHUNKS=seg)
+    for name in ("BV", "num_warps", "num_stages"):
+        if bwd_config.get(f"fh_{name}", 0):
+            cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
     return cfg

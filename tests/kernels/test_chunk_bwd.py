@@ -131,6 +131,8 @@ for gate in Gate:
     add("seg-vk-KneV", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **VK, "dh_SEG_CHUNKS": 2, "dh_BV": 16})
     add("seg-noh0", Shape(1, 50, 1, 1, 16, 32, 1, gate), {**BT16, **seg, "SAVE": "none"}, h0=False, final=False)
     add("seg-T1", Shape(2, 1, 2, 4, 16, 32, 2, gate), {**BT16, **seg})  # one chunk: the plain pass
+    # the forward state pass's tiles under autograd and in the re-run (fh_*: here two value tiles of 16)
+    add("fh", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, "fh_BV": 16, "fh_num_stages": 1})
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
