@@ -105,6 +105,7 @@ class SearchConfig:
     devices: tuple[str, ...] = ()  # one timing worker per entry (CUDA_VISIBLE_DEVICES); () one, as the env says
     resource_model: bool = True  # drop configs predicted to spill heavily or to overflow shared memory
     sanitize: bool = True  # re-run a crashed trial under compute-sanitizer (when installed; not under the interpreter)
+    max_memory_mb: float | None = None  # trials whose training step / call peaks above this (MiB) fail, reason "memory"
     sampler: str | None = None  # deprecated alias of strategy
 
     def __post_init__(self) -> None:
@@ -135,6 +136,8 @@ class SearchConfig:
         for path in self.transfer_from:
             if not (Path(path) / "run.json").is_file():
                 raise ValueError(f"--transfer-from {path}: not a run folder (no run.json)")
+        if self.max_memory_mb is not None and not self.max_memory_mb > 0:
+            raise ValueError(f"--max-memory must be positive, got {self.max_memory_mb}")
         if self.trials is None and self.timeout is None:
             self.trials = DEFAULT_TRIALS
 
@@ -343,6 +346,7 @@ class ShapeSearch:
             edge=not stage,
             reuse_inputs=True,
             seq_lens=list(cfg.workload.seq_lens) if cfg.workload.seq_lens else None,
+            max_memory_mb=cfg.max_memory_mb,
         )
 
     # ---- what the study already knows ----------------------------------------------------------------------
