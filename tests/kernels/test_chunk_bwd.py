@@ -25,6 +25,20 @@ NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
 
 
+class _Spy:
+    """Stands in for a Triton kernel: records each launch's constexprs, then launches the real one."""
+
+    def __init__(self, kernel: Any, seen: list[dict[str, Any]]) -> None:
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kw: Any) -> Any:
+            self.seen.append({"grid": grid, **kw})
+            return self.kernel[grid](*args, **kw)
+
+        return launch
+
+
 def with_inf_gates(x: dict[str, Any], every: int = 7) -> dict[str, Any]:
     """Every ``every``-th gate entry set to −inf (a full forget)."""
     if x["g"] is not None:
@@ -151,16 +165,26 @@ def test_gradients_match_loop(
 # chunk states; with the sequence-parallel reverse pass too.
 SEG_FWD = {"BT": 16, "BC": 16, "SEG_CHUNKS": 1, "FUSE_OUTPUT": True}
 SEG_FWD_CASES = {
-    f"{g.value}-{save}": (Shape(1, 0, 2, 4, 16, 32, 4, g, True), save) for g in Gate for save in ("intra", "none", "all")
+    f"{g.value}-{save}": (Shape(1, 0, 2, 4, 16, 32, 4, g, True), save)
+    for g in Gate
+    for save in ("intra", "none", "all")
 }
 
 
 @pytest.mark.parametrize(("problem", "save"), list(SEG_FWD_CASES.values()), ids=list(SEG_FWD_CASES))
-def test_gradients_with_the_segmented_forward(problem: Shape, save: str) -> None:
+def test_gradients_with_the_segmented_forward(problem: Shape, save: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dtune.kernels.chunk import state
+
+    launched: list[dict[str, Any]] = []
+    monkeypatch.setattr(state, "chunk_state_kernel", _Spy(state.chunk_state_kernel, launched))
     x = make_inputs(problem, seed=8, seq_lens=[33, 0, 20, 50])
     cfg = {**BT16, "SAVE": save, "dh_SEG_CHUNKS": 2 if save == "intra" else 0}
     errs = gradients_vs_loop(problem, x, cfg, fwd_config=SEG_FWD)
     assert_close(errs, TOL[torch.float32])
+    # phases 1 (transitions) and 3 of the forward under autograd; the re-run: phase 3 alone from the kept segment
+    # starts ("intra"), all again ("none": the plain forward, then stage 1 and the state pass in the backward)
+    want = {"intra": [1, 2, 2], "none": [1, 2, 1, 2], "all": [1, 2]}[save]
+    assert [r["SEG"] for r in launched] == want
 
 
 @pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
@@ -254,3 +278,29 @@ def test_forward_config_is_honoured_under_autograd(fused: bool) -> None:
     assert rel_err(o, o_ref) < TOL[torch.float32]
     o.sum().backward()
     assert all(leaves[n].grad is not None and torch.isfinite(leaves[n].grad).all() for n in NAMES)
+
+
+def test_backward_config_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parameters that change no result reach their launches: dh_LAYOUT (TRANS), dh_SEG_CHUNKS (the three
+    phases), KDA's dqk_BC (the pairwise blocks' BC), fh_BV (the forward state pass's tile under autograd)."""
+    from dtune.kernels.chunk import bwd_state, state
+
+    rev: list[dict[str, Any]] = []
+    fwd: list[dict[str, Any]] = []
+    dqk: list[dict[str, Any]] = []
+    monkeypatch.setattr(bwd_state, "chunk_bwd_state_kernel", _Spy(bwd_state.chunk_bwd_state_kernel, rev))
+    monkeypatch.setattr(state, "chunk_state_kernel", _Spy(state.chunk_state_kernel, fwd))
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_dqk_kernel", _Spy(chunk_bwd.chunk_bwd_dqk_kernel, dqk))
+    p = Shape(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=9)
+    cfg = {"BT": 16, "BC": 16, "dh_LAYOUT": "vk", "dh_SEG_CHUNKS": 2, "dqk_BC": 16, "fh_BV": 16}
+    errs = gradients_vs_loop(p, x, cfg)
+    assert_close(errs, TOL[torch.float32])
+    assert [r["SEG"] for r in rev if "SEG" in r] == [1, 2] and all(r["TRANS"] for r in rev)
+    assert len(rev) == 2  # phase 1 and phase 3 (phase 2 is its own kernel)
+    assert {r["BV"] for r in fwd} == {16} and len(fwd) == 2  # the forward under autograd and the re-run
+    assert [r["BC"] for r in dqk] == [16]
+    rev.clear()
+    dqk.clear()
+    gradients_vs_loop(p, x, {**cfg, "BT": 32, "dqk_BC": 32})
+    assert [r["BC"] for r in dqk] == [32]

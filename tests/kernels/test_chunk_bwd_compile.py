@@ -18,17 +18,17 @@ ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":  # run as a script: this checkout's dtune, not an installed one
     sys.path.insert(0, str(ROOT))
 
-import pytest
-import triton
-from dtune.kernels.chunk import backward as chunk_bwd
-from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel
-from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel
-from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel
-from dtune.kernels.chunk.bwd_segments import chunk_bwd_segment_ends_kernel
-from dtune.kernels.chunk.bwd_state import ENDS_MAX_BV, chunk_bwd_state_kernel
-from dtune.kernels.chunk.call import tile as _tile
-from dtune.kernels.config import GATE_CODES
-from dtune.kernels.reference_bwd import GATE_FLOOR
+import pytest  # noqa: E402
+import triton  # noqa: E402
+from dtune.kernels.chunk import backward as chunk_bwd  # noqa: E402
+from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_segments import chunk_bwd_segment_ends_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_state import ENDS_MAX_BV, chunk_bwd_state_kernel  # noqa: E402
+from dtune.kernels.chunk.call import tile as _tile  # noqa: E402
+from dtune.kernels.config import GATE_CODES  # noqa: E402
+from dtune.kernels.reference_bwd import GATE_FLOOR  # noqa: E402
 
 try:
     from triton.backends.compiler import GPUTarget
@@ -94,7 +94,8 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     dqk |= {"ai": p, "v": p, "dv": p} if fused else {}
     dqk |= {"daq": p, "dak": p} if G == 2 or not fused else {}
     dqk |= {"dg": f32} if G else {}
-    dqk |= dict(BC=cfg.get("dqk_BC", BC), BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G, FUSED=fused)
+    dqk |= dict(BC=cfg.get("dqk_BC", BC), BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
+    dqk |= dict(FUSED=fused)
     out = [("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"])]
     if seg:
         tr = {n: t for n, t in state.items() if n not in ("dht", "dh0", "dh", "dvn", "xend")} | {"ext": f32}
