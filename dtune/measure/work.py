@@ -260,7 +260,7 @@ def backward_stages(
     kq_tilde = 2 * ta * K * e if kda else qk + (ta * f if gate is Gate.SCALAR else 0)  # q̃, k̃ (or q, k and γ)
     k_tilde = ta * K * e if kda else qk / 2 + (ta * f if gate is Gate.SCALAR else 0)
     save = bwd_config["SAVE"]
-    fused_out = bool(fwd_config.get("FUSE_OUTPUT", True)) and save != "all"
+    fused_out = bool(fwd_config.get("FUSE_OUTPUT", True))  # with SAVE = "all" the fused pass stores S, V_new too
     NK = -(-K // min(int(bwd_config["dqk_BK"]), max(16, 1 << (K - 1).bit_length())))
     out: list[StageWork] = []
 
@@ -293,6 +293,7 @@ def backward_stages(
         add("fwd segment starts", "chunk_segment_starts_regs_kernel", *fwd_phase2)
     if fused_out:
         fwd_state = state_bytes + ta * C * e + (ta * K * e if kda else qk / 2) + ta * V * e + starts_io
+        fwd_state += S + ta * V * e if save == "all" else 0
         add("fwd state + output", "chunk_state_kernel", state_flops + out_flops, fwd_state + state_io * final_state)
     else:
         fwd_state = state_bytes + S + ta * V * e + state_io * final_state + starts_io

@@ -28,8 +28,9 @@ and the sequential chains are twice as long.
 for KDA the per-channel pairwise stage and its three float32 ``[tokens, HV, K]`` partials (written, then read back):
 16 of the ~68 ``[tokens, HV, 128]``-sized bf16 passes of KDA's step at ``BT = 64``.
 
-``SAVE`` (memory against time): ``"all"``: the forward runs unfused and keeps stage 1's outputs (W, U, A_qk, T,
-and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new``; ``"intra"``: it keeps stage 1's outputs and the
+``SAVE`` (memory against time): ``"all"``: the forward keeps stage 1's outputs (W, U, A_qk, T,
+and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new`` (stored by the state pass, which computes the output
+too where the forward config fuses it); ``"intra"``: it keeps stage 1's outputs and the
 backward re-runs the state pass; ``"none"``: the forward is the plain one (its own config) and the backward
 re-runs stages 1 and 2 of the forward. With ``"all"``/``"intra"`` the forward under autograd runs stage 1 as
 ``INTRA = "blocks"`` with the backward config's ``BT``/``BC`` (it stores ``T``), then the forward's own state-pass
@@ -211,8 +212,8 @@ def forward_intermediates(
 ) -> tuple[Intermediates, Tensor | None, Tensor | None]:
     """The forward's stages with their intermediates kept: stage 1 (``INTRA = "blocks"``, storing ``T`` too) unless
     ``inter`` already holds its outputs, then the state pass (``states``: ``"keep"``: chunk-start states and
-    ``V_new`` kept, then the output stage if ``output``; ``"fused"``: the output inside the state pass, nothing
-    kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
+    ``V_new`` kept, and with ``output`` the output too: inside the pass where the config fuses it, else by the
+    output stage; ``"fused"``: the output inside the state pass, nothing kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
     Returns ``(intermediates, o or None, final state or None)``.
 
     The one place that calls the forward's kernels (to be replaced by the forward's own per-stage launchers)."""
@@ -255,7 +256,8 @@ def forward_intermediates(
         return inter, None, None
     # the state pass through the forward's own launchers: per sequence, or sequence-parallel where the forward config
     # has segments (SEG_CHUNKS), then the output stage unless fused
-    fuse = states == "fused"
+    keep = states == "keep"
+    fuse = states == "fused" or (keep and output and bool(config["FUSE_OUTPUT"]))  # keep: the fused pass stores too
     offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
     call = prepare_call(
         q, k, v, None, beta, gate, scale, initial_state, final_state, cu_seqlens, dict(config, FUSE_OUTPUT=fuse), offsets
@@ -263,8 +265,8 @@ def forward_intermediates(
     assert inter.w is not None and inter.u is not None and inter.aqk is not None, "stage 1's outputs"
     fi = FwdIntermediates(
         w=inter.w, u=inter.u, aqk=inter.aqk, qg=inter.qg, kg=inter.kg, gout=inter.gout, flags=None,
-        h=None if fuse else new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev),
-        v_new=None if fuse else new_output(tokens, HV, V, dtype=dt, device=dev),
+        h=new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev) if keep else None,
+        v_new=new_output(tokens, HV, V, dtype=dt, device=dev) if keep else None,
     )  # fmt: skip
     o = new_output(B, T, HV, V, dtype=v.dtype, device=dev) if fuse or output else None
     ht = new_output(call.N, HV, K, V, dtype=torch.float32, device=dev) if final_state else None
@@ -280,7 +282,7 @@ def forward_intermediates(
             launch_segment_starts(call, out, scratch)
         inter.starts = scratch.starts
     launch_state(call, fi, out, scratch)
-    if o is not None and not fuse:
+    if output and not fuse:
         launch_output(call, fi, out)
     inter.hbuf, inter.vnew = fi.h, fi.v_new
     return inter, o, ht

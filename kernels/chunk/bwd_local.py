@@ -70,9 +70,7 @@ def chunk_local_grads(
     off_g = o_t[:, None] * (HV * K) + (k0 + o_k)[None, :]  # ... of [tokens, HV, K]
     # ---- the gate's factors (both <= 1) ----------------------------------------------------------------------
     if GATE == 2:
-        b_gam = tl.cumsum(
-            tl.maximum(tl.load(g_b + off_g, mask=m_tk, other=0).to(tl.float32), FLOOR), 0
-        )
+        b_gam = tl.cumsum(tl.maximum(tl.load(g_b + off_g, mask=m_tk, other=0).to(tl.float32), FLOOR), 0)
         b_gC = tl.sum(tl.where((o_t == L - 1)[:, None], b_gam, 0.0), 0)  # γ at the last valid row
         b_e = tl.exp(b_gam)
         b_ekc = tl.exp(b_gC[None, :] - b_gam)
@@ -101,9 +99,7 @@ def chunk_local_grads(
             q_b, k_b, be_b, k0 + o_k, m_k, L,
             SA, H * K, HV, BT, BC, DT, DOT_PREC,
         )  # fmt: skip
-    b_q = tl.load(q_b + off_q, mask=m_tk, other=0).to(
-        tl.float32
-    )  # (loaded late: not live through KDA's terms)
+    b_q = tl.load(q_b + off_q, mask=m_tk, other=0).to(tl.float32)  # (loaded late: not live through KDA's terms)
     if GATE != 2:  # DeltaNet, Gated DeltaNet: over the whole chunk with the masked [BT, BT] decay (safe at every BT)
         if GATE == 1:
             b_D = tl.exp(tl.where(o_t[None, :] <= o_t[:, None], b_gam1[:, None] - b_gam1[None, :], float("-inf")))

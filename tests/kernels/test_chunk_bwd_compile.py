@@ -27,6 +27,7 @@ from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_segments import chunk_bwd_segment_ends_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_state import ENDS_MAX_BV, chunk_bwd_state_kernel  # noqa: E402
 from dtune.kernels.chunk.call import tile as _tile  # noqa: E402
+from dtune.kernels.chunk.state import chunk_state_kernel  # noqa: E402
 from dtune.kernels.config import GATE_CODES  # noqa: E402
 from dtune.kernels.reference_bwd import GATE_FLOOR  # noqa: E402
 
@@ -110,6 +111,14 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     fin |= table | {"FLOOR": GATE_FLOOR}
     fin |= {"g": f32, "dg_part": f32, "dg": f32} if G == 1 else {}
     out.append(("finish", chunk_bwd_finish_kernel, fin, 4, 1))
+    if cfg["SAVE"] == "all":  # the forward under autograd: the fused state pass storing the chunk states too
+        fwd = dict(common, q=p, k=p, w=p, u=p, aqk=p, h0=f32, ht=f32, hbuf=p, vnew=p, o=p)
+        fwd |= {"qg": p, "kg": p} if G == 2 else {}
+        fwd |= {"gout": f32} if G else {}
+        fwd |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen else {}
+        fwd |= dict(BK=state["BK"], BV=_tile(cfg["fh_BV"] or 64, V), GATE=G, USE_H0=True, STORE_HT=True)
+        fwd |= dict(FUSE_OUTPUT=True, TRANS=True, STORE_STATES=True)
+        out.append(("fwd state+output", chunk_state_kernel, fwd, cfg["fh_num_warps"] or 4, cfg["fh_num_stages"] or 2))
     return out
 
 
@@ -124,6 +133,7 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("none", "bf16", 256, {}, True),
     # the searches' first seeds at D = 128 (B = 8, T = 4096; B = 1, T = 32768: segmented reverse pass)
     ("none", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dh_num_stages": 1}, False),
+    ("scalar", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "SAVE": "all"}, False),
     ("scalar", "bf16", 128, {"BT": 64, "dh_BV": 32, "dh_num_stages": 2}, False),
     ("scalar", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dh_SEG_CHUNKS": 64}, False),
     ("channel", "bf16", 128, {"BT": 64, "dqk_BC": 64, "dqk_BK": 32}, False),
