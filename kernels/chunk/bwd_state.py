@@ -47,7 +47,9 @@ from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
 from .call import tile
 
 Tensor = torch.Tensor
-ENDS_MAX_BV = 32  # phase 2's value tile: [K, K] of P_s and [K, BV] of X per step (4 warps, two stages)
+ENDS_MAX_BV = 32  # phase 2's value tile: [K, K] of P_s and [K, BV] of X per step
+# ... at 8 warps, two stages (sm_90a, Triton 3.6, K = 128: 128 registers, 96 KB of shared memory; 4 warps spill)
+ENDS_LAUNCH = {"num_warps": 8, "num_stages": 2}
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -263,7 +265,7 @@ def launch_reverse(
     e_BV = min(BV, ENDS_MAX_BV)
     chunk_bwd_segment_ends_kernel[(triton.cdiv(V, e_BV), N * HV)](
         ext, dht, xend, dh0, seg.seq_segments, HV=HV, K=K, V=V, BK=BK, BV=e_BV, USE_DHT=dht is not None,
-        STORE_DH0=dh0 is not None, DOT_PREC=dot_prec, num_warps=4, num_stages=2,
+        STORE_DH0=dh0 is not None, DOT_PREC=dot_prec, **ENDS_LAUNCH,
     )  # fmt: skip
     chunk_bwd_state_kernel[(triton.cdiv(V, BV), seg.NS * HV)](
         *args, None, dh0, dh, dvn, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,

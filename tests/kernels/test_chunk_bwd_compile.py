@@ -25,7 +25,7 @@ from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_segments import chunk_bwd_segment_ends_kernel  # noqa: E402
-from dtune.kernels.chunk.bwd_state import ENDS_MAX_BV, chunk_bwd_state_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_state import ENDS_LAUNCH, ENDS_MAX_BV, chunk_bwd_state_kernel  # noqa: E402
 from dtune.kernels.chunk.call import tile as _tile  # noqa: E402
 from dtune.kernels.chunk.state import chunk_state_kernel  # noqa: E402
 from dtune.kernels.config import GATE_CODES  # noqa: E402
@@ -103,7 +103,7 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
         out.append(("reverse-transitions", chunk_bwd_state_kernel, tr | dict(SEG=1, STORE_DH0=False), *out[0][3:]))
         ends = dict(ext=f32, dht=f32, xend=f32, dh0=f32, seq_segments="*i32", HV=4, K=K, V=V, DOT_PREC=prec)
         ends |= dict(BK=state["BK"], BV=min(dh_BV, ENDS_MAX_BV), USE_DHT=True, STORE_DH0=True)
-        out.append(("segment-ends", chunk_bwd_segment_ends_kernel, ends, 4, 2))
+        out.append(("segment-ends", chunk_bwd_segment_ends_kernel, ends, *ENDS_LAUNCH.values()))
     if not fused:
         out.append(("dv", chunk_bwd_dv_kernel, dv, cfg["dv_num_warps"], cfg["dv_num_stages"]))
     out.append(("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]))
