@@ -12,9 +12,9 @@ Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform do
 (:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape), then
 ``torch.autograd.grad`` of the output and the final state; the variants are backward configs (:data:`VARIANTS`): the
 shipped lookup, the chunk of 64 alone, then one change at a time on top of it (the transposed reverse pass on the
-whole value width, SAVE, FUSE_DV, the sequence-parallel reverse pass on b1, KDA's pairwise blocks). fla runs its own
-``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for timing, this
-script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients may then be
+whole value width, SAVE, FUSE_DV, REVERSE_DV, the sequence-parallel reverse pass on b1, KDA's pairwise blocks). fla
+runs its own ``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for
+timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients may then be
 wrong: their errors are in the row too).
 
 Steps, each writing under $OUT (default ./out) before the next starts:
@@ -76,6 +76,8 @@ BT64 = {"BT": 64, "BC": 16, "fh_num_stages": 2, "dh_BV": 32, "dh_num_warps": 4, 
 VK = {**BT64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
 KDA_BC64 = {"dqk_BK": 32, "dqk_BC": 64}  # KDA at BT 64: one 64-row pairwise block keeps dqk_BK 32 free of spills
 KDA_BC16 = {"dqk_BK": 16, "dqk_BC": 16}
+# dVβ, dv and dβ's v part in the reverse pass (REVERSE_DV; by value tiles of 64: at 128 it spills)
+RDV = {**VK, "dh_BV": 64, "dh_num_stages": 2, "REVERSE_DV": True}
 
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
 Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
@@ -93,6 +95,8 @@ VARIANTS: list[Variant] = [
     ("vk128 unfused-dv", {**VK, "FUSE_DV": False}, ("b8",), DN_GDN),
     ("vk128 kda-bc64 unfused-dv", {**VK, **KDA_BC64, "FUSE_DV": False}, ("b8",), (Gate.CHANNEL,)),
     ("vk128 dqk-bk128", {**VK, "dqk_BK": 128, "dqk_BV": 32}, ("b8",), DN_GDN),
+    ("vk64 reverse-dv", RDV, ("b8",), DN_GDN),
+    ("vk64 kda-bc64 reverse-dv", {**RDV, **KDA_BC64}, ("b8",), (Gate.CHANNEL,)),
     ("vk128 seg64", {**VK, "dh_SEG_CHUNKS": 64}, ("b1",), DN_GDN),
     ("vk128 seg32", {**VK, "dh_SEG_CHUNKS": 32}, ("b1",), DN_GDN),
     ("vk128 kda-bc64 seg64", {**VK, **KDA_BC64, "dh_SEG_CHUNKS": 64}, ("b1",), (Gate.CHANNEL,)),

@@ -308,9 +308,14 @@ def backward_stages(
             add("bwd segment starts re-run", "chunk_segment_starts_regs_kernel", *fwd_phase2)
     if save != "all":
         add("bwd state re-run (S, V_new)", "chunk_state_kernel", state_flops, state_bytes + S + ta * V * e + starts_io)
+    rev_dv = bool(bwd_config.get("REVERSE_DV", False)) and bool(bwd_config["FUSE_DV"])
+    n_v = -(-V // min(int(bwd_config["dh_BV"]), max(16, 1 << (V - 1).bit_length()))) if rev_dv else 1
     rev_flops = ta * 2 * (C * V + 3 * K * V)
     rev_in = ta * K * e + kq_tilde + ta * C * e + ta * V * e  # W, q~ and k~ (or q, k, γ), A_qk, dO
     rev_bytes = rev_in + S + ta * V * e + state_io * (initial_state + final_state)
+    if rev_dv:  # dVβ = Tᵀ dV_new, dv, dβ's v part: T and v read, dv and the v part written
+        rev_flops += ta * 2 * C * V
+        rev_bytes += ta * C * e + ta * V * e + ta * V * e + n_v * ta * f
     if rev_seg is not None:
         NS, inner = rev_seg
         ti = inner * p.HV
@@ -325,7 +330,12 @@ def backward_stages(
     pair_flops = ta * 2 * 4 * C * K
     gate_io = {Gate.NONE: 0, Gate.SCALAR: ta * f * (1 + NK), Gate.CHANNEL: 2 * ta * K * f}[gate]
     grads_qk = 2 * ta * K * (f if p.HV != p.H else e)
-    if bwd_config["FUSE_DV"]:
+    if bwd_config["FUSE_DV"] and rev_dv:  # dVβ read instead of dV_new; no T, v, dv, v part
+        dqk_bytes = qk + ta * e + 2 * S + ta * 3 * V * e + grads_qk + gate_io + NK * ta * f
+        dqk_bytes += 2 * NK * ta * C * e if kda else 0
+        dqk_flops = ta * 2 * (2 * NK * C * V + 3 * K * V) + pair_flops
+        add("bwd dq/dk (dVβ given)", "chunk_bwd_dqk_kernel", dqk_flops, dqk_bytes)
+    elif bwd_config["FUSE_DV"]:
         dqk_bytes = qk + ta * e + 2 * S + ta * (4 * V + C) * e + grads_qk + ta * V * e + gate_io + (1 + NK) * ta * f
         dqk_bytes += 2 * NK * ta * C * e if kda else 0  # KDA: each key tile's dA copy, read back by blocks
         dqk_flops = ta * 2 * (3 * NK * C * V + 3 * K * V) + pair_flops
@@ -335,6 +345,6 @@ def backward_stages(
         add("bwd dv, dA", "chunk_bwd_dv_kernel", ta * 2 * 3 * C * V, dv_bytes)
         dqk_bytes = qk + ta * e + 2 * S + 3 * ta * V * e + 2 * ta * C * e + grads_qk + gate_io + NK * ta * f
         add("bwd dq/dk", "chunk_bwd_dqk_kernel", ta * 2 * 3 * K * V + pair_flops, dqk_bytes)
-    fin_bytes = (1 + NK) * ta * f + ta * e + (ta * f * (NK + 2) if gate is Gate.SCALAR else 0)
+    fin_bytes = (n_v + NK) * ta * f + ta * e + (ta * f * (NK + 2) if gate is Gate.SCALAR else 0)
     add("bwd finish (dβ)", "chunk_bwd_finish_kernel", 0.0, fin_bytes)
     return out

@@ -81,6 +81,7 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "BC": (16, 32, 64),
     "SAVE": ("none", "intra", "all"),
     "FUSE_DV": (True, False),
+    "REVERSE_DV": (False, True),  # (with FUSE_DV) dVβ, dv and dβ's v part in the reverse pass, off its chain
     "dh_BV": (16, 32, 64, 128),
     "dh_num_warps": (1, 2, 4, 8, 16),
     "dh_num_stages": (1, 2, 3, 4),
@@ -127,6 +128,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "BC": 16,
         "SAVE": "intra",
         "FUSE_DV": True,  # one chunk-parallel stage (dA, dv, KDA's pairwise terms, dq, dk, the gate): no dA round trip
+        "REVERSE_DV": False,
         "dh_BV": 32 if small else 16,
         "dh_num_warps": 4 if small else 8,
         "dh_num_stages": 2 if small else 1,
@@ -152,6 +154,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
 def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name: str = "chunk backward") -> Config:
     """The full backward config: ``config`` over the default, every key and value checked (ValueError/TypeError)."""
     full = _check(name, legal_params(gate), default_config(K, V, gate), config)
+    if full["REVERSE_DV"] and not full["FUSE_DV"]:
+        raise ValueError(f"config for {name}: REVERSE_DV needs FUSE_DV (the dv stage does that work otherwise)")
     for bc in ("BC", "dqk_BC"):
         if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
             raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")
@@ -387,34 +391,40 @@ def backward(
         )  # fmt: skip
     inter.u = None
 
-    # ---- 1. reverse state pass (sequence-parallel with dh_SEG_CHUNKS) -----------------------------------------------
+    # ---- 1. reverse state pass (sequence-parallel with dh_SEG_CHUNKS; REVERSE_DV: dVβ, dv and dβ's v part too) -----
+    fused = bool(bwd_config["FUSE_DV"])
+    rev_dv = bool(bwd_config["REVERSE_DV"]) and fused
+    dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
+    NK = triton.cdiv(K, dqk_BK)
+    n_v = triton.cdiv(V, _tile(bwd_config["dh_BV"], V)) if rev_dv else 1  # dβ's v-part slots
+    nslot = n_v + NK
+    ss = tokens * HV
+    dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
+    dv = new_output(B, T, HV, V, dtype=v.dtype, device=dev)
     dh = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-    dvn_buf = new_output(tokens, HV, V, dtype=dt, device=dev)
+    dvn_buf = new_output(tokens, HV, V, dtype=dt, device=dev)  # dV_new (REVERSE_DV: dVβ)
     dh0 = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
     offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
+    dv_work = None
+    if rev_dv:
+        assert inter.ai is not None
+        dv_work = (inter.ai, v, beta, dv, dbeta_part)
     launch_reverse(
         q, k, inter.w, inter.aqk, inter.qg, inter.kg, inter.gout, do, None if dht is None else dht.contiguous(), dh0,
         dh, dvn_buf, cu_seqlens, tables.chunk_offsets, offsets, scale, B, T, H, HV, K, V, N, BT, GATE, dot_prec,
-        bwd_config,
+        bwd_config, dv_work,
     )  # fmt: skip
     dvn: Tensor | None = dvn_buf
-    del dvn_buf
+    del dvn_buf, dv_work
     inter.w = inter.qg = inter.kg = None
 
     grads: dict[str, Tensor | None] = {"initial_state": dh0}
-    dv = new_output(B, T, HV, V, dtype=v.dtype, device=dev)
     dbeta = new_output(B, T, HV, dtype=beta.dtype, device=dev)
     dg = None if g is None else new_output(*g.shape, dtype=g.dtype, device=dev)
     grouped = HV != H
     dq = new_output(tokens, HV, K, dtype=torch.float32 if grouped else q.dtype, device=dev)
     dk = new_output(tokens, HV, K, dtype=torch.float32 if grouped else k.dtype, device=dev)
     if NC > 0:
-        fused = bool(bwd_config["FUSE_DV"])
-        dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
-        NK = triton.cdiv(K, dqk_BK)
-        nslot = 1 + NK
-        dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
-        ss = tokens * HV
         dvb = daq = dak = None
         if not fused:
             # ---- 2. dA_qk, dVβ (dv), dA_kk ----------------------------------------------------------------------
@@ -436,13 +446,14 @@ def backward(
         # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------
         dg_out = dg if GATE == 2 else None
         dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
+        plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
         chunk_bwd_dqk_kernel[(NC, NK, HV)](
             q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvn if fused else dvb, daq, dak,
-            inter.ai if fused else None, v if fused else None, dv if fused else None, dq, dk,
-            dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, 1, ss,
-            H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=GATE,
-            FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
-            num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
+            inter.ai if plain else None, v if plain else None, dv if plain else None, dq, dk,
+            dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, n_v, ss,
+            H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV,
+            NV=triton.cdiv(V, dqk_BV), GATE=GATE, FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
+            DVB_GIVEN=rev_dv, num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
         )  # fmt: skip
         inter.hbuf = inter.vnew = inter.ai = None
         del dh, dvn, dvb, daq, dak

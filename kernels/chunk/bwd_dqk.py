@@ -6,7 +6,8 @@ Over value tiles of ``BV`` channels, with the chunk-start state ``S_c`` (forward
 
 * ``FUSED``: ``dVβ = Tᵀ dV_new`` (``T = (I + A_kk)⁻¹`` from the forward's stage 1), ``dA_qk += dO V_newᵀ``,
   ``dA_kk −= dVβ V_newᵀ`` (``[BT, BT]`` in registers; every key tile computes them, key tile 0 also stores
-  ``dv = β dVβ`` and dβ's ``v`` part ``Σ_v dVβ ⊙ v``); unfused, ``dVβ`` and both dA come from :mod:`.bwd_dv`;
+  ``dv = β dVβ`` and dβ's ``v`` part ``Σ_v dVβ ⊙ v``); with ``DVB_GIVEN`` (``REVERSE_DV``) the reverse pass did the
+  ``dVβ``, ``dv`` and ``v``-part work and ``dVβ`` is read; unfused, ``dVβ`` and both dA come from :mod:`.bwd_dv`;
 * ``dq̃ = dO S_cᵀ``, ``dk̃ = V_new X_{c+1}ᵀ``, ``dKβ = −dVβ S_cᵀ`` (``[BT, BK]``) and ``d(e^{γ_C}) = Σ_v S_c ⊙ X_{c+1}``.
 
 Then the chunk-local formulas of :mod:`.bwd_local` (shared with the fused reverse pass, :mod:`.bwd_fused`): local and
@@ -70,6 +71,7 @@ def chunk_bwd_dqk_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     FLOOR: tl.constexpr,
+    DVB_GIVEN: tl.constexpr = False,
 ):
     i_c, i_k, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -93,8 +95,9 @@ def chunk_bwd_dqk_kernel(
     b_dec = tl.zeros([BK], dtype=tl.float32)
     m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
     off_a = row * BT + o_t[:, None] * (HV * BT) + o_t[None, :]
-    if FUSED:  # the dv stage's work: dVβ = Tᵀ dV_new, dA_qk, dA_kk in registers; dv and dβ's v part by key tile 0
+    if FUSED and not DVB_GIVEN:  # the dv stage's work: dVβ = Tᵀ dV_new, dA_qk, dA_kk; dv, dβ's v part by key tile 0
         b_Tt = tl.trans(tl.load(ai + off_a, mask=m_low, other=0).to(DT))
+    if FUSED:
         b_daq = tl.zeros([BT, BT], dtype=tl.float32)
         b_dak = tl.zeros([BT, BT], dtype=tl.float32)
         b_dbv = tl.zeros([BT], dtype=tl.float32)
@@ -109,14 +112,17 @@ def chunk_bwd_dqk_kernel(
         b_do = tl.load(do + off_v, mask=m_tv, other=0).to(DT)
         b_vn = tl.load(vnew + off_v, mask=m_tv, other=0)
         if FUSED:
-            b_dvbf = tl.dot(b_Tt, tl.load(dvb + off_v, mask=m_tv, other=0), input_precision=DOT_PREC)  # dvb: dV_new
-            b_dvb = b_dvbf.to(DT)
+            if DVB_GIVEN:  # dVβ from the reverse pass (REVERSE_DV), which also wrote dv and dβ's v part
+                b_dvb = tl.load(dvb + off_v, mask=m_tv, other=0)
+            else:
+                b_dvbf = tl.dot(b_Tt, tl.load(dvb + off_v, mask=m_tv, other=0), input_precision=DOT_PREC)  # dV_new
+                b_dvb = b_dvbf.to(DT)
+                m_first = (o_t < L0)[:, None] & m_v[None, :]
+                b_v = tl.load(v + off_v, mask=m_first, other=0).to(tl.float32)
+                b_dbv += tl.sum(b_dvbf * b_v, 1)
+                tl.store(dv + off_v, (b_dvbf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_first)
             b_daq += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
             b_dak -= tl.dot(b_dvb, tl.trans(b_vn), input_precision=DOT_PREC)
-            m_first = (o_t < L0)[:, None] & m_v[None, :]
-            b_v = tl.load(v + off_v, mask=m_first, other=0).to(tl.float32)
-            b_dbv += tl.sum(b_dvbf * b_v, 1)
-            tl.store(dv + off_v, (b_dvbf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_first)
         else:
             b_dvb = tl.load(dvb + off_v, mask=m_tv, other=0)
         b_h = tl.load(hbuf + off_h, mask=m_h, other=0)
@@ -129,7 +135,8 @@ def chunk_bwd_dqk_kernel(
     if FUSED:  # dA in the intermediates' dtype from here on, as the unfused stages keep it in memory
         b_daq = (tl.where(m_low, b_daq, 0.0) * scale).to(DT)
         b_dak = tl.where(m_t[:, None] & (o_t[None, :] < o_t[:, None]), b_dak, 0.0).to(DT)
-        tl.store(dbeta_part + (SLOT - 1).to(tl.int64) * SS + row + o_t * HV, b_dbv, mask=o_t < L0)
+        if not DVB_GIVEN:
+            tl.store(dbeta_part + (SLOT - 1).to(tl.int64) * SS + row + o_t * HV, b_dbv, mask=o_t < L0)
         if GATE == 2:  # KDA reads dA by blocks of rows and columns: through this key tile's own scratch copy
             a_b = daq + i_k.to(tl.int64) * SS * BT + row * BT
             ak_b = dak + i_k.to(tl.int64) * SS * BT + row * BT

@@ -32,11 +32,17 @@ adjoint at its end to the one at its start: ``X_start = P_seg X_end + R_seg``, `
   segment of each sequence is skipped (its start adjoint is the initial state's gradient, never an input).
 * ``SEG = 2`` (phase 3): the ordinary pass per segment from its true end adjoint ``xend[s]`` (phase 2); the first
   segment of each sequence (``first[s] >= 0``) stores the initial state's gradient.
+
+With ``DV`` (``REVERSE_DV``) the pass also does the V-separable part of the chunk-local work, off the chain:
+``dVβ = Tᵀ dV_new`` (stored instead of ``dV_new``: it is all the dq/dk stage needs of it), ``dv = β dVβ`` and dβ's
+``v`` part ``Σ_v dVβ ⊙ v`` (one slot of ``dbeta_part`` per value tile), so the chunk-parallel stage reads neither
+``T`` nor ``v`` and writes no ``dv``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
@@ -52,7 +58,7 @@ ENDS_MAX_BV = 32  # phase 2's value tile: [K, K] of P_s and [K, BV] of X per ste
 ENDS_LAUNCH = {"num_warps": 8, "num_stages": 2}
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "SS"])
 def chunk_bwd_state_kernel(
     q,
     k,
@@ -87,6 +93,13 @@ def chunk_bwd_state_kernel(
     first=None,
     xend=None,
     ext=None,
+    DV: tl.constexpr = False,
+    ai=None,
+    v=None,
+    beta=None,
+    dv=None,
+    dbeta_part=None,
+    SS=0,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -180,7 +193,23 @@ def chunk_bwd_state_kernel(
             b_dv = tl.dot(tl.trans(b_A), b_do, input_precision=DOT_PREC)
             b_dv += tl.dot(b_kg, b_xc, input_precision=DOT_PREC)
         b_dvc = b_dv.to(DT)
-        if SEG != 1:
+        if DV and SEG != 1:  # off the chain: dVβ = Tᵀ dV_new (stored in dV_new's place), dv = β dVβ, dβ's v part
+            m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
+            off_a = o_t[:, None] * (HV * BT) + o_t[None, :]
+            b_T = tl.load(ai + row_hv * BT + off_a, mask=m_low, other=0).to(DT)  # lower triangular, unit diagonal
+            b_beta = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
+            b_v = tl.load(v + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
+            if TRANS:
+                b_dvb = tl.dot(b_dvc, b_T, input_precision=DOT_PREC)  # dVβᵀ = dV_newᵀ T
+                tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_tv)
+                b_dbv = tl.sum(b_dvb * b_v, 0)
+            else:
+                b_dvb = tl.dot(tl.trans(b_T), b_dvc, input_precision=DOT_PREC)
+                tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+                b_dbv = tl.sum(b_dvb * b_v, 1)
+            tl.store(dvn + row_hv * V + off_v, b_dvb.to(dvn.dtype.element_ty), mask=m_tv)
+            tl.store(dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t)  # this V tile's slot
+        elif SEG != 1:
             tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
 
         if GATE == 2:
@@ -238,10 +267,13 @@ def launch_reverse(
     GATE: int,
     dot_prec: str,
     config: Config,
+    dv_work: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> None:
     """The reverse state pass of one call: fills ``dh`` (``X_{c+1}`` per chunk), ``dvn`` (``dV_new``) and ``dh0``
     (the initial state's gradient, when given), per sequence or, with ``dh_SEG_CHUNKS`` and a sequence of more than
-    one segment, in the three phases of :mod:`.bwd_segments`. ``offsets``: ``cu_seqlens`` on the host (varlen)."""
+    one segment, in the three phases of :mod:`.bwd_segments`. ``offsets``: ``cu_seqlens`` on the host (varlen).
+    ``dv_work`` (``REVERSE_DV``): ``(T, v, beta, dv, dbeta_part)``: ``dvn`` then receives ``dVβ = Tᵀ dV_new``, ``dv``
+    is written and slot ``i`` of ``dbeta_part`` gets dβ's ``v`` part of value tile ``i``."""
     BV = tile(config["dh_BV"], V)
     BK = tile(next_power_of_2(K), K)
     common = dict(
@@ -249,11 +281,15 @@ def launch_reverse(
         num_warps=config["dh_num_warps"], num_stages=config["dh_num_stages"],
     )  # fmt: skip
     args = (q, k, w, aqk, qg, kg, gout, do)
+    extra: dict[str, Any] = {}
+    if dv_work is not None:
+        ai, v, beta, dv, dbeta_part = dv_work
+        extra = dict(DV=True, ai=ai, v=v, beta=beta, dv=dv, dbeta_part=dbeta_part, SS=dbeta_part.shape[1] * HV)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
     if seg is None:
         chunk_bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
             *args, dht, dh0, dh, dvn, cu_seqlens, chunk_offsets, scale, T, BV=BV, USE_DHT=dht is not None,
-            STORE_DH0=dh0 is not None, VARLEN=cu_seqlens is not None, **common,
+            STORE_DH0=dh0 is not None, VARLEN=cu_seqlens is not None, **common, **extra,
         )  # fmt: skip
         return
     ext = torch.empty(seg.NS, HV, K, V + K, dtype=torch.float32, device=q.device)  # phase 1: [R_s | P_s]
@@ -269,5 +305,5 @@ def launch_reverse(
     )  # fmt: skip
     chunk_bwd_state_kernel[(triton.cdiv(V, BV), seg.NS * HV)](
         *args, None, dh0, dh, dvn, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,
-        STORE_DH0=dh0 is not None, VARLEN=True, SEG=2, first=seg.first, xend=xend, **common,
+        STORE_DH0=dh0 is not None, VARLEN=True, SEG=2, first=seg.first, xend=xend, **common, **extra,
     )  # fmt: skip

@@ -145,6 +145,13 @@ for gate in Gate:
     add("seg-vk-KneV", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **VK, "dh_SEG_CHUNKS": 2, "dh_BV": 16})
     add("seg-noh0", Shape(1, 50, 1, 1, 16, 32, 1, gate), {**BT16, **seg, "SAVE": "none"}, h0=False, final=False)
     add("seg-T1", Shape(2, 1, 2, 4, 16, 32, 2, gate), {**BT16, **seg})  # one chunk: the plain pass
+    # dVβ, dv and dβ's v part in the reverse pass (REVERSE_DV): by value tiles (two slots of dβ's v part), transposed,
+    # sequence-parallel
+    rdv = {"REVERSE_DV": True}
+    add("revdv-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **rdv, "dh_BV": 16}, scale=0.3)
+    add("revdv-vk-seg-varlen", Shape(1, 0, 2, 4, 16, 16, 5, gate, True), {**BT16, **rdv, **VK, **seg},
+        seq_lens=[1, 17, 0, 40, 2])  # fmt: skip
+    add("revdv-tiles-noh0", Shape(1, 40, 1, 1, 24, 40, 1, gate), {**tiles, **rdv}, h0=False, final=False)
     # the forward state pass's tiles under autograd and in the re-run (fh_*: here two value tiles of 16)
     add("fh", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, "fh_BV": 16, "fh_num_stages": 1})
 
@@ -251,6 +258,8 @@ def test_config_is_checked() -> None:
         chunk_bwd.check_config(64, 64, "channel", {"BT": 16, "BC": 16, "dqk_BC": 32})
     with pytest.raises(ValueError, match="unknown parameter"):
         chunk_bwd.check_config(64, 64, "scalar", {"dqk_BC": 16})  # KDA's only
+    with pytest.raises(ValueError, match="REVERSE_DV needs FUSE_DV"):
+        chunk_bwd.check_config(64, 64, "none", {"REVERSE_DV": True, "FUSE_DV": False})
     for gate in ("none", "scalar", "channel"):
         legal = chunk_bwd.legal_params(gate)
         for K, V in ((16, 16), (128, 128), (256, 64)):

@@ -81,6 +81,9 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     dh_BV = _tile(cfg["dh_BV"], V)
     state |= dict(BK=_tile(triton.next_power_of_2(K), K), BV=dh_BV, GATE=G, USE_DHT=True)
     state |= dict(STORE_DH0=True, TRANS=cfg["dh_LAYOUT"] == "vk")
+    rev_dv = cfg["REVERSE_DV"] and cfg["FUSE_DV"]
+    if rev_dv:  # dVβ, dv and dβ's v part in the reverse pass
+        state |= dict(DV=True, ai=p, v=p, beta=p, dv=p, dbeta_part=f32, SS="i32")
     seg = cfg["dh_SEG_CHUNKS"] > 0
     if seg:  # the sequence-parallel pass: phase 3 over the segment table (phase 1 and 2 below)
         state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32", "first": "*i32", "xend": f32}
@@ -92,14 +95,16 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     fused = cfg["FUSE_DV"]
     dqk = dict(common, q=p, k=p, beta=p, hbuf=p, dh=p, do=p, vnew=p, dvb=p, dq=p, dk=p)
     dqk |= gated | table | {"dbeta_part": f32, "SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
-    dqk |= {"ai": p, "v": p, "dv": p} if fused else {}
+    dqk |= {"ai": p, "v": p, "dv": p} if fused and not rev_dv else {}
+    dqk |= {"DVB_GIVEN": rev_dv}
     dqk |= {"daq": p, "dak": p} if G == 2 or not fused else {}
     dqk |= {"dg": f32} if G else {}
     dqk |= dict(BC=cfg.get("dqk_BC", BC), BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
     dqk |= dict(FUSED=fused)
     out = [("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"])]
     if seg:
-        tr = {n: t for n, t in state.items() if n not in ("dht", "dh0", "dh", "dvn", "xend")} | {"ext": f32}
+        drop = ("dht", "dh0", "dh", "dvn", "xend", "DV", "ai", "v", "beta", "dv", "dbeta_part", "SS")
+        tr = {n: t for n, t in state.items() if n not in drop} | {"ext": f32}
         out.append(("reverse-transitions", chunk_bwd_state_kernel, tr | dict(SEG=1, STORE_DH0=False), *out[0][3:]))
         ends = dict(ext=f32, dht=f32, xend=f32, dh0=f32, seq_segments="*i32", HV=4, K=K, V=V, DOT_PREC=prec)
         ends |= dict(BK=state["BK"], BV=min(dh_BV, ENDS_MAX_BV), USE_DHT=True, STORE_DH0=True)
@@ -134,6 +139,8 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     # the searches' first seeds at D = 128 (B = 8, T = 4096; B = 1, T = 32768: segmented reverse pass)
     ("none", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dh_num_stages": 1}, False),
     ("scalar", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "SAVE": "all"}, False),
+    ("none", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "REVERSE_DV": True}, False),
+    ("channel", "bf16", 128, {"BT": 64, "dqk_BC": 64, "dqk_BK": 32, "REVERSE_DV": True, "dh_SEG_CHUNKS": 64}, True),
     ("scalar", "bf16", 128, {"BT": 64, "dh_BV": 32, "dh_num_stages": 2}, False),
     ("scalar", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dh_SEG_CHUNKS": 64}, False),
     ("channel", "bf16", 128, {"BT": 64, "dqk_BC": 64, "dqk_BK": 32}, False),
