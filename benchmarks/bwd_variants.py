@@ -14,8 +14,8 @@ Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform do
 shipped lookup, the chunk of 64 alone, then one change at a time on top of it (the transposed reverse pass on the
 whole value width, SAVE, FUSE_DV, REVERSE_DV, the sequence-parallel reverse pass on b1, KDA's pairwise blocks). fla
 runs its own ``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for
-timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients may then be
-wrong: their errors are in the row too).
+timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients
+may then be wrong: their errors are in the row too).
 
 Steps, each writing under $OUT (default ./out) before the next starts:
 
