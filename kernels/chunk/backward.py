@@ -7,7 +7,8 @@ token-by-token loop). Pipeline, after the forward's intermediates (saved by the 
 1. :mod:`.bwd_state` (sequential over chunks, parallel over sequences × value heads × ``dh_BV`` channels): the
    state adjoint ``X`` (``[K, dh_BV]``, or transposed with ``dh_LAYOUT = "vk"``); stores ``X_{c+1}`` per chunk and
    ``dV_new``; returns the initial state's gradient. With ``dh_SEG_CHUNKS``, sequence-parallel over segments of
-   that many chunks (three phases, :mod:`.bwd_segments`: the adjoint's update is affine).
+   that many chunks (three phases, :mod:`.bwd_segments`: the adjoint's update is affine). With ``REVERSE_DV`` it
+   also does stage 2's value-separable work (``dVβ``, ``dv``, dβ's ``v`` part) and stores ``dVβ`` for it.
 2. :mod:`.bwd_dqk` (chunk × key tile × value head): with ``FUSE_DV`` (default) everything chunk-parallel in one
    stage: ``dVβ = Tᵀ dV_new`` (so ``dv``), ``dA_qk``, ``dA_kk = −dVβ V_newᵀ`` in registers, then ``dq``, ``dk``, the
    pairwise terms (KDA's per channel by blocks of ``BC`` rows, :mod:`.bwd_pairwise`) and the gate's gradient
@@ -45,7 +46,7 @@ gradient is the clamp's, zero.
 Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`check_config`): ``BT``, ``BC``
 (``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage
 (``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs); the reverse pass's layout
-``dh_LAYOUT`` and segments ``dh_SEG_CHUNKS``; KDA's pairwise block rows ``dqk_BC``; the forward state pass's tiles
+``dh_LAYOUT``, segments ``dh_SEG_CHUNKS`` and ``REVERSE_DV``; KDA's pairwise block rows ``dqk_BC``; the forward state pass's tiles
 under autograd ``fh_*``.
 """
 
