@@ -221,7 +221,8 @@ def forward_intermediates(
     output stage; ``"fused"``: the output inside the state pass, nothing kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
     Returns ``(intermediates, o or None, final state or None)``.
 
-    The one place that calls the forward's kernels (to be replaced by the forward's own per-stage launchers)."""
+    Stage 1 is launched here (the forward's own launcher does not store ``T``); the state pass (its segment phases
+    too) and the output stage through the forward's launchers."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT, BC, GATE, NC = config["BT"], config["BC"], GATE_CODES[gate], tables.NC
