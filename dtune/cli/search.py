@@ -215,6 +215,14 @@ def search(
             "sequences, T = their mean length, which is how calls with cu_seqlens find their config."
         ),
     ] = None,
+    max_memory: Annotated[
+        float | None,
+        typer.Option(
+            "--max-memory",
+            help="Memory ceiling in MiB: a trial whose call (for a backward kernel: the training step) allocates more "
+            "at its peak than this above its inputs fails (reason `memory`) and is never exported (CUDA only).",
+        ),
+    ] = None,
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
 ) -> None:
@@ -300,6 +308,7 @@ def search(
             devices=device_list,
             resource_model=resource_model,
             sanitize=sanitize,
+            max_memory_mb=max_memory,
         )
         common.out_dir(run_dir, "run folder")
         if as_json:

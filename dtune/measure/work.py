@@ -214,6 +214,19 @@ class StageWork:
     work: Work
 
 
+def _segments(p: Shape, C: int, seg_chunks: int) -> tuple[int, int] | None:
+    """(segments, tokens of the inner segments) of a sequence-parallel pass with ``seg_chunks`` chunks of ``C`` per
+    segment (sequences of ``tokens / N`` tokens), or None where no sequence has two segments (the plain pass runs)."""
+    if seg_chunks <= 0 or p.N <= 0:
+        return None
+    length = _tokens(p) // p.N
+    chunks = -(-length // C)
+    per_seq = -(-chunks // seg_chunks)
+    if per_seq < 2:
+        return None
+    return p.N * per_seq, _tokens(p) - p.N * min(length, seg_chunks * C)
+
+
 def backward_stages(
     p: Shape,
     dtype: torch.dtype,
@@ -247,7 +260,7 @@ def backward_stages(
     kq_tilde = 2 * ta * K * e if kda else qk + (ta * f if gate is Gate.SCALAR else 0)  # q̃, k̃ (or q, k and γ)
     k_tilde = ta * K * e if kda else qk / 2 + (ta * f if gate is Gate.SCALAR else 0)
     save = bwd_config["SAVE"]
-    fused_out = bool(fwd_config.get("FUSE_OUTPUT", True)) and save != "all"
+    fused_out = bool(fwd_config.get("FUSE_OUTPUT", True))  # with SAVE = "all" the fused pass stores S, V_new too
     NK = -(-K // min(int(bwd_config["dqk_BK"]), max(16, 1 << (K - 1).bit_length())))
     out: list[StageWork] = []
 
@@ -259,28 +272,70 @@ def backward_stages(
     state_flops = ta * 2 * 2 * K * V
     state_bytes = ta * (K + V) * e + k_tilde
     out_flops = ta * 2 * (K * V + C * V)
+    # sequence-parallel passes: the forward's (its config's SEG_CHUNKS, as long in tokens at the backward's chunk) and
+    # the reverse pass's (dh_SEG_CHUNKS); the inner segments (all but one per sequence) run phase 1
+    fseg = int(fwd_config.get("SEG_CHUNKS", 0))
+    fseg = max(1, fseg * int(fwd_config.get("BT", C)) // C) if fseg > 0 else 0
+    fwd_seg = _segments(p, C, fseg)
+    rev_seg = _segments(p, C, int(bwd_config.get("dh_SEG_CHUNKS", 0)))
+    starts_io = 0.0
+    if fwd_seg is not None:
+        NS, inner = fwd_seg
+        ti = inner * p.HV
+        ext = NS * p.HV * K * (V + K) * f
+        starts_io = NS * p.HV * K * V * f
+        fwd_phase1 = (ti * 4 * K * (V + K), ti * K * (2 * e if kda else e) + ti * V * e + ext)
+        fwd_phase2 = (NS * p.HV * 2 * K * K * V, ext + 2 * starts_io)
     # forward under autograd
     add("fwd intra (W, U, A_qk, T)", "chunk_intra_blocks_kernel", intra_flops, intra_bytes)
+    if fwd_seg is not None:
+        add("fwd transitions", "chunk_state_kernel", *fwd_phase1)
+        add("fwd segment starts", "chunk_segment_starts_regs_kernel", *fwd_phase2)
     if fused_out:
-        fwd_state = state_bytes + ta * C * e + (ta * K * e if kda else qk / 2) + ta * V * e
+        fwd_state = state_bytes + ta * C * e + (ta * K * e if kda else qk / 2) + ta * V * e + starts_io
+        fwd_state += S + ta * V * e if save == "all" else 0
         add("fwd state + output", "chunk_state_kernel", state_flops + out_flops, fwd_state + state_io * final_state)
     else:
-        add("fwd state", "chunk_state_kernel", state_flops, state_bytes + S + ta * V * e + state_io * final_state)
+        fwd_state = state_bytes + S + ta * V * e + state_io * final_state + starts_io
+        add("fwd state", "chunk_state_kernel", state_flops, fwd_state)
         o_bytes = (ta * K * e if kda else qk / 2) + S + ta * (C + 2 * V) * e
         add("fwd output", "chunk_output_kernel", out_flops, o_bytes)
-    # backward: the forward's intermediates again
+    # backward: the forward's intermediates again ("intra" re-runs from the kept segment starts)
     if save == "none":
         add("bwd intra re-run", "chunk_intra_blocks_kernel", intra_flops, intra_bytes)
+        if fwd_seg is not None:
+            add("bwd transitions re-run", "chunk_state_kernel", *fwd_phase1)
+            add("bwd segment starts re-run", "chunk_segment_starts_regs_kernel", *fwd_phase2)
     if save != "all":
-        add("bwd state re-run (S, V_new)", "chunk_state_kernel", state_flops, state_bytes + S + ta * V * e)
-    rev_bytes = (
-        ta * K * e + kq_tilde + ta * C * e + ta * V * e + S + ta * V * e + state_io * (initial_state + final_state)
-    )
-    add("bwd reverse state pass", "chunk_bwd_state_kernel", ta * 2 * (C * V + 3 * K * V), rev_bytes)
+        add("bwd state re-run (S, V_new)", "chunk_state_kernel", state_flops, state_bytes + S + ta * V * e + starts_io)
+    rev_dv = bool(bwd_config.get("REVERSE_DV", False)) and bool(bwd_config["FUSE_DV"])
+    n_v = -(-V // min(int(bwd_config["dh_BV"]), max(16, 1 << (V - 1).bit_length()))) if rev_dv else 1
+    rev_flops = ta * 2 * (C * V + 3 * K * V)
+    rev_in = ta * K * e + kq_tilde + ta * C * e + ta * V * e  # W, q~ and k~ (or q, k, γ), A_qk, dO
+    rev_bytes = rev_in + S + ta * V * e + state_io * (initial_state + final_state)
+    if rev_dv:  # dVβ = Tᵀ dV_new, dv, dβ's v part: T and v read, dv and the v part written
+        rev_flops += ta * 2 * C * V
+        rev_bytes += ta * C * e + ta * V * e + ta * V * e + n_v * ta * f
+    if rev_seg is not None:
+        NS, inner = rev_seg
+        ti = inner * p.HV
+        ext = NS * p.HV * K * (V + K) * f
+        xend = NS * p.HV * K * V * f
+        rev_in_inner = rev_in * inner / _tokens(p)
+        add("bwd reverse transitions (R, P)", "chunk_bwd_state_kernel", ti * 2 * (C * V + 3 * K * (V + K)),
+            rev_in_inner + ext)  # fmt: skip
+        add("bwd segment ends", "chunk_bwd_segment_ends_kernel", NS * p.HV * 2 * K * K * V, ext + 2 * xend)
+        rev_bytes += xend
+    add("bwd reverse state pass", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
     pair_flops = ta * 2 * 4 * C * K
     gate_io = {Gate.NONE: 0, Gate.SCALAR: ta * f * (1 + NK), Gate.CHANNEL: 2 * ta * K * f}[gate]
     grads_qk = 2 * ta * K * (f if p.HV != p.H else e)
-    if bwd_config["FUSE_DV"]:
+    if bwd_config["FUSE_DV"] and rev_dv:  # dVβ read instead of dV_new; no T, v, dv, v part
+        dqk_bytes = qk + ta * e + 2 * S + ta * 3 * V * e + grads_qk + gate_io + NK * ta * f
+        dqk_bytes += 2 * NK * ta * C * e if kda else 0
+        dqk_flops = ta * 2 * (2 * NK * C * V + 3 * K * V) + pair_flops
+        add("bwd dq/dk (dVβ given)", "chunk_bwd_dqk_kernel", dqk_flops, dqk_bytes)
+    elif bwd_config["FUSE_DV"]:
         dqk_bytes = qk + ta * e + 2 * S + ta * (4 * V + C) * e + grads_qk + ta * V * e + gate_io + (1 + NK) * ta * f
         dqk_bytes += 2 * NK * ta * C * e if kda else 0  # KDA: each key tile's dA copy, read back by blocks
         dqk_flops = ta * 2 * (3 * NK * C * V + 3 * K * V) + pair_flops
@@ -290,6 +345,6 @@ def backward_stages(
         add("bwd dv, dA", "chunk_bwd_dv_kernel", ta * 2 * 3 * C * V, dv_bytes)
         dqk_bytes = qk + ta * e + 2 * S + 3 * ta * V * e + 2 * ta * C * e + grads_qk + gate_io + NK * ta * f
         add("bwd dq/dk", "chunk_bwd_dqk_kernel", ta * 2 * 3 * K * V + pair_flops, dqk_bytes)
-    fin_bytes = (1 + NK) * ta * f + ta * e + (ta * f * (NK + 2) if gate is Gate.SCALAR else 0)
+    fin_bytes = (n_v + NK) * ta * f + ta * e + (ta * f * (NK + 2) if gate is Gate.SCALAR else 0)
     add("bwd finish (dβ)", "chunk_bwd_finish_kernel", 0.0, fin_bytes)
     return out

@@ -18,7 +18,7 @@ from dtune.shape import SHAPE_COLUMNS
 
 STATES = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.PRUNED: "pruned"}
 
-MEASURED = ["time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs", "tflops"]
+MEASURED = ["time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs", "tflops", "peak_mb"]
 # What a trial's outcome leaves on it (user attributes; bookkeeping.record): the CSV and the export read them.
 OUTCOME_ATTRS = ("reason", "message", "meaningful", "compile_s", *MEASURED, "stage_ms", "stage_resources", "built")
 # The search's own columns after the measured ones: how the trial came about and what it cost.

@@ -54,6 +54,7 @@ class SearchConfig:
     devices: tuple[str, ...] = ()  # one timing worker per entry (CUDA_VISIBLE_DEVICES); () one, as the env says
     resource_model: bool = True  # drop configs predicted to spill heavily or to overflow shared memory
     sanitize: bool = True  # re-run a crashed trial under compute-sanitizer (when installed; not under the interpreter)
+    max_memory_mb: float | None = None  # trials whose training step / call peaks above this (MiB) fail, reason "memory"
     sampler: str | None = None  # deprecated alias of strategy
 
     def __post_init__(self) -> None:
@@ -84,6 +85,8 @@ class SearchConfig:
         for path in self.transfer_from:
             if not (Path(path) / "run.json").is_file():
                 raise ValueError(f"--transfer-from {path}: not a run folder (no run.json)")
+        if self.max_memory_mb is not None and not self.max_memory_mb > 0:
+            raise ValueError(f"--max-memory must be positive, got {self.max_memory_mb}")
         if self.trials is None and self.timeout is None:
             self.trials = DEFAULT_TRIALS
 

@@ -173,6 +173,7 @@ class ShapeSearch:
             edge=not stage,
             reuse_inputs=True,
             seq_lens=list(cfg.workload.seq_lens) if cfg.workload.seq_lens else None,
+            max_memory_mb=cfg.max_memory_mb,
         )
 
     # ---- the loop ------------------------------------------------------------------------------------------

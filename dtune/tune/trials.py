@@ -1,7 +1,8 @@
 """One trial, in-process: compile (first launch) -> gate -> time, with failures typed instead of raised.
 
 :func:`evaluate` is what the worker subprocess runs for each job; it never raises for a bad config: the
-outcome names the reason (``compile``, ``resources``, ``gate``, ``runtime``). The parent adds the reasons
+outcome names the reason (``compile``, ``resources``, ``gate``, ``runtime``; ``memory`` when a whole call's peak
+allocation is over the job's ceiling, ``max_memory_mb``: such a config is never exported). The parent adds the reasons
 it sees from outside (``constraint``, ``predicted``, ``claimed``, ``timeout``, ``crash``, ``cancelled``,
 ``interrupted``).
 
@@ -22,6 +23,7 @@ work model, its registers, spills and shared memory captured during the first la
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections import OrderedDict
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 
 from dtune.inputs import dtype_from_name
+from dtune.measure.bench import peak_mb
 from dtune.measure.builds import watch_builds
 from dtune.measure.harness import OpRun, Stage, op_call, op_run, op_stages
 from dtune.measure.inputs import Workload
@@ -52,6 +55,7 @@ REASONS = (
     "timeout",
     "crash",
     "runtime",
+    "memory",
     "cancelled",
     "interrupted",
 )
@@ -87,6 +91,7 @@ class TrialJob:
     reuse_inputs: bool = False  # keep inputs and the gate's reference per shape in this process (the search)
     seq_lens: list[int] | None = None  # a packed variable-length batch (``shape`` is its bucket: B = N, T = mean)
     max_vs_default: float | None = None  # the gate's accuracy criterion (the space's [accuracy] ratio for the dtype)
+    max_memory_mb: float | None = None  # a ceiling on the call's peak allocation (MiB above its inputs; CUDA only)
 
     def workload(self) -> Workload:
         return Workload(self.initial_state, self.final_state, tuple(self.seq_lens) if self.seq_lens else None)
@@ -107,6 +112,7 @@ class TrialOutcome:
     shared_mem: int | None = None
     gbs: float | None = None
     tflops: float | None = None
+    peak_mb: float | None = None  # the whole call's peak allocation above what was allocated before it (CUDA)
     compile_s: float | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)  # median ms of each stage timed alone
     stage_resources: dict[str, list[int | None]] = field(default_factory=dict)  # stage: [registers, spills, smem]
@@ -285,6 +291,17 @@ def evaluate(job: TrialJob) -> TrialOutcome:
         out.reason, out.message = "gate", result.reason or "gate failed"
         return out
 
+    if job.kind == "whole" and (device.type == "cuda" or job.max_memory_mb is not None):
+        try:
+            peak = peak_mb(run.call(config), device)  # NaN where unknown (not a CUDA device)
+        except Exception as e:
+            out.reason, out.message = classify(e, first_launch=False), _message(e)
+            return out
+        out.peak_mb = peak if math.isfinite(peak) else None
+        if job.max_memory_mb is not None and out.peak_mb is not None and out.peak_mb > job.max_memory_mb:
+            out.reason = "memory"
+            out.message = f"peak allocation {out.peak_mb:.0f} MiB over the ceiling of {job.max_memory_mb:g} MiB"
+            return out
     groups = stage_map.group(st.name for st in stages)
     by_name = {st.name: st for st in stages}
     timed = [job.stage] if job.kind == "stage" else list(groups)

@@ -5,7 +5,10 @@ Math: :mod:`dtune.kernels.reference_bwd` (the same formulas in float64 PyTorch, 
 token-by-token loop). Pipeline, after the forward's intermediates (saved by the forward, or recomputed here):
 
 1. :mod:`.bwd_state` (sequential over chunks, parallel over sequences × value heads × ``dh_BV`` channels): the
-   state adjoint ``X``; stores ``X_{c+1}`` per chunk and ``dV_new``; returns the initial state's gradient.
+   state adjoint ``X`` (``[K, dh_BV]``, or transposed with ``dh_LAYOUT = "vk"``); stores ``X_{c+1}`` per chunk and
+   ``dV_new``; returns the initial state's gradient. With ``dh_SEG_CHUNKS``, sequence-parallel over segments of
+   that many chunks (three phases, :mod:`.bwd_segments`: the adjoint's update is affine). With ``REVERSE_DV`` it
+   also does stage 2's value-separable work (``dVβ``, ``dv``, dβ's ``v`` part) and stores ``dVβ`` for it.
 2. :mod:`.bwd_dqk` (chunk × key tile × value head): with ``FUSE_DV`` (default) everything chunk-parallel in one
    stage: ``dVβ = Tᵀ dV_new`` (so ``dv``), ``dA_qk``, ``dA_kk = −dVβ V_newᵀ`` in registers, then ``dq``, ``dk``, the
    pairwise terms (KDA's per channel by blocks of ``BC`` rows, :mod:`.bwd_pairwise`) and the gate's gradient
@@ -19,16 +22,22 @@ heads are summed at the end.
 Where the time goes (H200, bf16, B·T = 32768, H = 16, K = V = 128; floors per stage in
 :func:`dtune.measure.work.backward_stages`): the sequential passes (the forward's state pass, its re-run with
 ``SAVE = "intra"``, the reverse state pass) are latency-bound chains; the chunk-parallel stages are memory-bound.
+On Hopper the chunk is best 64: at ``BT = 32`` the chunk-parallel stage's dots have 32 rows and compile to
+``mma.sync`` instead of wgmma (sm_90a, Triton 3.6), the chunk states and adjoints (the largest tensors moved) double
+and the sequential chains are twice as long.
 ``FUSE_DV`` removes the dv stage's pass over ``do``, ``V_new``, ``dV_new`` and the ``dVβ``/``dA`` round trip, and
 for KDA the per-channel pairwise stage and its three float32 ``[tokens, HV, K]`` partials (written, then read back):
 16 of the ~68 ``[tokens, HV, 128]``-sized bf16 passes of KDA's step at ``BT = 64``.
 
-``SAVE`` (memory against time): ``"all"``: the forward runs unfused and keeps stage 1's outputs (W, U, A_qk, T,
-and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new``; ``"intra"``: it keeps stage 1's outputs and the
+``SAVE`` (memory against time): ``"all"``: the forward keeps stage 1's outputs (W, U, A_qk, T,
+and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new`` (stored by the state pass, which computes the output
+too where the forward config fuses it); ``"intra"``: it keeps stage 1's outputs and the
 backward re-runs the state pass; ``"none"``: the forward is the plain one (its own config) and the backward
 re-runs stages 1 and 2 of the forward. With ``"all"``/``"intra"`` the forward under autograd runs stage 1 as
-``INTRA = "blocks"`` with the backward config's ``BT``/``BC`` (it stores ``T``), its other parameters (tiles, warps,
-the state layout) from the forward config.
+``INTRA = "blocks"`` with the backward config's ``BT``/``BC`` (it stores ``T``), then the forward's own state-pass
+launchers: sequence-parallel where the forward config has segments (``SEG_CHUNKS``, kept as long in tokens; with
+``"intra"`` the segments' entering states are kept for the re-run, which then skips phases 1 and 2); its other
+parameters (tiles, warps, the state layout) from the forward config, or from the backward's ``fh_*``.
 
 Gates: entries below :data:`GATE_FLOOR` (``-inf`` included, a full forget) are clamped to it: by the backward's
 kernels at load, as the forward's kernels do (``kernels/config.py``); their
@@ -36,7 +45,9 @@ gradient is the clamp's, zero. NaN is not clamped: it reaches the gradients, as 
 
 Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`check_config`): ``BT``, ``BC``
 (``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage
-(``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs).
+(``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs); the reverse pass's layout
+``dh_LAYOUT``, segments ``dh_SEG_CHUNKS`` and ``REVERSE_DV``; KDA's pairwise block rows ``dqk_BC``; the forward state pass's tiles
+under autograd ``fh_*``.
 """
 
 from __future__ import annotations
@@ -49,15 +60,19 @@ import triton
 
 from ..config import GATE_CODES, GATE_FLOOR, Config, new_output, next_power_of_2
 from ..config import check_config as _check
+from .buffers import Intermediates as FwdIntermediates
+from .buffers import Outputs, SegmentScratch, allocate_segments
 from .bwd_dqk import chunk_bwd_dqk_kernel
 from .bwd_dv import chunk_bwd_dv_kernel
 from .bwd_finish import chunk_bwd_finish_kernel
-from .bwd_state import chunk_bwd_state_kernel
+from .bwd_state import launch_reverse
+from .call import prepare_call
 from .call import tile as _tile
 from .intra_blocks import chunk_intra_blocks_kernel
-from .output import chunk_output_kernel
+from .output import launch_output
 from .pipeline import forward as chunk_forward
-from .state import chunk_state_kernel
+from .segments import launch_segment_starts
+from .state import launch_state, launch_transitions
 from .tables import build_tables, host_offsets
 
 Tensor = torch.Tensor
@@ -67,9 +82,12 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "BC": (16, 32, 64),
     "SAVE": ("none", "intra", "all"),
     "FUSE_DV": (True, False),
+    "REVERSE_DV": (False, True),  # (with FUSE_DV) dVβ, dv and dβ's v part in the reverse pass, off its chain
     "dh_BV": (16, 32, 64, 128),
     "dh_num_warps": (1, 2, 4, 8, 16),
     "dh_num_stages": (1, 2, 3, 4),
+    "dh_LAYOUT": ("kv", "vk"),
+    "dh_SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
     "dv_BV": (16, 32, 64, 128),
     "dv_num_warps": (1, 2, 4, 8),
     "dv_num_stages": (1, 2, 3, 4),
@@ -78,6 +96,16 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dqk_num_warps": (1, 2, 4, 8),
     "dqk_num_stages": (1, 2, 3, 4),
     "F32_DOT": ("ieee", "tf32"),
+    # the forward's state pass under autograd and in the re-run (at the backward's BT): its value tile, warps and
+    # pipeline stages, 0 = the forward config's
+    "fh_BV": (0, 16, 32, 64, 128),
+    "fh_num_warps": (0, 2, 4, 8),
+    "fh_num_stages": (0, 1, 2, 3),
+}
+
+
+_CHANNEL: dict[str, tuple[Any, ...]] = {
+    "dqk_BC": (16, 32, 64),  # KDA: rows per block of the dq/dk stage's per-channel pairwise terms
 }
 
 
@@ -85,7 +113,7 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     """Every tunable parameter of the backward and all values the templates can be built with."""
     if gate not in GATE_CODES:
         raise ValueError(f"unknown gate mode {gate!r}")
-    return dict(_COMMON)
+    return dict(_COMMON) | (dict(_CHANNEL) if gate == "channel" else {})
 
 
 def default_config(K: int, V: int, gate: str) -> Config:
@@ -101,9 +129,12 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "BC": 16,
         "SAVE": "intra",
         "FUSE_DV": True,  # one chunk-parallel stage (dA, dv, KDA's pairwise terms, dq, dk, the gate): no dA round trip
+        "REVERSE_DV": False,
         "dh_BV": 32 if small else 16,
         "dh_num_warps": 4 if small else 8,
         "dh_num_stages": 2 if small else 1,
+        "dh_LAYOUT": "kv",
+        "dh_SEG_CHUNKS": 0,  # the plain reverse pass (sequence-parallel: 8..256 chunks per segment)
         "dv_BV": 64,
         "dv_num_warps": 4,
         "dv_num_stages": 2,
@@ -112,15 +143,23 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dqk_num_warps": 8,  # 4 warps spill at BT = 32 (4-312 bytes)
         "dqk_num_stages": 2,
         "F32_DOT": "ieee",
+        "fh_BV": 0,
+        "fh_num_warps": 0,
+        "fh_num_stages": 0,
     }
+    if gate == "channel":
+        cfg["dqk_BC"] = 16
     return cfg
 
 
 def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name: str = "chunk backward") -> Config:
     """The full backward config: ``config`` over the default, every key and value checked (ValueError/TypeError)."""
     full = _check(name, legal_params(gate), default_config(K, V, gate), config)
-    if not full["BC"] <= full["BT"] <= 4 * full["BC"]:
-        raise ValueError(f"config for {name}: needs BC <= BT <= 4 * BC, got BT={full['BT']}, BC={full['BC']}")
+    if full["REVERSE_DV"] and not full["FUSE_DV"]:
+        raise ValueError(f"config for {name}: REVERSE_DV needs FUSE_DV (the dv stage does that work otherwise)")
+    for bc in ("BC", "dqk_BC"):
+        if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
+            raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")
     return full
 
 
@@ -137,6 +176,7 @@ class Intermediates:
     gout: Tensor | None = None  # KDA: e^{γ_C} [chunks, HV, K]; Gated DeltaNet: γ [tokens, HV] (float32)
     hbuf: Tensor | None = None  # chunk-start states [chunks, HV, K, V]
     vnew: Tensor | None = None  # V_new [tokens, HV, V]
+    starts: Tensor | None = None  # sequence-parallel forward: the state entering each segment [NS, HV, K, V] float32
 
     def tensors(self) -> dict[str, Tensor | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -177,11 +217,12 @@ def forward_intermediates(
 ) -> tuple[Intermediates, Tensor | None, Tensor | None]:
     """The forward's stages with their intermediates kept: stage 1 (``INTRA = "blocks"``, storing ``T`` too) unless
     ``inter`` already holds its outputs, then the state pass (``states``: ``"keep"``: chunk-start states and
-    ``V_new`` kept, then the output stage if ``output``; ``"fused"``: the output inside the state pass, nothing
-    kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
+    ``V_new`` kept, and with ``output`` the output too: inside the pass where the config fuses it, else by the
+    output stage; ``"fused"``: the output inside the state pass, nothing kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
     Returns ``(intermediates, o or None, final state or None)``.
 
-    The one place that calls the forward's kernels (to be replaced by the forward's own per-stage launchers)."""
+    Stage 1 is launched here (the forward's own launcher does not store ``T``); the state pass (its segment phases
+    too) and the output stage through the forward's launchers."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BT, BC, GATE, NC = config["BT"], config["BC"], GATE_CODES[gate], tables.NC
@@ -219,36 +260,53 @@ def forward_intermediates(
                 chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=2, **kw)
     if states == "skip":
         return inter, None, None
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    fuse = states == "fused"
-    o = new_output(B, T, HV, V, dtype=v.dtype, device=dev) if fuse or output else None
-    ht = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if final_state else None
-    if not fuse:
-        inter.hbuf = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-        inter.vnew = new_output(tokens, HV, V, dtype=dt, device=dev)
-    h0 = None if initial_state is None else initial_state.contiguous()
-    h_BV = _tile(config["h_BV"], V)
-    chunk_state_kernel[(triton.cdiv(V, h_BV), N * HV)](
-        q, k, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout, h0, ht, inter.hbuf, inter.vnew, o,
-        cu_seqlens, tables.chunk_offsets, None, None, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=_tile(next_power_of_2(K), K), BV=h_BV, GATE=GATE, USE_H0=h0 is not None,
-        STORE_HT=final_state, VARLEN=varlen, FUSE_OUTPUT=fuse, DOT_PREC=dot_prec,
-        TRANS=config["STATE_LAYOUT"] == "vk", num_warps=config["h_num_warps"], num_stages=config["h_num_stages"],
+    # the state pass through the forward's own launchers: per sequence, or sequence-parallel where the forward config
+    # has segments (SEG_CHUNKS), then the output stage unless fused
+    keep = states == "keep"
+    fuse = states == "fused" or (keep and output and bool(config["FUSE_OUTPUT"]))  # keep: the fused pass stores too
+    offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
+    call = prepare_call(
+        q, k, v, None, beta, gate, scale, initial_state, final_state, cu_seqlens, dict(config, FUSE_OUTPUT=fuse), offsets
     )  # fmt: skip
-    if o is not None and not fuse and NC > 0:
-        o_BK, o_BV = _tile(config["o_BK"], K), _tile(config["o_BV"], V)
-        chunk_output_kernel[(NC, triton.cdiv(V, o_BV), HV)](
-            q, inter.aqk, inter.qg, inter.gout, inter.hbuf, inter.vnew, o, tables.chunk_info, scale, T,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=o_BK, BV=o_BV, NK=triton.cdiv(K, o_BK), GATE=GATE, VARLEN=varlen,
-            DOT_PREC=dot_prec, num_warps=config["o_num_warps"], num_stages=config["o_num_stages"],
-        )  # fmt: skip
+    assert inter.w is not None and inter.u is not None and inter.aqk is not None, "stage 1's outputs"
+    fi = FwdIntermediates(
+        w=inter.w, u=inter.u, aqk=inter.aqk, qg=inter.qg, kg=inter.kg, gout=inter.gout, flags=None,
+        h=new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev) if keep else None,
+        v_new=new_output(tokens, HV, V, dtype=dt, device=dev) if keep else None,
+    )  # fmt: skip
+    o = new_output(B, T, HV, V, dtype=v.dtype, device=dev) if fuse or output else None
+    ht = new_output(call.N, HV, K, V, dtype=torch.float32, device=dev) if final_state else None
+    out = Outputs(o, ht)  # type: ignore[arg-type]  # (o None: the pass stores no output)
+    scratch: SegmentScratch | None = None
+    if call.tables.segments is not None:
+        if inter.starts is not None:  # the segments' entering states, kept from the forward under autograd
+            scratch = SegmentScratch(torch.empty(0, device=dev), inter.starts)
+        else:
+            scratch = allocate_segments(call)
+            assert scratch is not None
+            launch_transitions(call, fi, scratch)
+            launch_segment_starts(call, out, scratch)
+        inter.starts = scratch.starts
+    launch_state(call, fi, out, scratch)
+    if output and not fuse:
+        launch_output(call, fi, out)
+    inter.hbuf, inter.vnew = fi.h, fi.v_new
     return inter, o, ht
 
 
 def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -> Config:
     """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as
-    ``"blocks"`` (the variant that stores ``T``) with its diagonal guard, everything else the forward's."""
-    cfg = dict(fwd_config, BT=bwd_config["BT"], BC=bwd_config["BC"], INTRA="blocks")
+    ``"blocks"`` (the variant that stores ``T``, by substitution) with its diagonal guard, the forward's segments
+    (``SEG_CHUNKS``) as long in tokens as the forward config's, the state pass's tiles from the backward config's
+    ``fh_*`` where set (tuned at the backward's BT), everything else the forward's."""
+    BT = bwd_config["BT"]
+    seg = int(fwd_config.get("SEG_CHUNKS", 0))
+    if seg > 0:
+        seg = max(1, seg * int(fwd_config["BT"]) // BT)
+    cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA="blocks", SOLVE="subst", SEG_CHUNKS=seg)
+    for name in ("BV", "num_warps", "num_stages"):
+        if bwd_config.get(f"fh_{name}", 0):
+            cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
     return cfg
@@ -286,9 +344,9 @@ def forward_for_training(
     )  # fmt: skip
     assert out is not None
     if save == "all":
-        inter.u = None  # the backward never reads U
+        inter.u = inter.starts = None  # the backward never reads U (nor, with the states kept, the segment starts)
     else:
-        inter.hbuf = inter.vnew = None  # re-run in the backward
+        inter.hbuf = inter.vnew = None  # re-run in the backward (from the kept segment starts, if any)
     return out, ht, inter
 
 
@@ -335,35 +393,40 @@ def backward(
         )  # fmt: skip
     inter.u = None
 
-    # ---- 1. reverse state pass ----------------------------------------------------------------------------------
+    # ---- 1. reverse state pass (sequence-parallel with dh_SEG_CHUNKS; REVERSE_DV: dVβ, dv and dβ's v part too) -----
+    fused = bool(bwd_config["FUSE_DV"])
+    rev_dv = bool(bwd_config["REVERSE_DV"]) and fused
+    dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
+    NK = triton.cdiv(K, dqk_BK)
+    n_v = triton.cdiv(V, _tile(bwd_config["dh_BV"], V)) if rev_dv else 1  # dβ's v-part slots
+    nslot = n_v + NK
+    ss = tokens * HV
+    dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
+    dv = new_output(B, T, HV, V, dtype=v.dtype, device=dev)
     dh = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-    dvn: Tensor | None = new_output(tokens, HV, V, dtype=dt, device=dev)
+    dvn_buf = new_output(tokens, HV, V, dtype=dt, device=dev)  # dV_new (REVERSE_DV: dVβ)
     dh0 = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
-    dht = None if dht is None else dht.contiguous()
-    dh_BV = _tile(bwd_config["dh_BV"], V)
-    chunk_bwd_state_kernel[(triton.cdiv(V, dh_BV), N * HV)](
-        q, k, inter.w, inter.aqk, inter.qg, inter.kg, inter.gout, do, dht, dh0, dh, dvn, cu_seqlens,
-        tables.chunk_offsets, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=_tile(next_power_of_2(K), K), BV=dh_BV, GATE=GATE, USE_DHT=dht is not None,
-        STORE_DH0=dh0 is not None, VARLEN=varlen, DOT_PREC=dot_prec,
-        num_warps=bwd_config["dh_num_warps"], num_stages=bwd_config["dh_num_stages"],
+    offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
+    dv_work = None
+    if rev_dv:
+        assert inter.ai is not None
+        dv_work = (inter.ai, v, beta, dv, dbeta_part)
+    launch_reverse(
+        q, k, inter.w, inter.aqk, inter.qg, inter.kg, inter.gout, do, None if dht is None else dht.contiguous(), dh0,
+        dh, dvn_buf, cu_seqlens, tables.chunk_offsets, offsets, scale, B, T, H, HV, K, V, N, BT, GATE, dot_prec,
+        bwd_config, dv_work,
     )  # fmt: skip
+    dvn: Tensor | None = dvn_buf
+    del dvn_buf, dv_work
     inter.w = inter.qg = inter.kg = None
 
     grads: dict[str, Tensor | None] = {"initial_state": dh0}
-    dv = new_output(B, T, HV, V, dtype=v.dtype, device=dev)
     dbeta = new_output(B, T, HV, dtype=beta.dtype, device=dev)
     dg = None if g is None else new_output(*g.shape, dtype=g.dtype, device=dev)
     grouped = HV != H
     dq = new_output(tokens, HV, K, dtype=torch.float32 if grouped else q.dtype, device=dev)
     dk = new_output(tokens, HV, K, dtype=torch.float32 if grouped else k.dtype, device=dev)
     if NC > 0:
-        fused = bool(bwd_config["FUSE_DV"])
-        dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
-        NK = triton.cdiv(K, dqk_BK)
-        nslot = 1 + NK
-        dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
-        ss = tokens * HV
         dvb = daq = dak = None
         if not fused:
             # ---- 2. dA_qk, dVβ (dv), dA_kk ----------------------------------------------------------------------
@@ -385,13 +448,14 @@ def backward(
         # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------
         dg_out = dg if GATE == 2 else None
         dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
+        plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
         chunk_bwd_dqk_kernel[(NC, NK, HV)](
             q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvn if fused else dvb, daq, dak,
-            inter.ai if fused else None, v if fused else None, dv if fused else None, dq, dk,
-            dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, 1, ss,
-            H=H, HV=HV, K=K, V=V, BT=BT, BC=cfg["BC"], BK=dqk_BK, BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=GATE,
-            FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
-            num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
+            inter.ai if plain else None, v if plain else None, dv if plain else None, dq, dk,
+            dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, n_v, ss,
+            H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV,
+            NV=triton.cdiv(V, dqk_BV), GATE=GATE, FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
+            DVB_GIVEN=rev_dv, num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
         )  # fmt: skip
         inter.hbuf = inter.vnew = inter.ai = None
         del dh, dvn, dvb, daq, dak

@@ -6,20 +6,14 @@ Over value tiles of ``BV`` channels, with the chunk-start state ``S_c`` (forward
 
 * ``FUSED``: ``dVβ = Tᵀ dV_new`` (``T = (I + A_kk)⁻¹`` from the forward's stage 1), ``dA_qk += dO V_newᵀ``,
   ``dA_kk −= dVβ V_newᵀ`` (``[BT, BT]`` in registers; every key tile computes them, key tile 0 also stores
-  ``dv = β dVβ`` and dβ's ``v`` part ``Σ_v dVβ ⊙ v``); unfused, ``dVβ`` and both dA come from :mod:`.bwd_dv`;
+  ``dv = β dVβ`` and dβ's ``v`` part ``Σ_v dVβ ⊙ v``); with ``DVB_GIVEN`` (``REVERSE_DV``) the reverse pass did the
+  ``dVβ``, ``dv`` and ``v``-part work and ``dVβ`` is read; unfused, ``dVβ`` and both dA come from :mod:`.bwd_dv`;
 * ``dq̃ = dO S_cᵀ``, ``dk̃ = V_new X_{c+1}ᵀ``, ``dKβ = −dVβ S_cᵀ`` (``[BT, BK]``) and ``d(e^{γ_C}) = Σ_v S_c ⊙ X_{c+1}``.
 
-Then, with ``e^γ`` and ``e^{γ_C − γ}`` (factors ≤ 1):
-
-* local terms: ``dq = scale e^γ dq̃``; ``dk_row = β e^γ dKβ``; ``dk_col = e^{γ_C − γ} dk̃``; ``dβ += Σ_d dKβ k e^γ``;
-* pairwise terms: DeltaNet and Gated DeltaNet over the whole chunk, with the ``[BT, BT]`` decay
-  ``D_ij = exp(γ_i − γ_j)`` formed masked (safe at every ``BT``): ``dq += (dA_qk ⊙ D) k``,
-  ``dk_col += (dA_qk ⊙ D)ᵀ q + (β ⊙ dA_kk ⊙ D)ᵀ k``, ``R = (dA_kk ⊙ D) k``, ``dk_row += β R``, ``dβ += Σ_d k ⊙ R``;
-  KDA's per-channel terms by blocks of ``BC`` rows (:mod:`.bwd_pairwise`, which reads dA by blocks from memory: the
-  dv stage's, or, fused, this program's own copy, written just before);
-* the gate: ``dγ = q ⊙ dq + k ⊙ (dk_row − dk_col)``, plus ``dγ_C = Σ_i k̃_i ⊙ dk̃_i + e^{γ_C} d(e^{γ_C})`` on the
-  chunk's last row; KDA stores ``dg_t = Σ_{i >= t} dγ_i`` (zero where the gate was below the floor: the clamp's
-  gradient); Gated DeltaNet sums ``dγ`` over this key tile and stores it for :mod:`.bwd_finish`.
+Then the chunk-local formulas of :mod:`.bwd_local` (shared with the fused reverse pass, :mod:`.bwd_fused`): local and
+pairwise terms (KDA's per channel by blocks of ``BC`` rows, :mod:`.bwd_pairwise`, which reads dA by blocks from
+memory: the dv stage's, or, fused, this program's own copy, written just before) and the gate; KDA stores ``dg``
+itself, Gated DeltaNet this key tile's ``dγ`` for :mod:`.bwd_finish`.
 
 ``dq``, ``dk`` are per value head (summed over a group's value heads by the caller when ``HV > H``), ``dβ``
 partials go to their own slot of ``dbeta_part`` (``[slots, tokens, HV]``, slot stride ``SS = tokens · HV``, summed
@@ -34,8 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .bwd_pairwise import kda_pairwise
-from .common import chunk_bounds, floor_gate
+from .bwd_local import chunk_local_grads
+from .common import chunk_bounds
 
 
 @triton.jit(do_not_specialize=["T", "SLOT", "SS"])
@@ -77,6 +71,7 @@ def chunk_bwd_dqk_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     FLOOR: tl.constexpr,
+    DVB_GIVEN: tl.constexpr = False,
 ):
     i_c, i_k, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -90,7 +85,6 @@ def chunk_bwd_dqk_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     row = bos * HV + i_hv  # first row of the chunk in [tokens, HV, ...]
     off_hk = row * K + o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, BK] of [tokens, HV, K]
-    off_qk = (bos * H + i_h) * K + o_t[:, None] * (H * K) + o_k[None, :]
     b_beta = tl.load(beta + row + o_t * HV, mask=m_t, other=0).to(tl.float32)
 
     # ---- contractions over V ----------------------------------------------------------------------------------
@@ -101,8 +95,9 @@ def chunk_bwd_dqk_kernel(
     b_dec = tl.zeros([BK], dtype=tl.float32)
     m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
     off_a = row * BT + o_t[:, None] * (HV * BT) + o_t[None, :]
-    if FUSED:  # the dv stage's work: dVβ = Tᵀ dV_new, dA_qk, dA_kk in registers; dv and dβ's v part by key tile 0
+    if FUSED and not DVB_GIVEN:  # the dv stage's work: dVβ = Tᵀ dV_new, dA_qk, dA_kk; dv, dβ's v part by key tile 0
         b_Tt = tl.trans(tl.load(ai + off_a, mask=m_low, other=0).to(DT))
+    if FUSED:
         b_daq = tl.zeros([BT, BT], dtype=tl.float32)
         b_dak = tl.zeros([BT, BT], dtype=tl.float32)
         b_dbv = tl.zeros([BT], dtype=tl.float32)
@@ -117,14 +112,17 @@ def chunk_bwd_dqk_kernel(
         b_do = tl.load(do + off_v, mask=m_tv, other=0).to(DT)
         b_vn = tl.load(vnew + off_v, mask=m_tv, other=0)
         if FUSED:
-            b_dvbf = tl.dot(b_Tt, tl.load(dvb + off_v, mask=m_tv, other=0), input_precision=DOT_PREC)  # dvb: dV_new
-            b_dvb = b_dvbf.to(DT)
+            if DVB_GIVEN:  # dVβ from the reverse pass (REVERSE_DV), which also wrote dv and dβ's v part
+                b_dvb = tl.load(dvb + off_v, mask=m_tv, other=0)
+            else:
+                b_dvbf = tl.dot(b_Tt, tl.load(dvb + off_v, mask=m_tv, other=0), input_precision=DOT_PREC)  # dV_new
+                b_dvb = b_dvbf.to(DT)
+                m_first = (o_t < L0)[:, None] & m_v[None, :]
+                b_v = tl.load(v + off_v, mask=m_first, other=0).to(tl.float32)
+                b_dbv += tl.sum(b_dvbf * b_v, 1)
+                tl.store(dv + off_v, (b_dvbf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_first)
             b_daq += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
             b_dak -= tl.dot(b_dvb, tl.trans(b_vn), input_precision=DOT_PREC)
-            m_first = (o_t < L0)[:, None] & m_v[None, :]
-            b_v = tl.load(v + off_v, mask=m_first, other=0).to(tl.float32)
-            b_dbv += tl.sum(b_dvbf * b_v, 1)
-            tl.store(dv + off_v, (b_dvbf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_first)
         else:
             b_dvb = tl.load(dvb + off_v, mask=m_tv, other=0)
         b_h = tl.load(hbuf + off_h, mask=m_h, other=0)
@@ -137,7 +135,8 @@ def chunk_bwd_dqk_kernel(
     if FUSED:  # dA in the intermediates' dtype from here on, as the unfused stages keep it in memory
         b_daq = (tl.where(m_low, b_daq, 0.0) * scale).to(DT)
         b_dak = tl.where(m_t[:, None] & (o_t[None, :] < o_t[:, None]), b_dak, 0.0).to(DT)
-        tl.store(dbeta_part + (SLOT - 1).to(tl.int64) * SS + row + o_t * HV, b_dbv, mask=o_t < L0)
+        if not DVB_GIVEN:
+            tl.store(dbeta_part + (SLOT - 1).to(tl.int64) * SS + row + o_t * HV, b_dbv, mask=o_t < L0)
         if GATE == 2:  # KDA reads dA by blocks of rows and columns: through this key tile's own scratch copy
             a_b = daq + i_k.to(tl.int64) * SS * BT + row * BT
             ak_b = dak + i_k.to(tl.int64) * SS * BT + row * BT
@@ -147,73 +146,32 @@ def chunk_bwd_dqk_kernel(
     elif GATE == 2:  # the dv stage's dA, read by blocks in KDA's pairwise terms
         a_b = daq + row * BT
         ak_b = dak + row * BT
+        b_daq = tl.zeros([1], dtype=tl.float32)  # (unused: KDA reads dA from memory)
+        b_dak = b_daq
     else:
         b_daq = tl.load(daq + off_a, mask=m_t[:, None], other=0)
         b_dak = tl.load(dak + off_a, mask=m_t[:, None], other=0)
-
-    # ---- the gate's factors (both <= 1) ----------------------------------------------------------------------
+    if GATE != 2:
+        a_b = dq  # (unused: dA in registers)
+        ak_b = dq
     if GATE == 2:
-        b_gam = tl.cumsum(floor_gate(tl.load(g + off_hk, mask=m_tk, other=0).to(tl.float32), FLOOR), 0)
-        b_gC = tl.sum(tl.where((o_t == L - 1)[:, None], b_gam, 0.0), 0)  # γ at the last valid row
-        b_e = tl.exp(b_gam)
-        b_ekc = tl.exp(b_gC[None, :] - b_gam)
+        g_b = g + row * K
     elif GATE == 1:
-        b_graw = tl.load(g + row + o_t * HV, mask=m_t, other=0).to(tl.float32)
-        b_gam1 = tl.cumsum(floor_gate(b_graw, FLOOR), 0)
-        b_gC1 = tl.sum(tl.where(m_t, floor_gate(b_graw, FLOOR), 0.0), 0)
-        b_e = tl.exp(b_gam1)[:, None]
-        b_ekc = tl.exp(b_gC1 - b_gam1)[:, None]
+        g_b = g + row
     else:
-        b_e = tl.full([BT, BK], 1.0, dtype=tl.float32)
-        b_ekc = b_e
-    b_k = tl.load(k + off_qk, mask=m_tk, other=0).to(tl.float32)
+        g_b = g
 
-    # ---- local terms (the V contractions' accumulators die here) --------------------------------------------------
-    b_dq = scale * b_e * b_dqt
-    b_dkrow = b_beta[:, None] * b_e * b_dkb
-    b_dkcol = b_ekc * b_dkt
-    b_db = tl.sum(b_dkb * (b_k * b_e), 1)
-    b_dgc = tl.sum(b_k * b_dkcol, 0)  # Σ_i k̃_i ⊙ dk̃_i  [BK] (the gate's last-row term)
+    # ---- local and pairwise terms, the gate (bwd_local) -------------------------------------------------------------
+    b_dq, b_dk, b_db, b_dg = chunk_local_grads(
+        b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, a_b, ak_b, b_beta, q + (bos * H + i_h) * K,
+        k + (bos * H + i_h) * K, g_b, beta + row, i_k * BK, o_t, tl.arange(0, BK), m_t, m_k, L, scale,
+        H, HV, K, BT, BC, HV * BT, GATE, DT, DOT_PREC, FLOOR,
+    )  # fmt: skip
+    if GATE == 2:
+        tl.store(dg + off_hk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+    elif GATE == 1:
+        tl.store(dg + i_k.to(tl.int64) * SS + row + o_t * HV, b_dg, mask=m_t)  # partial over this key tile
 
-    # ---- pairwise terms -----------------------------------------------------------------------------------------
-    if GATE == 2:  # KDA's per-channel pairwise terms, by blocks of BC rows, accumulated in place
-        b_dq, b_dkrow, b_dkcol, b_db = kda_pairwise(
-            b_dq, b_dkrow, b_dkcol, b_db, b_k, b_beta, b_gam, a_b, ak_b,
-            q + (bos * H + i_h) * K, k + (bos * H + i_h) * K, beta + row, o_k, m_k, L,
-            HV * BT, H * K, HV, BT, BC, DT, DOT_PREC,
-        )  # fmt: skip
-    b_q = tl.load(q + off_qk, mask=m_tk, other=0).to(tl.float32)  # (loaded late: not live through KDA's terms)
-    if GATE != 2:  # DeltaNet, Gated DeltaNet: over the whole chunk with the masked [BT, BT] decay (safe at every BT)
-        if GATE == 1:
-            b_D = tl.exp(tl.where(o_t[None, :] <= o_t[:, None], b_gam1[:, None] - b_gam1[None, :], float("-inf")))
-            b_daq = b_daq * b_D
-            b_dak = b_dak * b_D
-        b_qc = b_q.to(DT)
-        b_kc = b_k.to(DT)
-        b_dq += tl.dot(b_daq.to(DT), b_kc, input_precision=DOT_PREC)
-        b_dkcol += tl.dot(tl.trans(b_daq.to(DT)), b_qc, input_precision=DOT_PREC)
-        b_dkcol += tl.dot(tl.trans((b_dak * b_beta[:, None]).to(DT)), b_kc, input_precision=DOT_PREC)
-        b_R = tl.dot(b_dak.to(DT), b_kc, input_precision=DOT_PREC)
-        b_dkrow += b_beta[:, None] * b_R
-        b_db += tl.sum(b_k * b_R, 1)
-
-    # ---- the gate -------------------------------------------------------------------------------------------------
-    if GATE != 0:
-        b_dgam = b_q * b_dq + b_k * (b_dkrow - b_dkcol)
-        last = (o_t == L - 1)[:, None]
-        if GATE == 2:
-            b_dgc += tl.exp(b_gC) * b_dec
-            b_dgam += tl.where(last, b_dgc[None, :], 0.0)
-            b_dg = tl.cumsum(b_dgam, 0, reverse=True)
-            b_graw = tl.load(g + off_hk, mask=m_tk, other=0).to(tl.float32)
-            b_dg = tl.where(b_graw < FLOOR, 0.0, b_dg)
-            tl.store(dg + off_hk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
-        else:
-            b_dgc1 = tl.sum(b_dgc, 0) + tl.exp(b_gC1) * tl.sum(b_dec, 0)
-            b_dgam1 = tl.sum(b_dgam, 1) + tl.where(o_t == L - 1, b_dgc1, 0.0)
-            tl.store(dg + i_k.to(tl.int64) * SS + row + o_t * HV, b_dgam1, mask=m_t)  # partial over this key tile
-
-    b_dk = b_dkrow + b_dkcol
     tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + off_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dbeta_part + (SLOT + i_k).to(tl.int64) * SS + row + o_t * HV, b_db, mask=m_t)

@@ -11,15 +11,54 @@ adjoint of the state after the chunk):
 At the start of the sequence ``X_0`` is the initial state's gradient (float32). ``q̃ = scale·q·e^γ`` and
 ``k̃ = k·e^{γ_C − γ}`` come from the forward's intermediates for KDA, are formed from ``q``, ``k`` and the stored
 cumulative gate for Gated DeltaNet, and are ``scale·q`` and ``k`` for DeltaNet (as in the forward's state pass).
+
+Two layouts of the adjoint tile (``dh_LAYOUT``, the constexpr ``TRANS``), as the forward's ``STATE_LAYOUT``:
+
+* ``"kv"``: ``X`` ``[BK, BV]``, the products as written above;
+* ``"vk"``: ``Xᵀ`` ``[BV, BK]`` and the transposed products ``dV_newᵀ = dOᵀ A_qk + Xᵀ k̃ᵀ``,
+  ``X_cᵀ = X_{c+1}ᵀ diag(e^{γ_C}) + dOᵀ q̃ − dV_newᵀ W``: the adjoint and ``dV_newᵀ`` are the left operand of the
+  chain's dots (on Hopper, wgmma takes it from registers: no shared-memory round trip per chunk). Same loads (``dO``
+  read transposed), same arithmetic, the same ``[K, V]`` buffers.
+
+Sequence-parallel mode (``dh_SEG_CHUNKS > 0``, constexpr ``SEG``; :mod:`.bwd_segments`). The adjoint's update is
+affine too: ``X_c = P_c X_{c+1} + R_c`` with ``P_c = diag(e^{γ_C}) − Wᵀ k̃`` (``K × K``, the transpose of the forward's
+chunk transition ``diag(e^{γ_C}) − k̃ᵀ W``) and ``R_c = q̃ᵀ dO − Wᵀ A_qkᵀ dO``. So a segment of chunks maps the
+adjoint at its end to the one at its start: ``X_start = P_seg X_end + R_seg``, ``P_seg = P_first ⋯ P_last``.
+
+* ``SEG = 1`` (phase 1): programs run over segments (``bounds``/``chunk_offsets`` the segment table's) and over the
+  ``⌈V/BV⌉ + ⌈K/BV⌉`` column tiles of the extended adjoint ``[K, V + K]``: the first are the ordinary pass from zero
+  (giving ``R_seg``), the others start from the identity with ``dO = 0`` (only the decay and ``− Wᵀ k̃ X`` act,
+  giving ``P_seg``). Nothing else is stored; the result goes to ``ext`` (float32 ``[NS, HV, K, V + K]``). The first
+  segment of each sequence is skipped (its start adjoint is the initial state's gradient, never an input).
+* ``SEG = 2`` (phase 3): the ordinary pass per segment from its true end adjoint ``xend[s]`` (phase 2); the first
+  segment of each sequence (``first[s] >= 0``) stores the initial state's gradient.
+
+With ``DV`` (``REVERSE_DV``) the pass also does the V-separable part of the chunk-local work, off the chain:
+``dVβ = Tᵀ dV_new`` (stored instead of ``dV_new``: it is all the dq/dk stage needs of it), ``dv = β dVβ`` and dβ's
+``v`` part ``Σ_v dVβ ⊙ v`` (one slot of ``dbeta_part`` per value tile), so the chunk-parallel stage reads neither
+``T`` nor ``v`` and writes no ``dv``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import torch
 import triton
 import triton.language as tl
 
+from ..config import Config, next_power_of_2
+from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
+from .call import tile
 
-@triton.jit(do_not_specialize=["T"])
+Tensor = torch.Tensor
+ENDS_MAX_BV = 32  # phase 2's value tile: [K, K] of P_s and [K, BV] of X per step
+# ... at 8 warps, two stages (sm_90a, Triton 3.6, K = 128: 128 registers, 96 KB of shared memory; 4 warps spill)
+ENDS_LAUNCH = {"num_warps": 8, "num_stages": 2}
+
+
+@triton.jit(do_not_specialize=["T", "SS"])
 def chunk_bwd_state_kernel(
     q,
     k,
@@ -49,10 +88,25 @@ def chunk_bwd_state_kernel(
     STORE_DH0: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    TRANS: tl.constexpr = False,
+    SEG: tl.constexpr = 0,
+    first=None,
+    xend=None,
+    ext=None,
+    DV: tl.constexpr = False,
+    ai=None,
+    v=None,
+    beta=None,
+    dv=None,
+    dbeta_part=None,
+    SS=0,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
+    if SEG == 1:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        if tl.load(first + i_n) >= 0:
+            return
     if VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
@@ -66,17 +120,39 @@ def chunk_bwd_state_kernel(
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < V
-    m_h = m_k[:, None] & m_v[None, :]
-    off_h = o_k[:, None] * V + o_v[None, :]  # [BK, BV] of one [K, V] state
+    if SEG == 1:
+        # column tile i_v of the extended adjoint [K, V + K]: V tiles of R, then K tiles of P (an identity start)
+        NVV = tl.cdiv(V, BV)
+        is_p = i_v >= NVV
+        o_v = tl.where(is_p, i_v - NVV, i_v) * BV + tl.arange(0, BV)
+        m_v = o_v < tl.where(is_p, K, V)
+        m_o = o_v < tl.where(is_p, 0, V)  # dO = 0 in the P columns
+        o_e = o_v + tl.where(is_p, V, 0)  # column of the extended adjoint
+    else:
+        o_v = tl.arange(0, BV) + i_v * BV
+        m_v = o_v < V
+        m_o = m_v
     off_wk = o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, BK] rows of [tokens, HV, K]
     off_qk = o_t[:, None] * (H * K) + o_k[None, :]  # [BT, BK] rows of [tokens, H, K]
-    off_v = o_t[:, None] * (HV * V) + o_v[None, :]  # [BT, BV] rows of [tokens, HV, V]
-
-    b_x = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
+    if TRANS:
+        m_h = m_v[:, None] & m_k[None, :]
+        off_h = o_k[None, :] * V + o_v[:, None]  # [BV, BK] of one [K, V] state, transposed
+        off_v = o_t[None, :] * (HV * V) + o_v[:, None]  # [BV, BT] rows of [tokens, HV, V], transposed
+        b_x = tl.zeros([BV, BK], dtype=tl.float32)
+    else:
+        m_h = m_k[:, None] & m_v[None, :]
+        off_h = o_k[:, None] * V + o_v[None, :]  # [BK, BV] of one [K, V] state
+        off_v = o_t[:, None] * (HV * V) + o_v[None, :]  # [BT, BV] rows of [tokens, HV, V]
+        b_x = tl.zeros([BK, BV], dtype=tl.float32)
+    if SEG == 1:
+        if TRANS:
+            b_x = tl.where(is_p & (o_v[:, None] == o_k[None, :]), 1.0, b_x)
+        else:
+            b_x = tl.where(is_p & (o_k[:, None] == o_v[None, :]), 1.0, b_x)
+    elif SEG == 2:
+        b_x += tl.load(xend + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0)
+    elif USE_DHT:
         b_x += tl.load(dht + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
 
     for i_r in range(NTn):
@@ -84,13 +160,15 @@ def chunk_bwd_state_kernel(
         t0 = bos + i_t * BT
         m_t = o_t < eos - t0
         m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
+        m_tv = (m_v[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_v[None, :])
+        m_to = (m_o[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_o[None, :])
         row_hv = t0 * HV + i_hv
         row_h = t0 * H + i_h
         b_xc = b_x.to(DT)
-        tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
+        if SEG != 1:
+            tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
 
-        b_do = tl.load(do + row_hv * V + off_v, mask=m_tv, other=0).to(DT)
+        b_do = tl.load(do + row_hv * V + off_v, mask=m_to, other=0).to(DT)
         b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
         b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
         if GATE == 2:
@@ -108,17 +186,124 @@ def chunk_bwd_state_kernel(
             b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
             b_qg = (tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32) * scale).to(DT)
 
-        b_dv = tl.dot(tl.trans(b_A), b_do, input_precision=DOT_PREC)
-        b_dv += tl.dot(b_kg, b_xc, input_precision=DOT_PREC)
+        if TRANS:
+            b_dv = tl.dot(b_do, b_A, input_precision=DOT_PREC)
+            b_dv += tl.dot(b_xc, tl.trans(b_kg), input_precision=DOT_PREC)
+        else:
+            b_dv = tl.dot(tl.trans(b_A), b_do, input_precision=DOT_PREC)
+            b_dv += tl.dot(b_kg, b_xc, input_precision=DOT_PREC)
         b_dvc = b_dv.to(DT)
-        tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
+        if DV and SEG != 1:  # off the chain: dVβ = Tᵀ dV_new (stored in dV_new's place), dv = β dVβ, dβ's v part
+            m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
+            off_a = o_t[:, None] * (HV * BT) + o_t[None, :]
+            b_T = tl.load(ai + row_hv * BT + off_a, mask=m_low, other=0).to(DT)  # lower triangular, unit diagonal
+            b_beta = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
+            b_v = tl.load(v + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
+            if TRANS:
+                b_dvb = tl.dot(b_dvc, b_T, input_precision=DOT_PREC)  # dVβᵀ = dV_newᵀ T
+                tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_tv)
+                b_dbv = tl.sum(b_dvb * b_v, 0)
+            else:
+                b_dvb = tl.dot(tl.trans(b_T), b_dvc, input_precision=DOT_PREC)
+                tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+                b_dbv = tl.sum(b_dvb * b_v, 1)
+            tl.store(dvn + row_hv * V + off_v, b_dvb.to(dvn.dtype.element_ty), mask=m_tv)
+            tl.store(dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t)  # this V tile's slot
+        elif SEG != 1:
+            tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
 
         if GATE == 2:
-            b_x *= b_dec[:, None]
+            b_x *= b_dec[None, :] if TRANS else b_dec[:, None]
         elif GATE == 1:
             b_x *= tl.exp(b_gC)
-        b_x += tl.dot(tl.trans(b_qg), b_do, input_precision=DOT_PREC)
-        b_x -= tl.dot(tl.trans(b_w), b_dvc, input_precision=DOT_PREC)
+        if TRANS:
+            b_x += tl.dot(b_do, b_qg, input_precision=DOT_PREC)
+            b_x -= tl.dot(b_dvc, b_w, input_precision=DOT_PREC)
+        else:
+            b_x += tl.dot(tl.trans(b_qg), b_do, input_precision=DOT_PREC)
+            b_x -= tl.dot(tl.trans(b_w), b_dvc, input_precision=DOT_PREC)
 
-    if STORE_DH0:
+    if SEG == 1:
+        # the extended adjoint [K, V + K] of this segment: R_seg in columns :V, P_seg in columns V:
+        if TRANS:
+            off_e = o_k[None, :] * (V + K) + o_e[:, None]
+        else:
+            off_e = o_k[:, None] * (V + K) + o_e[None, :]
+        tl.store(ext + i_nh.to(tl.int64) * K * (V + K) + off_e, b_x, mask=m_h)
+    elif SEG == 2:
+        if STORE_DH0:
+            i_out = tl.load(first + i_n)
+            if i_out >= 0:  # the sequence's first segment: its start adjoint is the initial state's gradient
+                tl.store(dh0 + (i_out.to(tl.int64) * HV + i_hv) * K * V + off_h, b_x, mask=m_h)
+    elif STORE_DH0:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + off_h, b_x, mask=m_h)
+
+
+def launch_reverse(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor | None,
+    aqk: Tensor | None,
+    qg: Tensor | None,
+    kg: Tensor | None,
+    gout: Tensor | None,
+    do: Tensor,
+    dht: Tensor | None,
+    dh0: Tensor | None,
+    dh: Tensor,
+    dvn: Tensor,
+    cu_seqlens: Tensor | None,
+    chunk_offsets: Tensor | None,
+    offsets: Sequence[int] | None,
+    scale: float,
+    B: int,
+    T: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    N: int,
+    BT: int,
+    GATE: int,
+    dot_prec: str,
+    config: Config,
+    dv_work: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None,
+) -> None:
+    """The reverse state pass of one call: fills ``dh`` (``X_{c+1}`` per chunk), ``dvn`` (``dV_new``) and ``dh0``
+    (the initial state's gradient, when given), per sequence or, with ``dh_SEG_CHUNKS`` and a sequence of more than
+    one segment, in the three phases of :mod:`.bwd_segments`. ``offsets``: ``cu_seqlens`` on the host (varlen).
+    ``dv_work`` (``REVERSE_DV``): ``(T, v, beta, dv, dbeta_part)``: ``dvn`` then receives ``dVβ = Tᵀ dV_new``, ``dv``
+    is written and slot ``i`` of ``dbeta_part`` gets dβ's ``v`` part of value tile ``i``."""
+    BV = tile(config["dh_BV"], V)
+    BK = tile(next_power_of_2(K), K)
+    common = dict(
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, GATE=GATE, DOT_PREC=dot_prec, TRANS=config["dh_LAYOUT"] == "vk",
+        num_warps=config["dh_num_warps"], num_stages=config["dh_num_stages"],
+    )  # fmt: skip
+    args = (q, k, w, aqk, qg, kg, gout, do)
+    extra: dict[str, Any] = {}
+    if dv_work is not None:
+        ai, v, beta, dv, dbeta_part = dv_work
+        extra = dict(DV=True, ai=ai, v=v, beta=beta, dv=dv, dbeta_part=dbeta_part, SS=dbeta_part.shape[1] * HV)
+    seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
+    if seg is None:
+        chunk_bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
+            *args, dht, dh0, dh, dvn, cu_seqlens, chunk_offsets, scale, T, BV=BV, USE_DHT=dht is not None,
+            STORE_DH0=dh0 is not None, VARLEN=cu_seqlens is not None, **common, **extra,
+        )  # fmt: skip
+        return
+    ext = torch.empty(seg.NS, HV, K, V + K, dtype=torch.float32, device=q.device)  # phase 1: [R_s | P_s]
+    xend = torch.empty(seg.NS, HV, K, V, dtype=torch.float32, device=q.device)  # phase 2: X at each segment's end
+    chunk_bwd_state_kernel[(triton.cdiv(V, BV) + triton.cdiv(K, BV), seg.NS * HV)](
+        *args, None, None, None, None, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,
+        STORE_DH0=False, VARLEN=True, SEG=1, first=seg.first, ext=ext, **common,
+    )  # fmt: skip
+    e_BV = min(BV, ENDS_MAX_BV)
+    chunk_bwd_segment_ends_kernel[(triton.cdiv(V, e_BV), N * HV)](
+        ext, dht, xend, dh0, seg.seq_segments, HV=HV, K=K, V=V, BK=BK, BV=e_BV, USE_DHT=dht is not None,
+        STORE_DH0=dh0 is not None, DOT_PREC=dot_prec, **ENDS_LAUNCH,
+    )  # fmt: skip
+    chunk_bwd_state_kernel[(triton.cdiv(V, BV), seg.NS * HV)](
+        *args, None, dh0, dh, dvn, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,
+        STORE_DH0=dh0 is not None, VARLEN=True, SEG=2, first=seg.first, xend=xend, **common, **extra,
+    )  # fmt: skip

@@ -3,7 +3,8 @@ head and V tile), the state tile (all key channels) in float32 registers.
 
 Per chunk: ``V_new = U − W S`` (S cast to the intermediates' dtype for the tensor-core dot), then either store
 ``S`` (chunk-start state) and ``V_new`` for the chunk-parallel output stage, or (``FUSE_OUTPUT``) compute the
-output right here, ``O = q̃ S + A_qk V_new``; finally ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new``.
+output right here, ``O = q̃ S + A_qk V_new`` (with ``STORE_STATES``, the backward's forward under autograd, storing
+both as well); finally ``S ← diag(exp(γ_C)) S + k̃ᵀ V_new``.
 
 Two layouts of the state tile (``STATE_LAYOUT``, the constexpr ``TRANS``):
 
@@ -115,6 +116,7 @@ def chunk_state_kernel(
     TMA: tl.constexpr = False,
     LOOP_STAGES: tl.constexpr = None,
     LOOP_WS: tl.constexpr = False,
+    STORE_STATES: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -275,7 +277,7 @@ def chunk_state_kernel(
                     tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
             else:
                 tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
-        else:
+        if SEG != 1 and (not FUSE_OUTPUT or STORE_STATES):  # (STORE_STATES: the backward's, with the output too)
             tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
             tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
         b_vk = b_vnc  # V_new as the state update's operand
@@ -422,6 +424,7 @@ def _launch(
         TMA=bool(tds),
         **tds,
         **loop_options(call.config, bool(tds)),
+        STORE_STATES=fuse and inter.h is not None,
         **launch,
     )
 

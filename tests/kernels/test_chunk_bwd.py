@@ -27,6 +27,20 @@ NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
 
 
+class _Spy:
+    """Stands in for a Triton kernel: records each launch's constexprs, then launches the real one."""
+
+    def __init__(self, kernel: Any, seen: list[dict[str, Any]]) -> None:
+        self.kernel, self.seen = kernel, seen
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kw: Any) -> Any:
+            self.seen.append({"grid": grid, **kw})
+            return self.kernel[grid](*args, **kw)
+
+        return launch
+
+
 def with_inf_gates(x: dict[str, Any], every: int = 7) -> dict[str, Any]:
     """Every ``every``-th gate entry set to −inf (a full forget)."""
     if x["g"] is not None:
@@ -41,6 +55,7 @@ def gradients_vs_loop(
     bwd_config: dict[str, Any] | None,
     scale: float | None = None,
     final: bool = True,
+    fwd_config: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Relative RMS error of the output and of every gradient, chunk op (through dtune.ops) vs float64 autograd."""
     leaves = {n: (x[n].clone().requires_grad_() if x[n] is not None else None) for n in NAMES}
@@ -50,6 +65,7 @@ def gradients_vs_loop(
         CHUNK[problem.gate],
         *(leaves[n] for n in ("q", "k", "v", "g", "beta")),
         initial_state=leaves["initial_state"],
+        config=fwd_config,
         bwd_config=bwd_config,
         **kw,
     )
@@ -122,6 +138,34 @@ for gate in Gate:
 # KDA's exact diagonal blocks of 32 rows in one chunk of 64 (its last row block partial), with the split stages (g60:
 # the fused ones, blocks of 16)
 add("BC32-split", Shape(1, 40, 2, 4, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 32, "FUSE_DV": False}, gate_min=-60.0)
+add("BC32", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 32}, gate_min=-60.0)
+add("g60-split", Shape(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL), {**BT32, "FUSE_DV": False}, gate_min=-60.0)
+add("g8-BT64", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16}, gate_min=-8.0)  # some blocks exact
+# KDA's pairwise block rows apart from stage 1's sub-chunks
+add("dqkBC32", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16, "dqk_BC": 32}, gate_min=-60.0)
+add("dqkBC16", Shape(2, 37, 1, 2, 16, 32, 2, Gate.CHANNEL), {"BT": 32, "BC": 32, "dqk_BC": 16})
+
+# The reverse pass: transposed adjoint (dh_LAYOUT = "vk") and sequence-parallel (dh_SEG_CHUNKS: segments of 1-2 chunks
+# so that every sequence has several), with grouped heads (H = 2, HV = 4), K != V, varlen with an empty sequence
+VK = {"dh_LAYOUT": "vk"}
+for gate in Gate:
+    add("vk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **VK}, scale=0.3)
+    add("vk-tiles-noh0", Shape(1, 40, 1, 1, 24, 40, 1, gate), {**tiles, **VK, "SAVE": "intra"}, h0=False, final=False)
+    seg = {"dh_SEG_CHUNKS": 1}
+    add("seg-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **seg, "dh_BV": 16}, scale=0.3)
+    add("seg-varlen", Shape(1, 0, 2, 4, 16, 16, 5, gate, True), {**BT16, **seg}, seq_lens=[1, 17, 0, 40, 2])
+    add("seg-vk-KneV", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **VK, "dh_SEG_CHUNKS": 2, "dh_BV": 16})
+    add("seg-noh0", Shape(1, 50, 1, 1, 16, 32, 1, gate), {**BT16, **seg, "SAVE": "none"}, h0=False, final=False)
+    add("seg-T1", Shape(2, 1, 2, 4, 16, 32, 2, gate), {**BT16, **seg})  # one chunk: the plain pass
+    # dVβ, dv and dβ's v part in the reverse pass (REVERSE_DV): by value tiles (two slots of dβ's v part), transposed,
+    # sequence-parallel
+    rdv = {"REVERSE_DV": True}
+    add("revdv-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **rdv, "dh_BV": 16}, scale=0.3)
+    add("revdv-vk-seg-varlen", Shape(1, 0, 2, 4, 16, 16, 5, gate, True), {**BT16, **rdv, **VK, **seg},
+        seq_lens=[1, 17, 0, 40, 2])  # fmt: skip
+    add("revdv-tiles-noh0", Shape(1, 40, 1, 1, 24, 40, 1, gate), {**tiles, **rdv}, h0=False, final=False)
+    # the forward state pass's tiles under autograd and in the re-run (fh_*: here two value tiles of 16)
+    add("fh", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, "fh_BV": 16, "fh_num_stages": 1})
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
@@ -133,6 +177,33 @@ def test_gradients_match_loop(
         x = with_inf_gates(x)
     errs = gradients_vs_loop(problem, x, cfg, scale=extra.get("scale"), final=extra.get("final", True))
     assert_close(errs, TOL[torch.float32], extra.get("h0_tol"))
+
+
+# The forward under autograd through the forward's sequence-parallel state pass (its config's SEG_CHUNKS): SAVE =
+# "intra" keeps the segments' entering states for the backward's re-run, "none" computes them again, "all" keeps the
+# chunk states; with the sequence-parallel reverse pass too.
+SEG_FWD = {"BT": 16, "BC": 16, "SEG_CHUNKS": 1, "FUSE_OUTPUT": True}
+SEG_FWD_CASES = {
+    f"{g.value}-{save}": (Shape(1, 0, 2, 4, 16, 32, 4, g, True), save)
+    for g in Gate
+    for save in ("intra", "none", "all")
+}
+
+
+@pytest.mark.parametrize(("problem", "save"), list(SEG_FWD_CASES.values()), ids=list(SEG_FWD_CASES))
+def test_gradients_with_the_segmented_forward(problem: Shape, save: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dtune.kernels.chunk import state
+
+    launched: list[dict[str, Any]] = []
+    monkeypatch.setattr(state, "chunk_state_kernel", _Spy(state.chunk_state_kernel, launched))
+    x = make_inputs(problem, seed=8, seq_lens=[33, 0, 20, 50])
+    cfg = {**BT16, "SAVE": save, "dh_SEG_CHUNKS": 2 if save == "intra" else 0}
+    errs = gradients_vs_loop(problem, x, cfg, fwd_config=SEG_FWD)
+    assert_close(errs, TOL[torch.float32])
+    # phases 1 (transitions) and 3 of the forward under autograd; the re-run: phase 3 alone from the kept segment
+    # starts ("intra"), all again ("none": the plain forward, then stage 1 and the state pass in the backward)
+    want = {"intra": [1, 2, 2], "none": [1, 2, 1, 2], "all": [1, 2]}[save]
+    assert [r["SEG"] for r in launched] == want
 
 
 @pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
@@ -195,6 +266,12 @@ def test_config_is_checked() -> None:
         chunk_bwd.check_config(64, 64, "none", {"BT": 128, "BC": 16})
     with pytest.raises(ValueError, match="SAVE"):
         chunk_bwd.check_config(64, 64, "scalar", {"SAVE": "some"})
+    with pytest.raises(ValueError, match="dqk_BC <= BT <= 4"):
+        chunk_bwd.check_config(64, 64, "channel", {"BT": 16, "BC": 16, "dqk_BC": 32})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        chunk_bwd.check_config(64, 64, "scalar", {"dqk_BC": 16})  # KDA's only
+    with pytest.raises(ValueError, match="REVERSE_DV needs FUSE_DV"):
+        chunk_bwd.check_config(64, 64, "none", {"REVERSE_DV": True, "FUSE_DV": False})
     for gate in ("none", "scalar", "channel"):
         legal = chunk_bwd.legal_params(gate)
         for K, V in ((16, 16), (128, 128), (256, 64)):
@@ -222,3 +299,29 @@ def test_forward_config_is_honoured_under_autograd(fused: bool) -> None:
     assert rel_err(o, o_ref) < TOL[torch.float32]
     o.sum().backward()
     assert all(leaves[n].grad is not None and torch.isfinite(leaves[n].grad).all() for n in NAMES)
+
+
+def test_backward_config_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parameters that change no result reach their launches: dh_LAYOUT (TRANS), dh_SEG_CHUNKS (the three
+    phases), KDA's dqk_BC (the pairwise blocks' BC), fh_BV (the forward state pass's tile under autograd)."""
+    from dtune.kernels.chunk import bwd_state, state
+
+    rev: list[dict[str, Any]] = []
+    fwd: list[dict[str, Any]] = []
+    dqk: list[dict[str, Any]] = []
+    monkeypatch.setattr(bwd_state, "chunk_bwd_state_kernel", _Spy(bwd_state.chunk_bwd_state_kernel, rev))
+    monkeypatch.setattr(state, "chunk_state_kernel", _Spy(state.chunk_state_kernel, fwd))
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_dqk_kernel", _Spy(chunk_bwd.chunk_bwd_dqk_kernel, dqk))
+    p = Shape(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=9)
+    cfg = {"BT": 16, "BC": 16, "dh_LAYOUT": "vk", "dh_SEG_CHUNKS": 2, "dqk_BC": 16, "fh_BV": 16}
+    errs = gradients_vs_loop(p, x, cfg)
+    assert_close(errs, TOL[torch.float32])
+    assert [r["SEG"] for r in rev if "SEG" in r] == [1, 2] and all(r["TRANS"] for r in rev)
+    assert len(rev) == 2  # phase 1 and phase 3 (phase 2 is its own kernel)
+    assert {r["BV"] for r in fwd} == {16} and len(fwd) == 2  # the forward under autograd and the re-run
+    assert [r["BC"] for r in dqk] == [16]
+    rev.clear()
+    dqk.clear()
+    gradients_vs_loop(p, x, {**cfg, "BT": 32, "dqk_BC": 32})
+    assert [r["BC"] for r in dqk] == [32]

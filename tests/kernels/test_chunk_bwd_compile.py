@@ -11,18 +11,25 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-import pytest
-import triton
-from dtune.kernels.chunk import backward as chunk_bwd
-from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel
-from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel
-from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel
-from dtune.kernels.chunk.bwd_state import chunk_bwd_state_kernel
-from dtune.kernels.chunk.call import tile as _tile
-from dtune.kernels.config import GATE_CODES
-from dtune.kernels.reference_bwd import GATE_FLOOR
+ROOT = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run as a script: this checkout's dtune, not an installed one
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+from dtune.kernels.chunk import backward as chunk_bwd  # noqa: E402
+from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_segments import chunk_bwd_segment_ends_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_state import ENDS_LAUNCH, ENDS_MAX_BV, chunk_bwd_state_kernel  # noqa: E402
+from dtune.kernels.chunk.call import tile as _tile  # noqa: E402
+from dtune.kernels.chunk.state import chunk_state_kernel  # noqa: E402
+from dtune.kernels.config import GATE_CODES  # noqa: E402
+from dtune.kernels.reference_bwd import GATE_FLOOR  # noqa: E402
 
 try:
     from triton.backends.compiler import GPUTarget
@@ -71,8 +78,16 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     state |= {"qg": p, "kg": p} if G == 2 else {}
     state |= {"gout": f32} if G else {}
     state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
-    state |= dict(BK=_tile(triton.next_power_of_2(K), K), BV=_tile(cfg["dh_BV"], V), GATE=G, USE_DHT=True)
-    state |= dict(STORE_DH0=True)
+    dh_BV = _tile(cfg["dh_BV"], V)
+    state |= dict(BK=_tile(triton.next_power_of_2(K), K), BV=dh_BV, GATE=G, USE_DHT=True)
+    state |= dict(STORE_DH0=True, TRANS=cfg["dh_LAYOUT"] == "vk")
+    rev_dv = cfg["REVERSE_DV"] and cfg["FUSE_DV"]
+    if rev_dv:  # dVβ, dv and dβ's v part in the reverse pass
+        state |= dict(DV=True, ai=p, v=p, beta=p, dv=p, dbeta_part=f32, SS="i32")
+    seg = cfg["dh_SEG_CHUNKS"] > 0
+    if seg:  # the sequence-parallel pass: phase 3 over the segment table (phase 1 and 2 below)
+        state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32", "first": "*i32", "xend": f32}
+        state |= dict(VARLEN=True, SEG=2, USE_DHT=False)
     dv_BV = _tile(cfg["dv_BV"], V)
     dv = dict(common, v=p, beta=p, ai=p, vnew=p, dvn=p, do=p, dv=p, dvb=p, daq=p, dak=p, dbeta_part=f32)
     dv |= table | dict(BV=dv_BV, NV=triton.cdiv(V, dv_BV))
@@ -80,11 +95,20 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     fused = cfg["FUSE_DV"]
     dqk = dict(common, q=p, k=p, beta=p, hbuf=p, dh=p, do=p, vnew=p, dvb=p, dq=p, dk=p)
     dqk |= gated | table | {"dbeta_part": f32, "SLOT": "i32", "SS": "i32", "FLOOR": GATE_FLOOR}
-    dqk |= {"ai": p, "v": p, "dv": p} if fused else {}
+    dqk |= {"ai": p, "v": p, "dv": p} if fused and not rev_dv else {}
+    dqk |= {"DVB_GIVEN": rev_dv}
     dqk |= {"daq": p, "dak": p} if G == 2 or not fused else {}
     dqk |= {"dg": f32} if G else {}
-    dqk |= dict(BC=BC, BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G, FUSED=fused)
+    dqk |= dict(BC=cfg.get("dqk_BC", BC), BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
+    dqk |= dict(FUSED=fused)
     out = [("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"])]
+    if seg:
+        drop = ("dht", "dh0", "dh", "dvn", "xend", "DV", "ai", "v", "beta", "dv", "dbeta_part", "SS")
+        tr = {n: t for n, t in state.items() if n not in drop} | {"ext": f32}
+        out.append(("reverse-transitions", chunk_bwd_state_kernel, tr | dict(SEG=1, STORE_DH0=False), *out[0][3:]))
+        ends = dict(ext=f32, dht=f32, xend=f32, dh0=f32, seq_segments="*i32", HV=4, K=K, V=V, DOT_PREC=prec)
+        ends |= dict(BK=state["BK"], BV=min(dh_BV, ENDS_MAX_BV), USE_DHT=True, STORE_DH0=True)
+        out.append(("segment-ends", chunk_bwd_segment_ends_kernel, ends, *ENDS_LAUNCH.values()))
     if not fused:
         out.append(("dv", chunk_bwd_dv_kernel, dv, cfg["dv_num_warps"], cfg["dv_num_stages"]))
     out.append(("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]))
@@ -92,6 +116,14 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     fin |= table | {"FLOOR": GATE_FLOOR}
     fin |= {"g": f32, "dg_part": f32, "dg": f32} if G == 1 else {}
     out.append(("finish", chunk_bwd_finish_kernel, fin, 4, 1))
+    if cfg["SAVE"] == "all":  # the forward under autograd: the fused state pass storing the chunk states too
+        fwd = dict(common, q=p, k=p, w=p, u=p, aqk=p, h0=f32, ht=f32, hbuf=p, vnew=p, o=p)
+        fwd |= {"qg": p, "kg": p} if G == 2 else {}
+        fwd |= {"gout": f32} if G else {}
+        fwd |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen else {}
+        fwd |= dict(BK=state["BK"], BV=_tile(cfg["fh_BV"] or 64, V), GATE=G, USE_H0=True, STORE_HT=True)
+        fwd |= dict(FUSE_OUTPUT=True, TRANS=True, STORE_STATES=True)
+        out.append(("fwd state+output", chunk_state_kernel, fwd, cfg["fh_num_warps"] or 4, cfg["fh_num_stages"] or 2))
     return out
 
 
@@ -104,6 +136,17 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {"BT": 64, "dqk_BK": 16}, False),  # four pairwise blocks (_block's 4-way split)
     ("scalar", "fp32", 64, {"BT": 32, "FUSE_DV": False}, False),
     ("none", "bf16", 256, {}, True),
+    # the searches' first seeds at D = 128 (B = 8, T = 4096; B = 1, T = 32768: segmented reverse pass)
+    ("none", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dh_num_stages": 1}, False),
+    ("scalar", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "SAVE": "all"}, False),
+    ("none", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "REVERSE_DV": True}, False),
+    ("channel", "bf16", 128, {"BT": 64, "dqk_BC": 64, "dqk_BK": 32, "REVERSE_DV": True, "dh_SEG_CHUNKS": 64}, True),
+    ("scalar", "bf16", 128, {"BT": 64, "dh_BV": 32, "dh_num_stages": 2}, False),
+    ("scalar", "bf16", 128, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dh_SEG_CHUNKS": 64}, False),
+    ("channel", "bf16", 128, {"BT": 64, "dqk_BC": 64, "dqk_BK": 32}, False),
+    ("channel", "bf16", 128, {"BT": 64, "dqk_BK": 16, "dh_SEG_CHUNKS": 64}, True),
+    ("none", "bf16", 64, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dqk_BK": 64}, False),
+    ("scalar", "fp32", 64, {"BT": 32, "dh_LAYOUT": "vk", "dh_SEG_CHUNKS": 8}, True),
 ]
 
 
@@ -147,6 +190,7 @@ def case_ids() -> list[str]:
 @pytest.mark.parametrize("index", range(len(CASES)), ids=case_ids())
 def test_backward_stages_compile_for_sm90(index: int) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run(
         [sys.executable, __file__, str(index)], env=env, capture_output=True, text=True, timeout=600, check=False
     )

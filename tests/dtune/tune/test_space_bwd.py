@@ -27,10 +27,14 @@ def test_backward_spaces_load_and_admit_the_default(kernel: str) -> None:
         for shape in space.shapes.shapes():
             default = spec.default_config(shape.K, shape.V)
             assert space.violations(default, shape, limits) == [], (gpu, shape.key)
-    shape = Shape(8, 4096, 16, 16, 128, 128, 8)
-    for seed in space.seeds:  # seeds are legal backward configs (over the default), and run at D = 128 on an H200
-        config = spec.check_config(128, 128, seed)
-        assert space.violations(config, shape, get_profile("h200").constraint_fields()) == [], seed
+    # seeds are legal backward configs (over the default) and run on an H200 at one of the targets: B = 8, T = 4096 or
+    # B = 1, T = 32768 (the sequence-parallel ones) at D = 128, or B = 32, T = 1024 at D = 64
+    targets = (Shape(8, 4096, 16, 16, 128, 128), Shape(1, 32768, 16, 16, 128, 128), Shape(32, 1024, 16, 16, 64, 64))
+    limits = get_profile("h200").constraint_fields()
+    for seed in space.seeds:
+        assert any(space.violations(spec.check_config(p.K, p.V, seed), p, limits) == [] for p in targets), seed
+    b1_only = [s for s in space.seeds if s.get("dh_SEG_CHUNKS")]
+    assert b1_only and all(space.violations(spec.check_config(128, 128, s), targets[0], limits) for s in b1_only)
 
 
 def _doc(config: dict) -> dict:

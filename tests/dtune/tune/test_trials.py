@@ -181,3 +181,21 @@ def test_packed_batch_is_timed_and_gated_as_packed(monkeypatch: pytest.MonkeyPat
     out = evaluate(chunk_job({"BT": 16}, seq_lens=[1, 17, 12], edge=False, shape=bucket))
     assert out.ok, out.message
     assert seen and set(seen) == {(0, 1, 18, 30)}  # every call, gate included, on the packed batch
+
+
+def test_memory_ceiling_fails_the_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole trial whose call peaks above ``max_memory_mb`` fails with reason ``memory`` (never exported, never
+    timed); under the ceiling it passes and records its peak."""
+    import dataclasses
+
+    import dtune.tune.trials as trials
+
+    monkeypatch.setattr(trials, "peak_mb", lambda call, device: 900.0)  # the interpreter's CPU has no CUDA peak
+    base = job("fused_recurrent_gated_delta_rule", {"BV": 8})
+    over = evaluate(dataclasses.replace(base, max_memory_mb=512))
+    assert over.reason == "memory" and "900 MiB" in over.message and "512 MiB" in over.message
+    assert over.peak_mb == 900.0 and over.time_ms is None
+    under = evaluate(dataclasses.replace(base, max_memory_mb=1024))
+    assert under.ok, under.message
+    assert under.peak_mb == 900.0 and under.time_ms is not None
+    assert evaluate(base).peak_mb is None  # no ceiling, no CUDA device: not measured

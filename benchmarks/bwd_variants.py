@@ -1,0 +1,538 @@
+"""The chunk backward's variants side by side on one GPU: training step times, gradient errors, peak memory, launches.
+
+Each variant's training step against the shipped config and fla, its gradients' errors, its peak memory and where its
+time goes launch by launch. Budget-aware; tables printed last.
+
+Usage (one CUDA GPU, from the checkout's root):
+    python benchmarks/bwd_variants.py [--gates none,scalar,channel] [--shapes b8,b1] [--budget-s 450] [-j 14]
+    python benchmarks/bwd_variants.py --interpret      (CPU, Triton's interpreter, tiny shapes: a dry run of every step)
+
+Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform down to -5: ``b8`` = B 8, T 4096 and
+``b1`` = B 1, T 32768 (few long sequences). The step is what a backward kernel's trial times
+(:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape), then
+``torch.autograd.grad`` of the output and the final state; the variants are backward configs (:data:`VARIANTS`): the
+shipped lookup, the chunk of 64 alone, then one change at a time on top of it (the transposed reverse pass on the
+whole value width, SAVE, FUSE_DV, REVERSE_DV, the sequence-parallel reverse pass on b1, KDA's pairwise blocks). fla
+runs its own ``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for
+timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients
+may then be wrong: their errors are in the row too).
+
+Steps, each writing under $OUT (default ./out) before the next starts:
+
+0. compile (child processes, ``-j`` at a time, while the parent draws inputs and float64 references): each variant's
+   step is built without launching (Triton's on-disk cache then serves the timing); one child runs fla's steps once
+   (its compiles and autotuning land in the same cache).
+1. errors -> bwd_variants_errors.csv: every gradient and the output of each variant's step against float64 autograd
+   through the chunked reference, at a shape small enough for the reference (b8: B = 2, T = 4096; b1: B = 1,
+   T = 8192, where the segmented variants still have two segments per sequence), and fla's on the same inputs.
+2. timing -> bwd_variants.csv: medians (CUDA events, L2 flushed) of ``--rounds`` interleaved rounds per shape, the
+   spread (min-max of the rounds' medians), peak memory above the inputs, ratios to fla and to the shipped config.
+3. launches -> bwd_variants_launches.csv: CUDA time per Triton kernel (torch.profiler, mean of 5 steps) of every
+   variant, against its floor (dtune.measure.work.backward_stages: bytes at the measured copy bandwidth, FLOPs at
+   the bf16 matmul rate).
+
+Printed last: the per-launch tables, then one short table per shape (variant, ms, × fla, × shipped, peak MiB, worst
+gradient error and the ratio to fla's worst).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's dtune, installed or not
+if "--interpret" in sys.argv:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+from dtune.kernels import get_kernel  # noqa: E402
+
+from dtune.measure.baselines import fla_forward, fla_function  # noqa: E402
+from dtune.measure.bench import peak_mb  # noqa: E402
+from dtune.measure.error import rel_rms_error  # noqa: E402
+from dtune.measure.grad import StepResult, op_step, reference_step, step_call, with_output_grads  # noqa: E402
+from dtune.measure.inputs import make_inputs  # noqa: E402
+from dtune.shape import Gate, Shape  # noqa: E402
+
+OPS = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
+GRADS = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "initial_state": "dh0"}
+FLA_LIFT = "fla's Triton < 3.7.1 refusal lifted (timing only; issue 640)"
+
+# The chunk of 64 (wgmma in every chunk-parallel dot, half the chunk states and chain steps of 32), the forward's
+# state pass at 2 pipeline stages (3, tuned at BT 32, spill at 64), the reverse pass by value tiles of 32 ("kv").
+BT64 = {"BT": 64, "BC": 16, "fh_num_stages": 2, "dh_BV": 32, "dh_num_warps": 4, "dh_num_stages": 2}
+# ... and the reverse pass transposed, on the whole value width per program (one wave of N·HV programs at B = 8).
+VK = {**BT64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
+KDA_BC64 = {"dqk_BK": 32, "dqk_BC": 64}  # KDA at BT 64: one 64-row pairwise block keeps dqk_BK 32 free of spills
+KDA_BC16 = {"dqk_BK": 16, "dqk_BC": 16}
+# dVβ, dv and dβ's v part in the reverse pass (REVERSE_DV; by value tiles of 64: at 128 it spills)
+RDV = {**VK, "dh_BV": 64, "dh_num_stages": 2, "REVERSE_DV": True}
+
+# (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
+Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
+ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
+DN_GDN = (Gate.NONE, Gate.SCALAR)
+VARIANTS: list[Variant] = [
+    ("shipped", None, ("b8", "b1"), ALL),
+    ("BT64", BT64, ("b8",), DN_GDN),
+    ("BT64 kda-bc64", {**BT64, **KDA_BC64}, ("b8",), (Gate.CHANNEL,)),
+    ("vk128", VK, ("b8", "b1"), DN_GDN),
+    ("vk128 kda-bc64", {**VK, **KDA_BC64}, ("b8", "b1"), (Gate.CHANNEL,)),
+    ("vk128 kda-bc16", {**VK, **KDA_BC16}, ("b8",), (Gate.CHANNEL,)),
+    ("vk128 save-all", {**VK, "SAVE": "all"}, ("b8",), DN_GDN),
+    ("vk128 kda-bc64 save-none", {**VK, **KDA_BC64, "SAVE": "none"}, ("b8",), (Gate.CHANNEL,)),
+    ("vk128 unfused-dv", {**VK, "FUSE_DV": False}, ("b8",), DN_GDN),
+    ("vk128 kda-bc64 unfused-dv", {**VK, **KDA_BC64, "FUSE_DV": False}, ("b8",), (Gate.CHANNEL,)),
+    ("vk128 dqk-bk128", {**VK, "dqk_BK": 128, "dqk_BV": 32}, ("b8",), DN_GDN),
+    ("vk64 reverse-dv", RDV, ("b8",), DN_GDN),
+    ("vk64 kda-bc64 reverse-dv", {**RDV, **KDA_BC64}, ("b8",), (Gate.CHANNEL,)),
+    ("vk128 seg64", {**VK, "dh_SEG_CHUNKS": 64}, ("b1",), DN_GDN),
+    ("vk128 seg32", {**VK, "dh_SEG_CHUNKS": 32}, ("b1",), DN_GDN),
+    ("vk128 kda-bc64 seg64", {**VK, **KDA_BC64, "dh_SEG_CHUNKS": 64}, ("b1",), (Gate.CHANNEL,)),
+]
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def out_dir() -> Path:
+    path = Path(os.environ.get("OUT", "out"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_csv(name: str, rows: list[dict[str, Any]]) -> None:
+    """All rows so far (rewritten after each measurement: a run cut short keeps what it measured)."""
+    if not rows:
+        return
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with (out_dir() / name).open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def shape(gate: Gate, name: str, interpret: bool, errors: bool = False) -> Shape:
+    """``b8`` / ``b1`` (timed), or the smaller shape of their error check (``errors``)."""
+    if interpret:  # b1: one sequence of 9 chunks of 16 (segments of 2 chunks below)
+        return Shape(2, 40, 2, 4, 16, 16, 2, gate) if name == "b8" else Shape(1, 144, 2, 4, 16, 32, 1, gate)
+    if name == "b8":
+        return Shape(2 if errors else 8, 4096, 16, 16, 128, 128, 2 if errors else 8, gate)
+    return Shape(1, 8192 if errors else 32768, 16, 16, 128, 128, 1, gate)
+
+
+def variant_config(cfg: dict[str, Any] | None, interpret: bool) -> dict[str, Any] | None:
+    """The variant's backward config; under the interpreter scaled to its tiny shapes (chunks of 16, segments of 2)."""
+    if cfg is None or not interpret:
+        return cfg
+    small = {**cfg, "BT": 16, "BC": 16}
+    for name in ("dh_BV", "dqk_BK", "dqk_BC"):
+        if name in small:
+            small[name] = 16
+    if small.get("dh_SEG_CHUNKS"):
+        small["dh_SEG_CHUNKS"] = 2
+    return small
+
+
+def step_inputs(p: Shape, dtype: torch.dtype, device: str) -> dict[str, Any]:
+    x = make_inputs(p, dtype=dtype, device=device, seed=1, gate_min=-5.0)
+    return with_output_grads({**x, "scale": p.K**-0.5, "output_final_state": True}, seed=2)
+
+
+def variants_of(gate: Gate, shape_name: str) -> list[Variant]:
+    return [v for v in VARIANTS if shape_name in v[2] and gate in v[3]]
+
+
+def fla_step(gate: Gate, x: dict[str, Any]) -> tuple[Callable[[], StepResult] | None, str]:
+    """fla's training step on ``x``, or ``(None, why not)``; the note says when its version check was lifted."""
+    fn, why = fla_function(OPS[gate])
+    if fn is None:
+        return None, why
+    note = ""
+    if gate is Gate.SCALAR:
+        try:
+            import fla.ops.common.chunk_o as fla_chunk_o
+
+            if not fla_chunk_o.TRITON_ABOVE_3_7_1:
+                fla_chunk_o.TRITON_ABOVE_3_7_1 = True
+                note = FLA_LIFT
+        except Exception as exc:  # an fla without that flag: run it as it is
+            note = f"flag not found ({first_line(exc)})"
+    return step_call(fla_forward(fn, gate is not Gate.NONE), x), note
+
+
+# ---- 0. compile in parallel ------------------------------------------------------------------------------------------
+
+
+def warm(what: str, interpret: bool) -> None:
+    """(Child process.) ``dtune:GATE:SHAPE:INDEX``: build, without launching, variant INDEX's training step; ``fla``:
+    run fla's steps once per gate and shape (compiles and autotuning into the on-disk cache)."""
+    from dtune.tune.trials import compile_without_launch
+
+    t0 = time.monotonic()
+    dev, dtype = ("cpu", torch.float32) if interpret else ("cuda", torch.bfloat16)
+    parts = what.split(":")
+    if parts[0] == "fla":
+        for g in parts[1].split(","):
+            gate = Gate(g)
+            for name in parts[2].split(","):
+                x = step_inputs(shape(gate, name, interpret), dtype, dev)
+                step, why = fla_step(gate, x)
+                try:
+                    if step is not None:
+                        step()
+                        torch.cuda.synchronize()
+                except Exception as exc:  # reported again, with its row, by the errors step
+                    why = first_line(exc)
+                print(f"warm fla {OPS[gate]} {name}: {time.monotonic() - t0:.0f} s {why}", flush=True)
+                del x
+                torch.cuda.empty_cache()
+        return
+    gate, name, index = Gate(parts[1]), parts[2], int(parts[3])
+    label, cfg, _, _ = variants_of(gate, name)[index]
+    x = step_inputs(shape(gate, name, interpret), dtype, dev)
+    with compile_without_launch():
+        op_step(OPS[gate], x, variant_config(cfg, interpret))()
+    print(f"warm {OPS[gate]} {name} {label}: {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def start_warm(gates: list[Gate], shapes: list[str], interpret: bool, jobs: int) -> list[list[str]]:
+    """The warm-up commands (fla's first: its autotuning is the longest), to run ``jobs`` at a time."""
+    extra = ["--interpret"] if interpret else []
+    base = [sys.executable, __file__, *extra, "--warm"]
+    cmds = [[*base, f"fla:{','.join(g.value for g in gates)}:{','.join(shapes)}"]] if not interpret else []
+    for name in shapes:  # b8's first: b1's variants share most of their kernels (T is no constexpr), not all
+        for gate in gates:
+            cmds += [[*base, f"dtune:{gate.value}:{name}:{i}"] for i in range(len(variants_of(gate, name)))]
+    return cmds
+
+
+class Pool:
+    """At most ``jobs`` child processes at a time; :meth:`wait` ends by the deadline (what built stays cached)."""
+
+    def __init__(self, cmds: list[list[str]], jobs: int) -> None:
+        self.todo, self.jobs = list(cmds), max(1, jobs)
+        self.running: list[subprocess.Popen[bytes]] = []
+        self.poll()
+
+    def poll(self) -> None:
+        self.running = [p for p in self.running if p.poll() is None]
+        while self.todo and len(self.running) < self.jobs:
+            self.running.append(subprocess.Popen(self.todo.pop(0), cwd=ROOT))
+
+    def wait(self, seconds: float) -> None:
+        end = time.monotonic() + max(0.0, seconds)
+        while (self.todo or self.running) and time.monotonic() < end:
+            self.poll()
+            time.sleep(0.5)
+        for proc in self.running:
+            if proc.poll() is None:
+                job = str(list(proc.args)[-1])  # type: ignore[arg-type]
+                print(f"warm-up {job} still running: stopped (its compiles so far stay cached)", flush=True)
+                proc.kill()
+                proc.wait()
+        if self.todo:
+            print(f"warm-up: {len(self.todo)} variant(s) not built ahead (they compile when timed)", flush=True)
+        self.todo, self.running = [], []
+
+
+# ---- 1. errors -------------------------------------------------------------------------------------------------------
+
+
+def _errors_of(got: StepResult, ref: StepResult) -> dict[str, Any]:
+    row: dict[str, Any] = {"err_o": rel_rms_error(got.o, ref.o)}
+    worst = 0.0
+    for name, label in GRADS.items():
+        a, b = got.grads.get(name), ref.grads.get(name)
+        if a is not None and b is not None:
+            row[f"err_{label}"] = e = rel_rms_error(a, b)
+            worst = max(worst, e)
+    row["err_worst"] = worst
+    return row
+
+
+def errors(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget, pool: Pool) -> list[dict[str, Any]]:
+    """The float64 references first (while the pool compiles), then every variant's step and fla's against them."""
+    dev = "cpu" if interpret else "cuda"
+    dtype = torch.float32 if interpret else torch.bfloat16  # bf16 dots are garbage under the interpreter
+    refs: list[tuple[Gate, str, Shape, dict[str, Any], StepResult | None]] = []
+    for gate in gates:
+        for name in shapes:
+            p = shape(gate, name, interpret, errors=True)
+            x = step_inputs(p, dtype, dev)
+            t0 = time.monotonic()
+            try:
+                ref: StepResult | None = reference_step(x)
+            except Exception as exc:
+                print(f"reference {OPS[gate]} {name}: {first_line(exc)}", flush=True)
+                ref = None
+            refs.append((gate, name, p, x, ref))
+            print(f"reference {OPS[gate]} {name} (float64 autograd): {time.monotonic() - t0:.1f} s", flush=True)
+    pool.wait(budget.left() - 150.0)  # timing and launches keep 150 s
+    rows: list[dict[str, Any]] = []
+    for gate, name, p, x, ref in refs:
+        op = OPS[gate]
+        if ref is None:
+            rows.append({"op": op, "shape": name, "impl": "reference", "note": "failed"})
+            continue
+        impls: list[tuple[str, Callable[[], StepResult] | None, str]] = [
+            (label, op_step(op, x, variant_config(cfg, interpret)), "") for label, cfg, _, _ in variants_of(gate, name)
+        ]
+        if not interpret:
+            fla, note = fla_step(gate, x)
+            impls.append(("fla", fla, note))
+        for impl, step, note in impls:
+            row: dict[str, Any] = {"op": op, "shape": name, "B": p.B, "T": p.T, "impl": impl, "note": note}
+            if step is None:
+                rows.append(row)
+                continue
+            try:
+                row |= _errors_of(step(), ref)
+            except Exception as exc:
+                row["note"] = (note + "; " if note else "") + first_line(exc)
+                traceback.print_exc()
+            rows.append(row)
+            write_csv("bwd_variants_errors.csv", rows)
+        del x, ref
+    refs.clear()
+    if not interpret:
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---- 2. timing -------------------------------------------------------------------------------------------------------
+
+
+def timing(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget, rounds: int) -> list[dict[str, Any]]:
+    from dtune.measure.timing import time_call
+
+    dev = "cpu" if interpret else "cuda"
+    dtype = torch.float32 if interpret else torch.bfloat16
+    rows: list[dict[str, Any]] = []
+    for name in shapes:
+        for gate in gates:
+            if budget.left() < 60:
+                print(f"budget: skipping the timing of {OPS[gate]} {name}", flush=True)
+                continue
+            op = OPS[gate]
+            p = shape(gate, name, interpret)
+            x = step_inputs(p, dtype, dev)
+            impls: list[tuple[str, Callable[[], StepResult], str]] = []
+            configs = {"fla": ""}
+            for label, cfg, _, _ in variants_of(gate, name):
+                impls.append((label, op_step(op, x, variant_config(cfg, interpret)), ""))
+                configs[label] = "(shipped lookup)" if cfg is None else json.dumps(cfg, sort_keys=True)
+            if not interpret:
+                fla, note = fla_step(gate, x)
+                if fla is not None:
+                    impls.append(("fla", fla, note))
+            times: dict[str, list[float]] = {impl: [] for impl, _, _ in impls}
+            notes = {impl: note for impl, _, note in impls}
+            peaks: dict[str, float] = {}
+            for _ in range(rounds):  # interleaved: every contestant once per round
+                for impl, step, _ in impls:
+                    if notes[impl].startswith("failed"):
+                        continue
+                    try:
+                        t = time_call(step, dev, "events", *((1, 1) if interpret else (3, 30)), 10.0)
+                        times[impl].append(t.median_ms)
+                        if impl not in peaks:
+                            peaks[impl] = peak_mb(step, torch.device(dev))
+                    except Exception as exc:
+                        notes[impl] = f"failed: {first_line(exc)}"
+                        traceback.print_exc()
+            med = {impl: sorted(ts)[len(ts) // 2] for impl, ts in times.items() if ts}
+            for impl, _, _ in impls:
+                ts = times[impl]
+                row: dict[str, Any] = {"op": op, "shape": name, "B": p.B, "T": p.T, "impl": impl}
+                if ts:
+                    m = med[impl]
+                    row |= {"ms": m, "min_ms": min(ts), "max_ms": max(ts), "rounds": len(ts)}
+                    row["x_fla"] = med["fla"] / m if "fla" in med else math.nan
+                    row["x_shipped"] = med["shipped"] / m if "shipped" in med else math.nan
+                    row["peak_mib"] = peaks.get(impl, math.nan)
+                row["note"] = notes[impl]
+                row["config"] = configs.get(impl, "")
+                rows.append(row)
+            write_csv("bwd_variants.csv", rows)
+            print(f"timed {op} {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
+            del x, impls
+            if not interpret:
+                torch.cuda.empty_cache()
+    return rows
+
+
+# ---- 3. launches -----------------------------------------------------------------------------------------------------
+
+
+def launches(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget) -> list[dict[str, Any]]:
+    """CUDA time per kernel of every variant's step (torch.profiler), against the floors of its stages."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from dtune.measure.timing import ceilings
+    from dtune.measure.work import Roofs, backward_stages
+    from dtune.store import tuned_config
+
+    dev = torch.device("cpu" if interpret else "cuda")
+    dtype = torch.float32 if interpret else torch.bfloat16
+    roofs = Roofs(4250.0, 660.0, "assumed") if interpret else Roofs.from_ceilings(ceilings(dev))
+    activity = ProfilerActivity.CPU if interpret else ProfilerActivity.CUDA
+    rows: list[dict[str, Any]] = []
+    for name in shapes:
+        for gate in gates:
+            op = OPS[gate]
+            p = shape(gate, name, interpret)
+            x = step_inputs(p, dtype, str(dev))
+            fwd = get_kernel(op).check_config(p.K, p.V, tuned_config(op, p, dtype, dev))
+            for label, cfg, _, _ in variants_of(gate, name):
+                if budget.left() < 10:
+                    print(f"budget: skipping the launches of {op} {name} {label}", flush=True)
+                    continue
+                bcfg = variant_config(cfg, interpret)
+                if bcfg is None:
+                    bcfg = tuned_config(op + "_bwd", p, dtype, dev)
+                bwd = get_kernel(op + "_bwd").check_config(p.K, p.V, bcfg)
+                floors: dict[str, list[Any]] = {}
+                for st in backward_stages(p, dtype, fwd, bwd):
+                    floors.setdefault(st.kernel, []).append(st)
+                step = op_step(op, x, bwd)
+                calls = 1 if interpret else 5
+                try:
+                    step()
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    with profile(activities=[activity]) as prof:
+                        for _ in range(calls):
+                            step()
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize()
+                except Exception as exc:
+                    rows.append({"op": op, "shape": name, "impl": label, "kernel": "(step)", "note": first_line(exc)})
+                    continue
+                total = floor_total = 0.0
+                for ev in sorted(prof.key_averages(), key=lambda e: -_dev_time(e, interpret)):
+                    us = _dev_time(ev, interpret)
+                    if us <= 0 or (interpret and "_kernel" not in ev.key):
+                        continue
+                    ms = us / 1e3 / calls
+                    total += ms
+                    mine = floors.get(ev.key, [])
+                    floor = sum(roofs.floor_ms(s.work) for s in mine) if mine else math.nan
+                    floor_total += 0.0 if math.isnan(floor) else floor
+                    rows.append({
+                        "op": op, "shape": name, "impl": label, "kernel": ev.key[:48], "launches": ev.count // calls,
+                        "ms": ms, "floor_ms": floor, "x_floor": ms / floor if floor > 0 else math.nan,
+                        "stages": "; ".join(s.name for s in mine),
+                    })  # fmt: skip
+                rows.append({
+                    "op": op, "shape": name, "impl": label, "kernel": "(all kernels)", "ms": total,
+                    "floor_ms": floor_total, "x_floor": total / floor_total if floor_total else math.nan,
+                })  # fmt: skip
+                write_csv("bwd_variants_launches.csv", rows)
+            del x
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _dev_time(ev: Any, interpret: bool) -> float:
+    """An event's total time in µs: CUDA time on the GPU, CPU time under the interpreter (the dry run's)."""
+    if interpret:
+        return float(ev.cpu_time_total)
+    return float(getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)))
+
+
+# ---- tables ----------------------------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else (f"{v:.2e}" if 0 < abs(v) < 1e-2 else f"{v:.3f}")
+    return "" if v is None else str(v)
+
+
+def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gates", default="none,scalar,channel", help="none (DeltaNet), scalar (Gated DeltaNet), channel")
+    ap.add_argument("--shapes", default="b8,b1", help="b8 (B 8, T 4096) and/or b1 (B 1, T 32768)")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget of the whole run")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape")
+    ap.add_argument("-j", "--jobs", type=int, default=14, help="compile processes at a time")
+    ap.add_argument("--skip", default="", help="steps to leave out: errors, timing, launches")
+    ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")
+    ap.add_argument("--warm", help=argparse.SUPPRESS)  # (internal) one warm-up child's job
+    a = ap.parse_args()
+    if a.warm:
+        warm(a.warm, a.interpret)
+        return
+    budget = Budget(a.budget_s)
+    gates = [Gate(g) for g in a.gates.split(",") if g]
+    shapes = [s for s in a.shapes.split(",") if s]
+    skip = set(a.skip.split(","))
+    if a.interpret:
+        from dtune.kernels import config as kernel_config
+
+        kernel_config.POISON_OUTPUTS = True  # an unwritten element shows as NaN in the dry run
+    pool = Pool(start_warm(gates, shapes, a.interpret, a.jobs), a.jobs)
+    err_rows = errors(gates, shapes, a.interpret, budget, pool) if "errors" not in skip else []
+    pool.wait(budget.left() - 150.0)
+    rounds = 1 if a.interpret else a.rounds  # the dry run times once: the interpreter's steps take seconds
+    time_rows = timing(gates, shapes, a.interpret, budget, rounds) if "timing" not in skip else []
+    launch_rows = launches(gates, shapes, a.interpret, budget) if "launches" not in skip else []
+    summary = {"time_s": a.budget_s - budget.left(), "errors": err_rows, "timing": time_rows, "launches": launch_rows}
+    (out_dir() / "bwd_variants.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+
+    if launch_rows:
+        print("\n== per-launch CUDA time (mean of 5 steps) against the floor ==")
+        print(table(launch_rows, ["op", "shape", "impl", "kernel", "launches", "ms", "floor_ms", "x_floor"]))
+    worst_fla = {(r["op"], r["shape"]): r.get("err_worst") for r in err_rows if r.get("impl") == "fla"}
+    err_of = {(r["op"], r["shape"], r["impl"]): r.get("err_worst") for r in err_rows}
+    for name in shapes:
+        rows = []
+        for r in time_rows:
+            if r["shape"] != name:
+                continue
+            e = err_of.get((r["op"], name, r["impl"]))
+            f = worst_fla.get((r["op"], name))
+            ratio = e / f if isinstance(e, float) and isinstance(f, float) and f > 0 else math.nan
+            rows.append({**r, "err_worst": e, "err_x_fla": ratio, "note": str(r.get("note", ""))[:40]})
+        if rows:
+            print(f"\n== training step, {name} (bf16, H 16, D 128, initial + final state) ==")
+            cols = ["op", "impl", "ms", "min_ms", "max_ms", "x_fla", "x_shipped", "peak_mib", "err_worst", "err_x_fla"]
+            print(table(rows, [*cols, "note"]))
+    print(f"\ndone in {a.budget_s - budget.left():.0f} s; results in {out_dir()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
