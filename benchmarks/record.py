@@ -5,6 +5,7 @@ Usage (one CUDA GPU, from the checkout's root; about 20 minutes in all, most of 
     python benchmarks/record.py --steps forward,decode   # ~7 min
     python benchmarks/record.py --steps packed,profile   # ~6 min
     python benchmarks/record.py --steps training         # ~7 min
+    python benchmarks/record.py --anchors --steps forward,decode,training --budget-s 500   # the headline shapes
     python benchmarks/record.py --interpret              # every step on the CPU at tiny shapes (a dry run)
 
 Steps (bf16, H = 16, D = 128; fla: fla-core's default mode and, for chunk_kda, its fastest, safe_gate=True,
@@ -46,6 +47,8 @@ PACKED = "1024,4096,2048,6144,512,3072,8192,1536,2560,4608,896,5632,3584,1280,33
 FULL = {"T": "1024,4096,16384", "tokens": "32768", "long": "32768,65536", "one": "32768", "D": "128", "D64": "64",
         "H": "16", "packed": PACKED, "decode_B": "32,256", "step_T": "4096", "step_B": "8",
         "dtype": "bf16"}  # fmt: skip
+# The README's headline shapes alone (B 8 T 4096 and B 1 T 32768; decode at B 32 and 256; the step at B 8 T 4096)
+ANCHORS = {**FULL, "T": "4096", "long": "32768", "one": "", "D64": ""}
 TINY = {"T": "20,40", "tokens": "80", "long": "64", "one": "64", "D": "16", "D64": "32", "H": "2",
         "packed": "5,17,40", "decode_B": "2", "step_T": "40", "step_B": "2", "dtype": "fp32"}  # fmt: skip
 
@@ -56,11 +59,12 @@ def calls(step: str, s: dict[str, str]) -> list[list[str]]:
     if step == "forward":
         out = []
         for k in CHUNK:
-            dims = f"{s['D64']},{s['D']}" if k == "chunk_kda" else s["D"]
+            dims = f"{s['D64']},{s['D']}" if k == "chunk_kda" and s["D64"] else s["D"]
             out.append(["bench", "-k", k, "--seq-lens", s["T"], "--batch-tokens", s["tokens"], "--head-dims", dims,
                         "--heads", s["H"]])  # fmt: skip
             out.append(["bench", "-k", k, "--seq-lens", s["long"], "--batch", "1", *shape])
-            out.append(["bench", "-k", k, "--seq-lens", s["one"], "--batch", "1", "--hv-ratio", "2", *shape])
+            if s["one"]:
+                out.append(["bench", "-k", k, "--seq-lens", s["one"], "--batch", "1", "--hv-ratio", "2", *shape])
         return out
     if step == "packed":
         return [["bench", "-k", k, "--packed-seqs", s["packed"], *shape] for k in CHUNK]
@@ -82,6 +86,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--baselines", default="fla", help="beside dtune's tuned config: fla, default, torch")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds per shape (default 3; 1 on the CPU)")
     ap.add_argument("--call-timeout", type=float, default=420.0, help="seconds one dtune call may take")
+    ap.add_argument("--anchors", action="store_true", help="only the headline shapes (B8 T4096, B1 T32768; decode)")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no call after this many seconds")
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton's interpreter, tiny shapes (a dry run)")
     args = ap.parse_args(argv)
     unknown = [x for x in args.steps.split(",") if x not in STEPS]
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     from dtune.gpu import resolve_gpu
 
     gpu = resolve_gpu("auto", interpret=args.interpret).key
-    s = TINY if args.interpret else FULL
+    s = TINY if args.interpret else ANCHORS if args.anchors else FULL
+    start = time.monotonic()
     record = Path(os.environ.get("OUT", "out")) / "record"
     record.mkdir(parents=True, exist_ok=True)
     log_path = record / "commands.json"
@@ -192,8 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dtune_record_") as tmp:
         for step in args.steps.split(","):
             parts = []
+            name = "profile.csv" if step == "profile" else "bench.csv"
             for i, words in enumerate(calls(step, s)):
                 cmd = command(args, words, s)
+                if args.budget_s is not None and time.monotonic() - start > args.budget_s:
+                    print(f"=== {step}: SKIP (past --budget-s): {shlex.join(cmd)}", flush=True)
+                    failed += 1
+                    continue
                 part = Path(tmp) / f"{step}-{i}"
                 print(f"=== {step}: {shlex.join(cmd)}", flush=True)
                 code, seconds, tail = run(cmd, part, args.call_timeout)
@@ -203,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 log = [r for r in log if r["command"] != shlex.join(cmd)]
                 log.append({"step": step, "command": shlex.join(cmd), "exit": code, "seconds": seconds})
                 log_path.write_text(json.dumps(log, indent=2) + "\n")
-            name = "profile.csv" if step == "profile" else "bench.csv"
-            print(f"{step}: {merge(parts, record / step, name)} rows in {record / step / name}", flush=True)
+                rows = merge(parts, record / step, name)  # after every call: a time limit loses only the call it stops
+            print(f"{step}: {rows if parts else 0} rows in {record / step / name}", flush=True)
     readme(record, log, gpu)
     report = [sys.executable, "-m", "dtune", "report", str(record), "-o", str(record / f"dtune-{gpu}-report.html")]
     subprocess.run(report, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)

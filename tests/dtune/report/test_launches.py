@@ -11,7 +11,9 @@ import pytest
 
 from dtune.measure.launches import CALL
 from dtune.report import data as d
-from dtune.report.build import build_report
+from dtune.report.build import NothingToReport, build_report
+
+from .test_data import bench_rows
 
 SHAPE = {"kernel": "chunk_kda", "mode": "fwd+bwd", "dtype": "bf16", "B": 8, "T": 4096, "H": 16, "HV": 16, "K": 128,
          "V": 128, "N": 8, "meaningful": True}  # fmt: skip
@@ -70,7 +72,12 @@ def test_the_report_reads_launches_csv_and_draws_the_section(tmp_path: Path) -> 
     assert states["launches"] == "ok"
     page = out.read_text()
     assert "Every launch of the forward and the training step" in page and "chunk_kda D128 B8 T4096 fwd+bwd" in page
+    other = tmp_path / "bench_only"  # a folder with other results: the section says how to get it
+    other.mkdir()
+    bench_rows().to_csv(other / "bench.csv", index=False)
+    _, states = build_report(other, tmp_path / "e.html")
+    assert states["launches"].startswith("no launches.csv: run `dtune profile")
     empty = tmp_path / "empty"
     empty.mkdir()
-    _, states = build_report(empty, tmp_path / "e.html")
-    assert states["launches"].startswith("no launches.csv: run `dtune profile")
+    with pytest.raises(NothingToReport, match="nothing to report"):
+        build_report(empty, tmp_path / "x.html")
