@@ -38,7 +38,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 
 GPU_SKIP = (
-    "needs a CUDA GPU and compiled kernels (no TRITON_INTERPRET): the GPU sittings run `python -m pytest -m gpu` "
+    "needs a CUDA GPU and compiled kernels (no TRITON_INTERPRET): a GPU machine runs `python -m pytest -m gpu` "
     "(scripts/gpu_tests.sh)"
 )
 

@@ -1,5 +1,5 @@
 """The commit recorded with every result: $DTUNE_COMMIT first (a GPU machine's copy of the tree can carry an older
-.git: the H200 sittings of 2026-11-30 recorded that stale commit until this rule), else the checkout's HEAD."""
+.git: the H200 runs of 2026-11-30 recorded that stale commit until this rule), else the checkout's HEAD."""
 
 from __future__ import annotations
 

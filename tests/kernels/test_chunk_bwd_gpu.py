@@ -1,4 +1,4 @@
-"""bf16 chunk backward on a CUDA GPU against float64 autograd (``pytest -m gpu``, run by the GPU sittings).
+"""bf16 chunk backward on a CUDA GPU against float64 autograd (``pytest -m gpu``, run by scripts/gpu_tests.sh).
 
 Triton's interpreter computes ``tl.dot`` on bfloat16 operands wrongly, so the backward's bf16 gradients are only checked
 here, compiled, at sizes that exercise the real tiles: the searches' first seeds at D = 128 (chunk 64, the transposed

@@ -1,4 +1,4 @@
-"""bf16 chunk kernels on a CUDA GPU against the float64 reference (``pytest -m gpu``, run by the GPU sittings).
+"""bf16 chunk kernels on a CUDA GPU against the float64 reference (``pytest -m gpu``, run by scripts/gpu_tests.sh).
 
 Triton's interpreter computes ``tl.dot`` on bfloat16 operands wrongly, so bf16 is only checked here, compiled, at
 sizes that exercise the real tiles: grouped value heads, K != V, T not a multiple of any chunk, T = 1, packed

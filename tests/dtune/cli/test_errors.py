@@ -96,7 +96,7 @@ def test_list_shows_the_active_config_source(tmp_path: Path, monkeypatch: pytest
     good = tmp_path / "mine.json"
     text = Path(common.__file__).parent.parent.joinpath("configs", "h200.json").read_text()
     good.write_text(text)
-    n = len(json.loads(text)["entries"])  # the shipped file grows with every sitting
+    n = len(json.loads(text)["entries"])  # the shipped file grows with every tuning run
     assert n > 0
     monkeypatch.setenv("DTUNE_CONFIG", str(good))
     monkeypatch.setattr("dtune.gpu.detect", lambda index=0: "h200")

@@ -458,8 +458,8 @@ def test_stage_floors_label_each_stage() -> None:
 
 
 def test_load_run_reads_folders_recursively_with_one_commit_per_source(tmp_path: Path) -> None:
-    """A sitting's folder: run folders and bench_<kernel>/bench.csv files; commits from each file's own record."""
-    root = tmp_path / "sitting"
+    """A results folder: run folders and bench_<kernel>/bench.csv files; commits from each file's own record."""
+    root = tmp_path / "results"
     make_run_folder(root)  # run.json says commit 83e632d
     extra = root / "bench_more"
     extra.mkdir()
@@ -478,7 +478,7 @@ def test_load_run_reads_folders_recursively_with_one_commit_per_source(tmp_path:
     (root / "provenance.json").write_text(json.dumps({"commits": {"old": "1234567"}, "note": "from NOTES.md"}))
     data = d.load_run(root)
     assert {(s.kind, s.path): s.commits for s in data.sources}[("bench", "old/bench.csv")] == ["1234567"]
-    assert data.notes == ["sitting: from NOTES.md"]  # an absolute folder by its name: no build-machine paths
+    assert data.notes == ["results: from NOTES.md"]  # an absolute folder by its name: no build-machine paths
     assert d.commits(data) == ["83e632d", "abcdef0", "1234567"]
 
 

@@ -62,13 +62,13 @@ def test_launch_table_keeps_every_row_with_units() -> None:
 
 
 def test_the_report_reads_launches_csv_and_draws_the_section(tmp_path: Path) -> None:
-    folder = tmp_path / "sitting" / "launches_chunk_kda"
+    folder = tmp_path / "results" / "launches_chunk_kda"
     folder.mkdir(parents=True)
     launches().assign(commit="abcdef1").to_csv(folder / "launches.csv", index=False)
-    data = d.load_run(tmp_path / "sitting")
+    data = d.load_run(tmp_path / "results")
     assert data.launches is not None and len(data.launches) == len(launches())
     assert any(s.kind == "launches" and s.commits == ["abcdef1"] for s in data.sources)
-    out, states = build_report(tmp_path / "sitting", tmp_path / "r.html")
+    out, states = build_report(tmp_path / "results", tmp_path / "r.html")
     assert states["launches"] == "ok"
     page = out.read_text()
     assert "Every launch of the forward and the training step" in page and "chunk_kda D128 B8 T4096 fwd+bwd" in page

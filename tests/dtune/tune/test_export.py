@@ -1,5 +1,5 @@
-"""Merging exports: one GPU only; within a sitting the fastest entry per (kernel, dtype, bucket) wins, and a newer
-sitting supersedes a shipped file bucket by bucket."""
+"""Merging exports: one GPU only; within one export the fastest entry per (kernel, dtype, bucket) wins, and a newer
+export supersedes a shipped file bucket by bucket."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_runs_of_different_gpus_are_refused() -> None:
         merge_exports([_doc("h200", ("chunk_kda", 4096, 1.0)), _doc("h100", ("chunk_kda", 4096, 1.0))])
 
 
-def test_newer_sitting_supersedes_per_bucket() -> None:
+def test_newer_export_supersedes_per_bucket() -> None:
     shipped = {**_doc("h200", ("chunk_kda", 4096, 0.5), ("chunk_kda", 1024, 0.4)), "note": "first"}
     newer = _doc("h200", ("chunk_kda", 4096, 0.9), ("chunk_delta_rule", 4096, 1.0))
     newer["entries"].append({**newer["entries"][0], "bucket": {**newer["entries"][0]["bucket"], "T": 16384}})
@@ -51,7 +51,7 @@ def test_newer_sitting_supersedes_per_bucket() -> None:
         e["config"] = {"BT": 32}  # a chunk config (completed from the default when loaded)
     merged, changes = supersede(shipped, [newer], note="second")
     got = {(e["kernel"], e["bucket"]["T"]): e["time_ms"] for e in merged["entries"]}
-    # the newer time replaces the shipped one even though it is slower: sittings are not comparable
+    # the newer time replaces the shipped one even though it is slower: separate runs are not comparable
     assert got == {("chunk_kda", 4096): 0.9, ("chunk_kda", 1024): 0.4, ("chunk_delta_rule", 4096): 1.0}
     assert merged["note"] == "first; second" and len(changes) == 2
     assert any("was 0.5 ms" in c for c in changes) and any("(new)" in c for c in changes)

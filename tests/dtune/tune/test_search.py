@@ -28,7 +28,7 @@ from dtune.tune.storage import open_storage
 CSV_COLUMNS = [
     "study", "kernel", "gpu", "dtype", "shape_key", "B", "T", "H", "HV", "K", "V", "number", "state", "reason",
     "message", "time_ms", "default_time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs",
-    "tflops", "is_default", "datetime_start", "duration_s",
+    "tflops", "peak_mb", "is_default", "datetime_start", "duration_s",
 ]  # fmt: skip
 
 
