@@ -11,8 +11,9 @@ Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform do
 ``b1`` = B 1, T 32768 (few long sequences). The step is what a backward kernel's trial times
 (:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape), then
 ``torch.autograd.grad`` of the output and the final state; the variants are backward configs (:data:`VARIANTS`): the
-shipped lookup, the chunk of 64 alone, then one change at a time on top of it (the transposed reverse pass on the
-whole value width, SAVE, FUSE_DV, REVERSE_DV, the sequence-parallel reverse pass on b1, KDA's pairwise blocks). fla
+shipped lookup, then the transposed reverse pass on the whole value width and changes on top of it (SAVE, one key
+tile in the dq/dk stage, REVERSE_DV, the sequence-parallel reverse pass on b1, for KDA the chunk of 32 and its
+pairwise blocks); a variant equal to the shipped config cross-checks the lookup. fla
 runs its own ``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for
 timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients
 may then be wrong: their errors are in the row too).
@@ -74,7 +75,9 @@ FLA_LIFT = "fla's Triton < 3.7.1 refusal lifted (timing only; issue 640)"
 BT64 = {"BT": 64, "BC": 16, "fh_num_stages": 2, "dh_BV": 32, "dh_num_warps": 4, "dh_num_stages": 2}
 # ... and the reverse pass transposed, on the whole value width per program (one wave of N·HV programs at B = 8).
 VK = {**BT64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
-KDA_BC64 = {"dqk_BK": 32, "dqk_BC": 64}  # KDA at BT 64: one 64-row pairwise block keeps dqk_BK 32 free of spills
+BK128 = {"dqk_BK": 128, "dqk_BV": 32}  # the dq/dk stage by one key tile
+# KDA at the chunk of 32 (its shipped chunk), SAVE none as shipped, the reverse pass transposed on the whole value width
+VK32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
 KDA_BC16 = {"dqk_BK": 16, "dqk_BC": 16}
 # dVβ, dv and dβ's v part in the reverse pass (REVERSE_DV; by value tiles of 64: at 128 it spills)
 RDV = {**VK, "dh_BV": 64, "dh_num_stages": 2, "REVERSE_DV": True}
@@ -85,21 +88,24 @@ ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
 DN_GDN = (Gate.NONE, Gate.SCALAR)
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
-    ("BT64", BT64, ("b8",), DN_GDN),
-    ("BT64 kda-bc64", {**BT64, **KDA_BC64}, ("b8",), (Gate.CHANNEL,)),
+    # DeltaNet and Gated DeltaNet: the shipped configs (at B8 "vk128 dqk-bk128", at B1 "vk128 seg64") against the
+    # variants timed before them and their combinations
     ("vk128", VK, ("b8", "b1"), DN_GDN),
-    ("vk128 kda-bc64", {**VK, **KDA_BC64}, ("b8", "b1"), (Gate.CHANNEL,)),
-    ("vk128 kda-bc16", {**VK, **KDA_BC16}, ("b8",), (Gate.CHANNEL,)),
     ("vk128 save-all", {**VK, "SAVE": "all"}, ("b8",), DN_GDN),
-    ("vk128 kda-bc64 save-none", {**VK, **KDA_BC64, "SAVE": "none"}, ("b8",), (Gate.CHANNEL,)),
-    ("vk128 unfused-dv", {**VK, "FUSE_DV": False}, ("b8",), DN_GDN),
-    ("vk128 kda-bc64 unfused-dv", {**VK, **KDA_BC64, "FUSE_DV": False}, ("b8",), (Gate.CHANNEL,)),
-    ("vk128 dqk-bk128", {**VK, "dqk_BK": 128, "dqk_BV": 32}, ("b8",), DN_GDN),
+    ("vk128 dqk-bk128", {**VK, **BK128}, ("b8", "b1"), DN_GDN),
+    ("vk128 dqk-bk128 save-all", {**VK, **BK128, "SAVE": "all"}, ("b8", "b1"), DN_GDN),
     ("vk64 reverse-dv", RDV, ("b8",), DN_GDN),
-    ("vk64 kda-bc64 reverse-dv", {**RDV, **KDA_BC64}, ("b8",), (Gate.CHANNEL,)),
     ("vk128 seg64", {**VK, "dh_SEG_CHUNKS": 64}, ("b1",), DN_GDN),
-    ("vk128 seg32", {**VK, "dh_SEG_CHUNKS": 32}, ("b1",), DN_GDN),
-    ("vk128 kda-bc64 seg64", {**VK, **KDA_BC64, "dh_SEG_CHUNKS": 64}, ("b1",), (Gate.CHANNEL,)),
+    ("vk128 dqk-bk128 seg64", {**VK, **BK128, "dh_SEG_CHUNKS": 64}, ("b1",), DN_GDN),
+    ("vk128 dqk-bk128 save-all seg64", {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64}, ("b1",), DN_GDN),
+    # KDA: its dq/dk stage at the chunk of 64 is 4-7x slower than at 32 (dqk_BC 64: 36 ms of a 41 ms step), so the
+    # chunk of 32 with the reverse pass transposed over the whole value width, SAVE none and intra, segmented at B1
+    ("vk128 kda-bc16", {**VK, **KDA_BC16}, ("b8",), (Gate.CHANNEL,)),
+    ("BT32 vk128", VK32, ("b8", "b1"), (Gate.CHANNEL,)),
+    ("BT32 vk128 save-intra", {**VK32, "SAVE": "intra"}, ("b8",), (Gate.CHANNEL,)),
+    ("BT32 vk64", {**VK32, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
+    ("BT32 vk128 seg64", {**VK32, "dh_SEG_CHUNKS": 64}, ("b1",), (Gate.CHANNEL,)),
+    ("BT32 vk128 seg128", {**VK32, "dh_SEG_CHUNKS": 128}, ("b1",), (Gate.CHANNEL,)),
 ]
 
 
