@@ -48,7 +48,11 @@ def test_one_case_per_shipped_bucket(loo: ModuleType) -> None:
     assert kda.lookup["SEG_CHUNKS"] == kda.own["SEG_CHUNKS"] == 64 and "SEG_CHUNKS 8→64" in kda.changes
     every = loo.cases(table, loo.select("all"))
     backward = [c for c in every if c.kernel.endswith("_bwd")]
-    assert len(backward) == 3 and all(c.lookup_from.startswith("default") for c in backward)
+    entries = [e for e in table.entries if e.kernel.endswith("_bwd")]
+    assert len(backward) == len(entries) >= 3
+    for c in backward:  # a kernel's only entry hidden: its default; one of several: another borrowed
+        alone = sum(e.kernel == c.kernel for e in entries) == 1
+        assert c.lookup_from.startswith("default" if alone else "borrowed: h200.json"), (c.kernel, c.lookup_from)
     with pytest.raises(ValueError, match="unknown kernel"):
         loo.select("chunk_nope")
 
