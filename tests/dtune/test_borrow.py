@@ -8,6 +8,7 @@ import math
 import statistics
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from dtune.borrow import (
     Choice,
     borrow,
     fit_head_dims,
+    reverse_pass,
     segment_chunks,
     state_programs,
 )
@@ -317,3 +319,20 @@ def test_borrowed_configs_are_right_in_bf16_at_real_sizes(h200: TunedConfigs) ->
         ref, _ = chunk_reference(**x, scale=p.K**-0.5, output_final_state=False, dtype=torch.float64)
         err = rel_rms_error(o, ref)
         assert err < load_space(kernel).tolerance["bf16"], f"{kernel} {p.key}: {err:.2e} ({choice.describe()})"
+
+
+def test_reverse_pass_follows_the_shape() -> None:
+    """The backward's reverse pass borrowed: segments off for many or short sequences, on (64 chunks) for one long one
+    whose plain pass leaves SMs idle, always at least two per sequence; the transposed layout only on 64 value rows."""
+    seg64 = {"BT": 64, "dh_BV": 128, "dh_LAYOUT": "vk", "dh_SEG_CHUNKS": 64}
+    plain = {**seg64, "dh_SEG_CHUNKS": 0}
+    b8 = {"B": 8, "T": 4096}
+    b1 = {"B": 1, "T": 32768}
+    assert reverse_pass(seg64, b8, 16, 128, 132) == {"dh_SEG_CHUNKS": (0, ANY)}  # 4096 tokens: never segmented
+    assert reverse_pass(seg64, {"B": 16, "T": 16384}, 16, 128, 132)["dh_SEG_CHUNKS"][0] == 0  # 256 programs fill it
+    assert reverse_pass(plain, b1, 16, 128, 132) == {"dh_SEG_CHUNKS": (64, ANY)}
+    assert reverse_pass(seg64, b1, 16, 128, 132) == {}
+    assert reverse_pass({**seg64, "dh_SEG_CHUNKS": 256}, {"B": 1, "T": 8192}, 16, 128, 132)["dh_SEG_CHUNKS"][0] == 64
+    assert reverse_pass(seg64, b1, 16, 128, None) == {}  # no GPU facts: the donor's, where it splits
+    assert reverse_pass({**plain, "dh_BV": 32}, b8, 16, 32, 132) == {"dh_LAYOUT": ("kv", ANY)}
+    assert reverse_pass({**plain, "dh_LAYOUT": "kv", "dh_BV": 32}, b8, 16, 32, 132) == {}
