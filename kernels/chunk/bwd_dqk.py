@@ -151,6 +151,7 @@ def _key_tile(
     L,
     L0,
     scale,
+    r0,
     SLOT,
     SS,
     H: tl.constexpr,
@@ -189,7 +190,7 @@ def _key_tile(
         )  # fmt: skip
     b_dq, b_dk, b_db, b_dg = chunk_local_grads(
         b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, a_b, ak_b, b_beta, q + (bos * H + i_h) * K,
-        k + (bos * H + i_h) * K, g, beta + row, i_k * BK, o_t, tl.arange(0, BK), m_t, m_k, L, scale,
+        k + (bos * H + i_h) * K, g, beta + row, i_k * BK, o_t, tl.arange(0, BK), m_t, m_k, L, scale, r0,
         H, HV, K, BT, BC, HV * BT, GATE, DT, DOT_PREC, FLOOR,
     )  # fmt: skip
     if GATE == 2:
@@ -337,14 +338,15 @@ def chunk_bwd_dqk_kernel(
             if GATE != 2:
                 tl.debug_barrier()  # dVβ in dvb, read back across threads
         for i_k in range(NK):
+            r0 = (i_k * L) // (NK * L + 1)  # zero (i_k < NK), not provably loop-invariant: see kda_pairwise
             _key_tile(
                 q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
-                b_beta, i_k, i_c, i_h, i_hv, bos, row, o_t, m_t, L, L, scale, SLOT, SS,
+                b_beta, i_k, i_c, i_h, i_hv, bos, row, r0 + o_t, m_t, L, L, scale, r0, SLOT, SS,
                 H, HV, K, V, BT, BC, BK, BV, NV, GATE, False, True, DT, DOT_PREC, FLOOR,
             )  # fmt: skip
     else:  # one program per key tile: each does the value side (key tile 0 stores dv and dβ's v part)
         _key_tile(
             q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
-            b_beta, i_kp, i_c, i_h, i_hv, bos, row, o_t, m_t, L, tl.where(i_kp == 0, L, 0), scale, SLOT, SS,
+            b_beta, i_kp, i_c, i_h, i_hv, bos, row, o_t, m_t, L, tl.where(i_kp == 0, L, 0), scale, 0, SLOT, SS,
             H, HV, K, V, BT, BC, BK, BV, NV, GATE, FUSED, DVB_GIVEN or not FUSED, DT, DOT_PREC, FLOOR,
         )  # fmt: skip

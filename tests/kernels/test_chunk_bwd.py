@@ -153,6 +153,8 @@ add("kloop-varlen", Shape(1, 0, 2, 4, 40, 24, 4, Gate.CHANNEL, True), {**BT16, *
 add("kloop-BT64-revdv", Shape(1, 70, 2, 4, 32, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16, **KLOOP, "REVERSE_DV": True},
     gate_min=-60.0)  # fmt: skip
 add("kloop-split", Shape(1, 40, 2, 4, 32, 16, 1, Gate.CHANNEL), {**BT32, **KLOOP, "FUSE_DV": False}, gate_min=-60.0)
+# one pairwise block of 32 rows per chunk of 32: its exact element-wise diagonal (gates to -60) inside the key loop
+add("kloop-dqkBC32", Shape(2, 37, 2, 4, 48, 32, 2, Gate.CHANNEL), {**BT32, **KLOOP, "dqk_BC": 32}, gate_min=-60.0)
 for gate in (Gate.NONE, Gate.SCALAR):  # dA in registers over the key loop; Gated DeltaNet's dγ partial per key tile
     add("kloop-odd", Shape(2, 37, 2, 4, 40, 16, 2, gate), {**BT32, **KLOOP}, scale=0.3)
 
