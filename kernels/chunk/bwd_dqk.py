@@ -25,8 +25,10 @@ once (``dVβ`` written over ``dV_new`` in ``dvb``, rows only this program reads;
 its ``NK`` key tiles one after the other, each with its own pass over the value tiles for ``dq̃``, ``dk̃``, ``dKβ``
 (``dO``, ``V_new``, ``dVβ`` re-read, from L2) and its local and pairwise terms. The register peak is one key tile's.
 
-Register budget (sm_90, bf16, K = V = 128, 8 warps): 246-255 registers without spills at ``BT = 32``; KDA at
-``BT = 64`` spills (the pairwise terms keep the three accumulators, ``k`` and ``γ`` live over its blocks).
+Register budget (sm_90a, Triton 3.6, bf16, K = V = 128, 8 warps): 245-255 registers without spills at ``BT = 32``
+(with ``KLOOP``: at ``BC = 32``, one pairwise block, or ``BK = 16``); KDA at ``BT = 64`` spills except at ``BK = 16``
+or with one 64-row block (124-660 bytes; with ``KLOOP`` 152-860). What tips it is the pairwise diagonal's exact
+element-wise branch (compiled without it, ``KLOOP`` at ``BT = 64``, ``BK = 16`` has no spills).
 """
 
 from __future__ import annotations
