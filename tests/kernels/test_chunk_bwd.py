@@ -338,3 +338,16 @@ def test_backward_config_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     dqk.clear()
     gradients_vs_loop(p, x, {**cfg, "BT": 32, "dqk_BC": 32})
     assert [r["BC"] for r in dqk] == [32]
+
+
+def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dqk_KLOOP launches one program per chunk and value head with the key tiles in its loop (the gradient cases above
+    would also pass with one program per key tile); with one key tile there is nothing to loop over."""
+    dqk: list[dict[str, Any]] = []
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_dqk_kernel", _Spy(chunk_bwd.chunk_bwd_dqk_kernel, dqk))
+    p = Shape(1, 20, 1, 2, 32, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=3)
+    assert_close(gradients_vs_loop(p, x, {**BT16, "dqk_KLOOP": True, "dqk_BK": 16}), TOL[torch.float32])
+    gradients_vs_loop(p, x, {**BT16, "dqk_BK": 16})
+    gradients_vs_loop(p, x, {**BT16, "dqk_KLOOP": True, "dqk_BK": 32})
+    assert [(d["grid"][1], d["KLOOP"], d["NK"]) for d in dqk] == [(1, True, 2), (2, False, 2), (1, False, 1)]
