@@ -79,6 +79,11 @@ BK128 = {"dqk_BK": 128, "dqk_BV": 32}  # the dq/dk stage by one key tile
 # KDA at the chunk of 32 (its shipped chunk), SAVE none as shipped, the reverse pass transposed on the whole value width
 VK32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
 KDA_BC16 = {"dqk_BK": 16, "dqk_BC": 16}
+# KDA's shipped entry (chunk 32, SAVE none, the reverse pass by value tiles of 32) with the dq/dk stage's key tiles in
+# one program per chunk (dqk_KLOOP: its value side, dVβ, dv and both dA, once per chunk instead of once per key tile)
+# and one pairwise block of 32 rows (sm_90a: 245-255 registers, no spills)
+KDA32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_BV": 32, "dh_num_warps": 4, "dh_num_stages": 2, "dqk_BC": 32}
+KLOOP = {"dqk_KLOOP": True}
 # dVβ, dv and dβ's v part in the reverse pass (REVERSE_DV; by value tiles of 64: at 128 it spills)
 RDV = {**VK, "dh_BV": 64, "dh_num_stages": 2, "REVERSE_DV": True}
 
@@ -106,6 +111,10 @@ VARIANTS: list[Variant] = [
     ("BT32 vk64", {**VK32, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
     ("BT32 vk128 seg64", {**VK32, "dh_SEG_CHUNKS": 64}, ("b1",), (Gate.CHANNEL,)),
     ("BT32 vk128 seg128", {**VK32, "dh_SEG_CHUNKS": 128}, ("b1",), (Gate.CHANNEL,)),
+    # KDA's dq/dk stage: the key loop at dqk_BK 64 and 32, against the same pairwise blocks without it
+    ("BT32 kda-bc32", KDA32, ("b8",), (Gate.CHANNEL,)),
+    ("BT32 kda-bc32 kloop", {**KDA32, **KLOOP}, ("b8", "b1"), (Gate.CHANNEL,)),
+    ("BT32 kda-bc32 kloop bk32", {**KDA32, **KLOOP, "dqk_BK": 32}, ("b8", "b1"), (Gate.CHANNEL,)),
 ]
 
 

@@ -262,6 +262,10 @@ def backward_stages(
     save = bwd_config["SAVE"]
     fused_out = bool(fwd_config.get("FUSE_OUTPUT", True))  # with SAVE = "all" the fused pass stores S, V_new too
     NK = -(-K // min(int(bwd_config["dqk_BK"]), max(16, 1 << (K - 1).bit_length())))
+    # programs of the dq/dk stage doing its value side (dA, dVβ; KDA's dA copy): every key tile's, or with dqk_KLOOP one
+    # per chunk (which then writes dVβ over dV_new: one more [tokens, V] store)
+    kloop = bool(bwd_config.get("dqk_KLOOP", False)) and NK > 1
+    NVS = 1 if kloop else NK
     out: list[StageWork] = []
 
     def add(name: str, kernel: str, flops: float, nbytes: float) -> None:
@@ -332,13 +336,14 @@ def backward_stages(
     grads_qk = 2 * ta * K * (f if p.HV != p.H else e)
     if bwd_config["FUSE_DV"] and rev_dv:  # dVβ read instead of dV_new; no T, v, dv, v part
         dqk_bytes = qk + ta * e + 2 * S + ta * 3 * V * e + grads_qk + gate_io + NK * ta * f
-        dqk_bytes += 2 * NK * ta * C * e if kda else 0
-        dqk_flops = ta * 2 * (2 * NK * C * V + 3 * K * V) + pair_flops
+        dqk_bytes += 2 * NVS * ta * C * e if kda else 0
+        dqk_flops = ta * 2 * (2 * NVS * C * V + 3 * K * V) + pair_flops
         add("bwd dq/dk (dVβ given)", "chunk_bwd_dqk_kernel", dqk_flops, dqk_bytes)
     elif bwd_config["FUSE_DV"]:
         dqk_bytes = qk + ta * e + 2 * S + ta * (4 * V + C) * e + grads_qk + ta * V * e + gate_io + (1 + NK) * ta * f
-        dqk_bytes += 2 * NK * ta * C * e if kda else 0  # KDA: each key tile's dA copy, read back by blocks
-        dqk_flops = ta * 2 * (3 * NK * C * V + 3 * K * V) + pair_flops
+        dqk_bytes += 2 * NVS * ta * C * e if kda else 0  # KDA: each key tile's dA copy, read back by blocks
+        dqk_bytes += ta * V * e if kloop else 0
+        dqk_flops = ta * 2 * (3 * NVS * C * V + 3 * K * V) + pair_flops
         add("bwd dq/dk/dv (fused)", "chunk_bwd_dqk_kernel", dqk_flops, dqk_bytes)
     else:
         dv_bytes = ta * C * e + 4 * ta * V * e + ta * e + 2 * ta * V * e + 2 * ta * C * e + ta * f

@@ -12,7 +12,8 @@ token-by-token loop). Pipeline, after the forward's intermediates (saved by the 
 2. :mod:`.bwd_dqk` (chunk × key tile × value head): with ``FUSE_DV`` (default) everything chunk-parallel in one
    stage: ``dVβ = Tᵀ dV_new`` (so ``dv``), ``dA_qk``, ``dA_kk = −dVβ V_newᵀ`` in registers, then ``dq``, ``dk``, the
    pairwise terms (KDA's per channel by blocks of ``BC`` rows, :mod:`.bwd_pairwise`) and the gate's gradient
-   (KDA: ``dg`` itself). Without ``FUSE_DV``, :mod:`.bwd_dv` (chunk × value head) computes ``dv`` and both dA first
+   (KDA: ``dg`` itself); with ``dqk_KLOOP`` (chunk × value head) the key tiles in a loop, the value side once.
+   Without ``FUSE_DV``, :mod:`.bwd_dv` (chunk × value head) computes ``dv`` and both dA first
    and stores them (``dVβ``, ``dA_qk``, ``dA_kk`` through memory), then :mod:`.bwd_dqk` reads them.
 3. :mod:`.bwd_finish` (chunk × value head): ``dβ`` from its partials; Gated DeltaNet's ``dg``.
 
@@ -95,6 +96,9 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dqk_BV": (16, 32, 64, 128),
     "dqk_num_warps": (1, 2, 4, 8),
     "dqk_num_stages": (1, 2, 3, 4),
+    # the dq/dk stage's key tiles: one program each (False), or in a loop inside one program per chunk (True): the
+    # value side (dVβ, dv, both dA, KDA's dA scratch) once per chunk instead of once per key tile
+    "dqk_KLOOP": (False, True),
     "F32_DOT": ("ieee", "tf32"),
     # the forward's state pass under autograd and in the re-run (at the backward's BT): its value tile, warps and
     # pipeline stages, 0 = the forward config's
@@ -142,6 +146,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dqk_BV": 64,
         "dqk_num_warps": 8,  # 4 warps spill at BT = 32 (4-312 bytes)
         "dqk_num_stages": 2,
+        "dqk_KLOOP": False,
         "F32_DOT": "ieee",
         "fh_BV": 0,
         "fh_num_warps": 0,
@@ -398,6 +403,7 @@ def backward(
     rev_dv = bool(bwd_config["REVERSE_DV"]) and fused
     dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
     NK = triton.cdiv(K, dqk_BK)
+    kloop = bool(bwd_config["dqk_KLOOP"]) and NK > 1  # the key tiles in one program (overwrites dV_new with dVβ)
     n_v = triton.cdiv(V, _tile(bwd_config["dh_BV"], V)) if rev_dv else 1  # dβ's v-part slots
     nslot = n_v + NK
     ss = tokens * HV
@@ -442,20 +448,21 @@ def backward(
             inter.ai = None
             dvn = None  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
         elif GATE == 2:  # KDA's pairwise terms read dA by blocks: each key tile's program keeps a copy (scratch)
-            daq = new_output(NK, tokens, HV, BT, dtype=dt, device=dev)
-            dak = new_output(NK, tokens, HV, BT, dtype=dt, device=dev)
+            daq = new_output(1 if kloop else NK, tokens, HV, BT, dtype=dt, device=dev)
+            dak = new_output(1 if kloop else NK, tokens, HV, BT, dtype=dt, device=dev)
 
         # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------
         dg_out = dg if GATE == 2 else None
         dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
         plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
-        chunk_bwd_dqk_kernel[(NC, NK, HV)](
+        chunk_bwd_dqk_kernel[(NC, 1 if kloop else NK, HV)](
             q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvn if fused else dvb, daq, dak,
             inter.ai if plain else None, v if plain else None, dv if plain else None, dq, dk,
             dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, n_v, ss,
             H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV,
             NV=triton.cdiv(V, dqk_BV), GATE=GATE, FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
-            DVB_GIVEN=rev_dv, num_warps=bwd_config["dqk_num_warps"], num_stages=bwd_config["dqk_num_stages"],
+            DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, num_warps=bwd_config["dqk_num_warps"],
+            num_stages=bwd_config["dqk_num_stages"],
         )  # fmt: skip
         inter.hbuf = inter.vnew = inter.ai = None
         del dh, dvn, dvb, daq, dak

@@ -47,6 +47,7 @@ def chunk_local_grads(
     m_k,
     L,
     scale,
+    r0,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -65,7 +66,8 @@ def chunk_local_grads(
     ``b_daq``/``b_dak``: both dA in registers, ``DT`` (DeltaNet, Gated DeltaNet); KDA reads them from ``a_b``/``ak_b``
     (the chunk's first row, row stride ``SA``). ``q_b``, ``k_b``: the chunk's first row of q and k (``[tokens, H, K]``,
     at this head), ``g_b``: of the gate (``[tokens, HV]`` or ``[tokens, HV, K]``, at this value head), ``be_b``: of
-    beta; the tile's key channels are ``k0 + o_k`` (``m_k`` their mask), its rows ``o_t < L`` (``m_t``)."""
+    beta; the tile's key channels are ``k0 + o_k`` (``m_k`` their mask), its rows ``o_t < L`` (``m_t``). ``r0``: zero
+    (KDA's pairwise terms add it to their load rows: :func:`.bwd_pairwise.kda_pairwise`)."""
     m_tk = m_t[:, None] & m_k[None, :]
     off_q = o_t[:, None] * (H * K) + (k0 + o_k)[None, :]  # [BT, BK] of [tokens, H, K] from the chunk's first row
     off_g = o_t[:, None] * (HV * K) + (k0 + o_k)[None, :]  # ... of [tokens, HV, K]
@@ -97,7 +99,7 @@ def chunk_local_grads(
     if GATE == 2:  # KDA's per-channel pairwise terms, by blocks of BC rows, accumulated in place
         b_dq, b_dkrow, b_dkcol, b_db = kda_pairwise(
             b_dq, b_dkrow, b_dkcol, b_db, b_k, b_beta, b_gam, a_b, ak_b,
-            q_b, k_b, be_b, k0 + o_k, m_k, L,
+            q_b, k_b, be_b, k0 + o_k, m_k, L, r0,
             SA, H * K, HV, BT, BC, DT, DOT_PREC,
         )  # fmt: skip
     b_q = tl.load(q_b + off_q, mask=m_tk, other=0).to(tl.float32)  # (loaded late: not live through KDA's terms)

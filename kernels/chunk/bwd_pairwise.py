@@ -80,6 +80,7 @@ def kda_pairwise(
     o_k,
     m_k,
     L,
+    r0,
     SA: tl.constexpr,
     SK: tl.constexpr,
     SB: tl.constexpr,
@@ -94,10 +95,13 @@ def kda_pairwise(
     ``b_k``, ``b_gam``: the chunk's ``[BT, BK]`` float32 tiles (zero rows past its end ``L``); ``b_beta``:
     ``[BT]``. ``a_q``, ``a_k``: dA_qk, dA_kk at the chunk's first row (row stride ``SA``, ``BT`` columns, ``DT``);
     ``q_b``, ``k_b`` (row stride ``SK``), ``be_b`` (row stride ``SB``): the chunk's first
-    row of q, k and beta; ``o_k``/``m_k``: this program's key channels."""
+    row of q, k and beta; ``o_k``/``m_k``: this program's key channels. ``r0``: zero, added to the row indices; inside
+    a loop over key tiles (``dqk_KLOOP``) a zero the compiler cannot prove loop-invariant, so that the blocks' address
+    and mask tensors (``[BT, BC]`` and ``[BT, BK]``, several per block) are formed where they are used, not hoisted out
+    of the loop and kept live over it (sm_90a, BT = 64, BC = 16, dqk_BK = 16: 292 bytes of spills)."""
     NB: tl.constexpr = BT // BC
-    o_t = tl.arange(0, BT)
-    o_c = tl.arange(0, BC)
+    o_t = r0 + tl.arange(0, BT)
+    o_c = r0 + tl.arange(0, BC)
     blk = o_t // BC
     m_t = o_t < L
     for J in tl.static_range(NB):

@@ -144,6 +144,19 @@ add("g8-BT64", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16}
 # KDA's pairwise block rows apart from stage 1's sub-chunks
 add("dqkBC32", Shape(1, 70, 1, 1, 16, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16, "dqk_BC": 32}, gate_min=-60.0)
 add("dqkBC16", Shape(2, 37, 1, 2, 16, 32, 2, Gate.CHANNEL), {"BT": 32, "BC": 32, "dqk_BC": 16})
+# The dq/dk stage's key tiles in a loop inside one program per chunk (dqk_KLOOP: the value side once, dVβ written over
+# dV_new and read back by every key tile, KDA's one dA scratch copy): several key tiles (the last one partial at K =
+# 40), strong decays, odd T, varlen with an empty sequence, K != V, with the reverse pass's dVβ and with the dv stage
+KLOOP = {"dqk_KLOOP": True, "dqk_BK": 16}
+add("kloop-g60-odd", Shape(1, 37, 2, 4, 32, 16, 1, Gate.CHANNEL), {**BT32, **KLOOP}, gate_min=-60.0, scale=0.3)
+add("kloop-varlen", Shape(1, 0, 2, 4, 40, 24, 4, Gate.CHANNEL, True), {**BT16, **KLOOP}, seq_lens=[1, 17, 0, 5])
+add("kloop-BT64-revdv", Shape(1, 70, 2, 4, 32, 16, 1, Gate.CHANNEL), {"BT": 64, "BC": 16, **KLOOP, "REVERSE_DV": True},
+    gate_min=-60.0)  # fmt: skip
+add("kloop-split", Shape(1, 40, 2, 4, 32, 16, 1, Gate.CHANNEL), {**BT32, **KLOOP, "FUSE_DV": False}, gate_min=-60.0)
+# one pairwise block of 32 rows per chunk of 32: its exact element-wise diagonal (gates to -60) inside the key loop
+add("kloop-dqkBC32", Shape(2, 37, 2, 4, 48, 32, 2, Gate.CHANNEL), {**BT32, **KLOOP, "dqk_BC": 32}, gate_min=-60.0)
+for gate in (Gate.NONE, Gate.SCALAR):  # dA in registers over the key loop; Gated DeltaNet's dγ partial per key tile
+    add("kloop-odd", Shape(2, 37, 2, 4, 40, 16, 2, gate), {**BT32, **KLOOP}, scale=0.3)
 
 # The reverse pass: transposed adjoint (dh_LAYOUT = "vk") and sequence-parallel (dh_SEG_CHUNKS: segments of 1-2 chunks
 # so that every sequence has several), with grouped heads (H = 2, HV = 4), K != V, varlen with an empty sequence
@@ -325,3 +338,16 @@ def test_backward_config_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     dqk.clear()
     gradients_vs_loop(p, x, {**cfg, "BT": 32, "dqk_BC": 32})
     assert [r["BC"] for r in dqk] == [32]
+
+
+def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dqk_KLOOP launches one program per chunk and value head with the key tiles in its loop (the gradient cases above
+    would also pass with one program per key tile); with one key tile there is nothing to loop over."""
+    dqk: list[dict[str, Any]] = []
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_dqk_kernel", _Spy(chunk_bwd.chunk_bwd_dqk_kernel, dqk))
+    p = Shape(1, 20, 1, 2, 32, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=3)
+    assert_close(gradients_vs_loop(p, x, {**BT16, "dqk_KLOOP": True, "dqk_BK": 16}), TOL[torch.float32])
+    gradients_vs_loop(p, x, {**BT16, "dqk_BK": 16})
+    gradients_vs_loop(p, x, {**BT16, "dqk_KLOOP": True, "dqk_BK": 32})
+    assert [(d["grid"][1], d["KLOOP"], d["NK"]) for d in dqk] == [(1, True, 2), (2, False, 2), (1, False, 1)]

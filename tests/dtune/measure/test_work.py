@@ -117,5 +117,15 @@ def test_backward_stage_floors_follow_the_pipeline() -> None:
     )
     assert "chunk_output_kernel" in {s.kernel for s in unfused_fwd}
     assert sum(s.work.bytes for s in stages(BT=64)) < total  # half the chunk states
+
+    def dqk(**over: object) -> roofline.Work:
+        return next(s.work for s in stages(**over) if s.kernel == "chunk_bwd_dqk_kernel")
+
+    # dqk_KLOOP: the value side (3 [C, C] x [C, V] products per token, KDA's dA copy) once per chunk, not per key tile
+    tiles, loop = dqk(dqk_BK=32), dqk(dqk_BK=32, dqk_KLOOP=True)
+    ta, C = 8 * 4096 * 16, 32
+    assert tiles.flops - loop.flops == ta * 2 * 3 * 3 * C * 128
+    assert tiles.bytes - loop.bytes == 3 * 2 * ta * C * 2 - ta * 128 * 2  # three dA copies fewer, dVβ stored
+    assert dqk(dqk_BK=128, dqk_KLOOP=True) == dqk(dqk_BK=128)  # one key tile: nothing to loop over
     whole = roofline.work("chunk_kda_bwd", p, torch.bfloat16, True, True)
     assert total > whole.bytes  # the pipeline's intermediates on top of the compulsory bytes
