@@ -21,6 +21,10 @@
    B = 2, T = 16384 searched to ``h_BV`` 64 and ``SEG_CHUNKS`` 32 where the D = 64 T = 4096 entry has ``h_BV`` 32,
    unsegmented).
 
+4. **The reverse pass** (:func:`reverse_pass`, the chunk backward): its segments by the same regime (a sequence of
+   8192 tokens or more whose plain pass leaves SMs idle; at least two segments per sequence) and its transposed layout
+   only where the value tile keeps 64 rows.
+
 Every value set comes from the template's legal values, so the result passes the kernel's ``check_config``. The
 :class:`Choice` says where the config came from and what was changed (``dtune list --shape``, ``dtune bench``'s
 ``config_source``).
@@ -272,9 +276,47 @@ def borrow(entries: Iterable[Tuned], kernel: str, dtype: str, shape: Shape, sm_c
             for name in SEGMENT_ONLY:
                 if new[name] != default[name]:
                     new[name], why[name] = default[name], "no segments"
+    if "dh_SEG_CHUNKS" in full:
+        for name, (value, reason) in reverse_pass(new, target, shape.HV, shape.V, sm_count).items():
+            new[name], why[name] = value, reason
     changes = tuple(Change(n, full[n], new[n], why.get(n, "")) for n in new if new[n] != full[n])
     config = {**donor.config, **{c.param: c.new for c in changes}}
     return Choice(config, BORROWED, dict(b), changes, state_bucket)
+
+
+# The backward's reverse state pass: the transposed layout needs state tiles of at least 64 value rows (the search
+# spaces' dh_vk_rows); segments only for sequences of 8192 tokens or more whose plain pass leaves SMs idle
+# (dh_seg_underfilled), split into more than one segment (dh_seg_splits); 64 chunks when the donor had none (H200,
+# B = 1, T = 32768, chunk 64: 1.4-1.5x the plain pass in the training step, benchmarks/bwd_variants.py).
+VK_MIN_ROWS = 64
+REVERSE_SEG_START = 64
+
+
+def reverse_pass(
+    config: Mapping[str, Any], target: Mapping[str, int], HV: int, V: int, sm_count: int | None
+) -> dict[str, tuple[Any, str]]:
+    """The backward's reverse-pass parameters for the target bucket (``dh_LAYOUT``, ``dh_SEG_CHUNKS``): what changes,
+    with why. ``sm_count`` None: the donor's segments are kept where they still split the sequence."""
+    out: dict[str, tuple[Any, str]] = {}
+    dh_BV = int(config["dh_BV"])
+    if config["dh_LAYOUT"] == "vk" and dh_BV < VK_MIN_ROWS:
+        out["dh_LAYOUT"] = ("kv", f"dh_BV = {dh_BV}: the transposed layout needs {VK_MIN_ROWS} value rows")
+    N, T, BT, seg = target["B"], target["T"], int(config["BT"]), int(config["dh_SEG_CHUNKS"])
+    programs = N * HV * math.ceil(V / max(16, min(dh_BV, next_power_of_2(V))))
+    if sm_count is not None:
+        want = T >= MIN_SEGMENTED_TOKENS and programs < sm_count
+        if not want:
+            seg = 0
+        elif seg == 0:
+            seg = REVERSE_SEG_START
+    while seg > SEG_RANGE[0] and seg * BT >= T:  # at least two segments per sequence
+        seg //= 2
+    if seg * BT >= T:
+        seg = 0
+    if seg != int(config["dh_SEG_CHUNKS"]):
+        fill = f"{N} sequence(s) × {HV} value heads of {T} tokens: {programs} reverse-pass programs"
+        out["dh_SEG_CHUNKS"] = (seg, fill + (f" for {sm_count} SMs" if sm_count is not None else ""))
+    return out
 
 
 def _segments(
