@@ -88,13 +88,11 @@ def l2norm_bwd(x: Tensor, rstd: Tensor, dy: Tensor) -> Tensor:
 
 
 @triton.jit
-def gate_fwd_kernel(
+def _gate_rows(
     g,
     A_log,
     dt_bias,
-    out,
     rows,
-    lower_bound,
     NH: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -102,9 +100,9 @@ def gate_fwd_kernel(
     SCALAR: tl.constexpr,
     HAS_A: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    BOUNDED: tl.constexpr,
 ):
-    # g as [rows, NH, D]: KDA NH = HV heads of D = K channels; Gated DeltaNet NH = 1, D = HV (the heads are columns)
+    """The program's rows of g as [rows, NH, D]: their offsets and mask, the biased input x and the factor a = exp(A_log)
+    (KDA NH = HV heads of D = K channels; Gated DeltaNet NH = 1, D = HV: the heads are columns)."""
     i_r, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     o_r = i_r * BR + tl.arange(0, BR)
     o_d = tl.arange(0, BD)
@@ -121,6 +119,27 @@ def gate_fwd_kernel(
             b_a = tl.exp(tl.load(A_log + i_h).to(tl.float32))
     else:
         b_a = 1.0
+    return offs, m, b_x, b_a
+
+
+@triton.jit
+def gate_fwd_kernel(
+    g,
+    A_log,
+    dt_bias,
+    out,
+    rows,
+    lower_bound,
+    NH: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BR: tl.constexpr,
+    SCALAR: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BOUNDED: tl.constexpr,
+):
+    offs, m, b_x, b_a = _gate_rows(g, A_log, dt_bias, rows, NH, D, BD, BR, SCALAR, HAS_A, HAS_BIAS)
     if BOUNDED:
         b_o = lower_bound * tl.sigmoid(b_a * b_x)
     else:
@@ -148,23 +167,8 @@ def gate_bwd_kernel(
     HAS_BIAS: tl.constexpr,
     BOUNDED: tl.constexpr,
 ):
-    i_r, i_h = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    o_r = i_r * BR + tl.arange(0, BR)
-    o_d = tl.arange(0, BD)
-    m_d = o_d < D
-    m = (o_r[:, None] < rows) & m_d[None, :]
-    offs = (o_r[:, None] * NH + i_h) * D + o_d[None, :]
-    b_x = tl.load(g + offs, mask=m, other=0.0).to(tl.float32)
+    offs, m, b_x, b_a = _gate_rows(g, A_log, dt_bias, rows, NH, D, BD, BR, SCALAR, HAS_A, HAS_BIAS)
     b_do = tl.load(dout + offs, mask=m, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        b_x += tl.load(dt_bias + i_h * D + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
-    if HAS_A:
-        if SCALAR:
-            b_a = tl.exp(tl.load(A_log + o_d, mask=m_d, other=0.0).to(tl.float32))[None, :]
-        else:
-            b_a = tl.exp(tl.load(A_log + i_h).to(tl.float32))
-    else:
-        b_a = 1.0
     if BOUNDED:  # o = lb·σ(z), z = a·x: do/dx = lb·σ(1 − σ)·a, do/dA_log = lb·σ(1 − σ)·z
         b_z = b_a * b_x
         b_s = tl.sigmoid(b_z)
@@ -175,7 +179,9 @@ def gate_bwd_kernel(
         b_dx = -b_do * b_a * tl.sigmoid(b_x)
         b_da = -b_do * b_a * _softplus(b_x)
     tl.store(dg + offs, b_dx.to(dg.dtype.element_ty), mask=m)
-    part = (i_r * NH + i_h) * D + o_d
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    part = (tl.program_id(0).to(tl.int64) * NH + tl.program_id(1)) * D + o_d
     if HAS_A:
         tl.store(dA_part + part, tl.sum(b_da, 0), mask=m_d)  # masked rows: dout = 0, so their terms are 0
     if HAS_BIAS:

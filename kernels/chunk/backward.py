@@ -303,12 +303,16 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as
     ``"blocks"`` (the variant that stores ``T``, by substitution) with its diagonal guard, the forward's segments
     (``SEG_CHUNKS``) as long in tokens as the forward config's, the state pass's tiles from the backward config's
-    ``fh_*`` where set (tuned at the backward's BT), everything else the forward's."""
+    ``fh_*`` where set (tuned at the backward's BT), W, U and A_qk stored (the backward reads them: a forward config
+    that recomputes them in the state pass, ``WU`` / ``AQK = "recomputed"``, stores them here), the state pass's
+    tiles by pointer loads in its plain loop (``STATE_TMA``, ``STATE_LOOP`` are the forward's choices, timed there,
+    not in the step), everything else the forward's."""
     BT = bwd_config["BT"]
     seg = int(fwd_config.get("SEG_CHUNKS", 0))
     if seg > 0:
         seg = max(1, seg * int(fwd_config["BT"]) // BT)
     cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA="blocks", SOLVE="subst", SEG_CHUNKS=seg)
+    cfg.update(WU="stored", AQK="stored", STATE_TMA=False, STATE_LOOP="range")
     for name in ("BV", "num_warps", "num_stages"):
         if bwd_config.get(f"fh_{name}", 0):
             cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]

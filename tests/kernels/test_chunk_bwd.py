@@ -351,3 +351,17 @@ def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     gradients_vs_loop(p, x, {**BT16, "dqk_BK": 16})
     gradients_vs_loop(p, x, {**BT16, "dqk_KLOOP": True, "dqk_BK": 32})
     assert [(d["grid"][1], d["KLOOP"], d["NK"]) for d in dqk] == [(1, True, 2), (2, False, 2), (1, False, 1)]
+
+
+# A forward config that recomputes W, U and A_qk in its state pass (and loads its tiles by TMA): the forward under
+# autograd still gives the backward what it reads, whatever it saves
+RECOMPUTING_FWD = {"BT": 16, "BC": 16, "WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_BV": 16}
+
+
+@pytest.mark.parametrize("save", ["none", "intra", "all"])
+@pytest.mark.parametrize("gate", [Gate.NONE, Gate.SCALAR], ids=["none", "scalar"])
+def test_gradients_under_a_recomputing_forward_config(gate: Gate, save: str) -> None:
+    problem = Shape(1, 0, 2, 4, 16, 32, 4, gate, True)  # HV = 2H, K != V
+    x = make_inputs(problem, seed=8, seq_lens=[33, 0, 20, 50])
+    errs = gradients_vs_loop(problem, x, {**BT16, "SAVE": save}, fwd_config=RECOMPUTING_FWD)
+    assert_close(errs, TOL[torch.float32])
