@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from dtune.kernels import KERNELS
 
+from dtune._env import child_env
+
 try:
     from dtune.measure.sm90 import H100_SMEM, NoToolchain, compile_sm90, stage_kernels
 except ImportError:  # pragma: no cover
@@ -170,8 +172,7 @@ def case_ids() -> list[str]:
 @pytest.mark.parametrize("index", range(len(CASES)), ids=case_ids())
 def test_stages_compile_for_sm90(index: int) -> None:
     # Compiled Triton and the interpreter do not mix in one process: compile in a child without TRITON_INTERPRET.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this process's dtune (a checkout's, not an install)
+    env = child_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})  # this checkout's dtune
     proc = subprocess.run(
         [sys.executable, __file__, str(index)], env=env, capture_output=True, text=True, timeout=300, check=False
     )
