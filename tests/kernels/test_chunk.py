@@ -556,6 +556,9 @@ GPU_VARIANTS: dict[str, dict[str, Any]] = {
     "wu-tma-BT64": {"WU": "recomputed", "STATE_TMA": True, "BT": 64, "SOLVE": "squaring", "intra_num_warps": 4},
     "tma": {"STATE_TMA": True},
     "tma-ws": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2},
+    # the scalar gate's rows loaded a chunk ahead in registers
+    "wu-tma-gatepf": {"WU": "recomputed", "STATE_TMA": True, "GATE_LOADS": "prefetched"},
+    "tma-ws-gatepf": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2, "GATE_LOADS": "prefetched"},
 }
 GPU_BASE = {"BT": 32, "BC": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True, "FUSE_OUTPUT": True}
 # the same heads and head dims where possible, so that the cases share their compiled kernels
@@ -578,9 +581,10 @@ GPU_CASES = [
         ("B2-T777-H2-HV4-D128", F32),
     )
     if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws"))
-    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws"))
-    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws"))
-    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws"))
+    and (gate is Gate.SCALAR or not v.endswith("gatepf"))
+    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws", "wu-tma-gatepf"))
+    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws", "wu-tma-gatepf"))
+    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws", "tma-ws-gatepf"))
 ]
 
 
