@@ -5,7 +5,8 @@ Variants (search parameters of kernels/chunk/params.py, applied on top of the sh
 bucket, dtune/configs/h200.json): ``WU = "recomputed"`` (stage 1 stores only the chunk's inverse T; the state pass
 forms V_new itself), ``AQK = "recomputed"`` (and A_qk), ``STATE_TMA`` (the state pass's tiles by TMA descriptors),
 ``STATE_LOOP = "specialized"`` (warp-specialised chunk loop), and their combinations at other tiles (h_BV 128 at 8
-warps, BT 64). DeltaNet and Gated DeltaNet get all of them; KDA (W, U and A_qk stored) the TMA and loop variants.
+warps, BT 64). DeltaNet and Gated DeltaNet get all of them; KDA (W, U and A_qk stored) the TMA and loop variants;
+Gated DeltaNet also ``GATE_LOADS = "prefetched"`` (the state pass's gate rows loaded a chunk ahead, in registers).
 
 Shapes: bf16, H = 16, K = V = 128, initial state and final state; ``B8`` = B 8, T 4096; ``B1`` = B 1, T 32768 (the
 shipped configs there run the sequence-parallel state pass).
@@ -84,6 +85,13 @@ KDA_ACCURACY: list[tuple[str, dict[str, Any], bool]] = [
     ("tma blocks subst", {**TMA, "INTRA": "blocks", "SOLVE": "subst", "DIAG_BF16": False}, True),
 ]
 VARIANTS += [(name, extra, True) for name, extra, _ in KDA_ACCURACY]
+# Gated DeltaNet's state pass with its gate rows prefetched a chunk ahead in registers (GATE_LOADS): on the shipped
+# config and on WU recomputed + TMA (the B8 shipped one)
+GATE_ROWS: list[tuple[str, dict[str, Any], bool]] = [
+    ("gate-prefetch", {"GATE_LOADS": "prefetched"}, False),
+    ("wu+tma gate-prefetch", {**WU, **TMA, "GATE_LOADS": "prefetched"}, False),
+]
+VARIANTS += GATE_ROWS
 
 
 def shipped_config(kernel: str, B: int, T: int) -> dict[str, Any]:
@@ -107,6 +115,8 @@ def configs_for(kernel: str, kind: str, interpret: bool) -> list[tuple[str, dict
     rows = []
     for name, extra, kda in VARIANTS:
         if (kernel == "chunk_kda" and not kda) or (kernel != "chunk_kda" and any(name == n for n, *_ in KDA_ACCURACY)):
+            continue
+        if kernel != "chunk_gated_delta_rule" and any(name == n for n, *_ in GATE_ROWS):
             continue
         cfg = {**base, **extra}
         if interpret and "h_BV" in extra:

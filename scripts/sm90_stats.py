@@ -1,6 +1,7 @@
 """Static figures of one chunk stage compiled for sm_90a (Hopper) on any machine, no GPU: tensor-core instructions,
-shared-memory traffic and barriers inside the chunk loop of the PTX, and registers / spills from the ptxas that
-Triton ships (dtune.measure.sm90). The source of the "kv" vs "vk" state-pass table in reports/h200/NOTES.md.
+shared-memory traffic and barriers inside the chunk loop of the PTX, registers / spills from the ptxas that Triton
+ships, and the loop's machine instructions (cuobjdump; dtune.measure.sm90). The source of the "kv" vs "vk"
+state-pass table in reports/h200/NOTES.md.
 
 Usage:  python scripts/sm90_stats.py [--gate scalar] [--stage state] [--dim 128] CONFIG_JSON [CONFIG_JSON ...]
 e.g.    python scripts/sm90_stats.py '{}' '{"STATE_LAYOUT": "vk", "h_BV": 64}'
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 import triton
 
-from dtune.measure.sm90 import OPS, PATTERNS, stage_stats
+from dtune.measure.sm90 import OPS, PATTERNS, SASS_PATTERNS, stage_stats
 
 
 def main() -> None:
@@ -32,11 +33,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16")
     a = ap.parse_args()
     print(f"{OPS[a.gate]}, {a.dtype}, K = V = {a.dim}, stage {a.stage}, sm_90a, triton {triton.__version__}")
-    cols = [*PATTERNS, "regs", "spills"]
-    print(f"{'config':<48}" + "".join(f"{c:>10}" for c in cols))
+    cols = [*PATTERNS, "regs", "spills", "sass", *SASS_PATTERNS]  # sass: machine instructions in the loop
+    print(f"{'config':<48}" + "".join(f"{c:>12}" for c in cols))
     for text in a.configs:
         row = stage_stats(a.gate, a.stage, a.dim, a.dtype, json.loads(text))
-        print(f"{text:<48}" + "".join(f"{row[c]:>10}" for c in cols))
+        print(f"{text:<48}" + "".join(f"{row.get(c, '-'):>12}" for c in cols))
 
 
 if __name__ == "__main__":

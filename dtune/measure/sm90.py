@@ -147,7 +147,7 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         )
         | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
         | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False)), RECOMPUTE=recompute, TMA=tma)
-        | dict(QK_RECOMPUTE=recompute_qk)
+        | dict(QK_RECOMPUTE=recompute_qk, GATE_PREFETCH=cfg.get("GATE_LOADS", "pipelined") == "prefetched")
         | loop_options(cfg, tma),
         cfg["h_num_warps"],
         cfg["h_num_stages"],
@@ -211,30 +211,58 @@ def loop_body(ptx: str) -> str:
     return "\n".join(lines[best[0] : best[1] + 1])
 
 
-def ptxas_usage(ptx: str) -> tuple[int, int]:
-    """(registers, spill-store bytes) of the kernel, from ptxas -v for sm_90a."""
+def _ptxas() -> str:
     try:  # the ptxas Triton itself uses for sm_90 (Triton >= 3.4 ships a second one for new targets)
         from triton.backends.nvidia.compiler import get_ptxas
 
-        ptxas = get_ptxas(90).path
+        return str(get_ptxas(90).path)
     except ImportError:  # older Triton: the one ptxas it ships
-        ptxas = sorted(glob.glob(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas*")))[0]
+        return sorted(glob.glob(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas*")))[0]
+
+
+def _assemble(ptx: str, d: str) -> tuple[Path, str]:
+    """(the cubin, ptxas -v's report) of ``ptx`` for sm_90a, in the folder ``d``."""
+    src, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
+    src.write_text(ptx)
+    cmd = [_ptxas(), "-v", "--gpu-name", "sm_90a", str(src), "-o", str(cubin)]
+    return cubin, subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+
+
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers, spill-store bytes) of the kernel, from ptxas -v for sm_90a."""
     with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "k.ptx"
-        src.write_text(ptx)
-        out = subprocess.run(
-            [ptxas, "-v", "--gpu-name", "sm_90a", str(src), "-o", str(Path(d) / "k.cubin")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stderr
+        out = _assemble(ptx, d)[1]
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
     return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
 
 
+SASS_PATTERNS = {"sass.ex2": r"MUFU\.EX2", "sass.ldgsts": r"LDGSTS", "sass.bar": r"BAR\.SYNC", "sass.gmma": r"HGMMA"}
+
+
+def sass_loop(ptx: str) -> dict[str, int]:
+    """The machine code ptxas makes of ``ptx`` (sm_90a, disassembled by the cuobjdump Triton ships): instructions in
+    the body of the longest conditional backward branch (the chunk loop of the state pass; waits on barriers branch
+    back unconditionally), and of them :data:`SASS_PATTERNS`. Empty where this Triton ships no cuobjdump."""
+    cuobjdump = Path(_ptxas()).parent / "cuobjdump"
+    if not cuobjdump.is_file():
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        cubin = _assemble(ptx, d)[0]
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = (0, -1)
+    for addr, text in code:
+        m = re.match(r"@!?U?P\w+\s+BRA\s+0x([0-9a-f]+)", text.strip())
+        if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > best[1] - best[0]:
+            best = (int(m.group(1), 16), addr)
+    body = [text for addr, text in code if best[0] <= addr <= best[1]]
+    return {"sass": len(body)} | {n: sum(bool(re.search(p, t)) for t in body) for n, p in SASS_PATTERNS.items()}
+
+
 def stage_stats(gate: str, stage: str, dim: int, dtype: str, overrides: dict[str, Any]) -> dict[str, int]:
-    """Instruction counts in the main loop of one stage's PTX (:data:`PATTERNS`), registers and spill bytes."""
+    """Instruction counts in the main loop of one stage's PTX (:data:`PATTERNS`), registers and spill bytes, and the
+    loop's machine instructions (:func:`sass_loop`)."""
     cfg = KERNELS[OPS[gate]].check_config(dim, dim, overrides)
     stages = {s[0]: s for s in stage_kernels(gate, dtype, dim, dim, cfg, False)}
     if stage not in stages:
@@ -244,4 +272,4 @@ def stage_stats(gate: str, stage: str, dim: int, dtype: str, overrides: dict[str
     body = loop_body(ptx)
     counts = {name: len(re.findall(p, body)) for name, p in PATTERNS.items()}
     regs, spills = ptxas_usage(ptx)
-    return {**counts, "regs": regs, "spills": spills}
+    return {**counts, "regs": regs, "spills": spills, **sass_loop(ptx)}

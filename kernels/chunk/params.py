@@ -76,6 +76,12 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         params["QK_DIRECT"] = (False, True)
         params["WU"] = ("stored", "recomputed")
         params["AQK"] = ("stored", "recomputed")
+    if gate == "scalar":
+        # the state pass's gate rows (γ and γ_C per chunk): "pipelined" (loads in the chunk they serve, which Triton's
+        # pipeliner turns into cp.async through shared memory: per chunk a wait, a barrier and ~180 instructions of
+        # per-row predicates at sm_90a), or "prefetched" (plain loads of chunk n + 1 issued in chunk n, carried in
+        # registers: Gated DeltaNet D 128 "vk" WU recomputed + TMA, 809 -> 697 instructions in the loop)
+        params["GATE_LOADS"] = ("pipelined", "prefetched")
     return params
 
 
@@ -122,4 +128,6 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["DIAG_BF16"] = False
     else:
         cfg["QK_DIRECT"] = False  # not yet timed on a GPU (2026-12-01)
+    if gate == "scalar":
+        cfg["GATE_LOADS"] = "pipelined"  # "prefetched" not yet timed on a GPU
     return cfg

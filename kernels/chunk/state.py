@@ -63,6 +63,22 @@ def _tile(base, off, mask, td, row, col, TMA: tl.constexpr, TRANS: tl.constexpr)
     return x
 
 
+@triton.jit
+def _gate(gout, t0, eos, i_hv, o_t, BT: tl.constexpr, HV: tl.constexpr):
+    """The scalar gate of the chunk from token ``t0``: γ per row and γ_C (the chunk's last row), 0 past ``eos`` (no
+    load there: a chunk past the sequence, or an empty sequence at the start of the batch)."""
+    b_gam = tl.load(gout + (t0 * HV + i_hv) + o_t * HV, mask=o_t < (eos - t0).to(tl.int32), other=0)
+    b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv, mask=t0 < eos, other=0)
+    return b_gam, b_gC
+
+
+@triton.jit
+def _exp(x):
+    """e^x as 2^(x log2 e): ex2.approx.ftz on sm_90a; ``tl.exp`` (ex2.approx without ftz) costs three more
+    instructions each for the denormal results that float32 products here never need."""
+    return tl.math.exp2(x * 1.4426950408889634)
+
+
 @triton.jit(do_not_specialize=["T"])
 def chunk_state_kernel(
     q,
@@ -117,6 +133,7 @@ def chunk_state_kernel(
     LOOP_STAGES: tl.constexpr = None,
     LOOP_WS: tl.constexpr = False,
     STORE_STATES: tl.constexpr = False,
+    GATE_PREFETCH: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -184,19 +201,24 @@ def chunk_state_kernel(
     elif USE_H0:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
 
+    PREFETCH: tl.constexpr = GATE == 1 and GATE_PREFETCH
+    if PREFETCH:  # the first chunk's gate; each chunk then loads the next one's, a whole chunk ahead of its use
+        b_gam_n, b_gC_n = _gate(gout, bos, eos, i_hv, o_t, BT, HV)
     for i_t in tl.range(0, NTn, num_stages=LOOP_STAGES, warp_specialize=LOOP_WS):
         t0 = bos + i_t * BT
         r0 = t0.to(tl.int32)  # descriptor row
-        m_t = o_t < eos - t0
+        m_t = o_t < (eos - t0).to(tl.int32)  # (an int32 compare per row: the chunk's rows left, not token indices)
+        if PREFETCH:
+            b_gam, b_gC = b_gam_n, b_gC_n
+            b_gam_n, b_gC_n = _gate(gout, t0 + BT, eos, i_hv, o_t, BT, HV)
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = (m_v[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_v[None, :])
         m_tu = (m_u[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_u[None, :])
         row_hv = t0 * HV + i_hv  # scalar: first row of the chunk in [tokens, HV, ...]
         row_h = t0 * H + i_h
         EARLY: tl.constexpr = RECOMPUTE or QK_RECOMPUTE  # a recomputed product needs k and γ before the output
-        if GATE == 1 and EARLY:
-            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
-            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
+        if GATE == 1 and EARLY and not PREFETCH:
+            b_gam, b_gC = _gate(gout, t0, eos, i_hv, o_t, BT, HV)
         if EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
         if RECOMPUTE:
@@ -209,7 +231,7 @@ def chunk_state_kernel(
                 b_ks = tl.dot(b_k, b_hc, input_precision=DOT_PREC)  # K S [BT, BV]
             b_rf = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)  # β per token row
             if GATE == 1:
-                b_eg = tl.exp(b_gam)
+                b_eg = _exp(b_gam)
                 b_x -= b_ks * (b_eg[None, :] if TRANS else b_eg[:, None])
             else:
                 b_x -= b_ks
@@ -231,9 +253,8 @@ def chunk_state_kernel(
         if USE_TMA:  # rows past the sequence hold the next one's tokens: no part of V_new, the output or the state
             b_vn = tl.where(m_tv, b_vn, 0.0)
         b_vnc = b_vn.to(DT)
-        if GATE == 1 and not EARLY:
-            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
-            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
+        if GATE == 1 and not EARLY and not PREFETCH:
+            b_gam, b_gC = _gate(gout, t0, eos, i_hv, o_t, BT, HV)
         if SEG == 1:
             pass  # transitions only: no output, no chunk states
         elif FUSE_OUTPUT:
@@ -244,13 +265,13 @@ def chunk_state_kernel(
             else:
                 b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32) * scale
                 if GATE == 1:
-                    b_q *= tl.exp(b_gam)[:, None]
+                    b_q *= _exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
             if QK_RECOMPUTE:  # scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j)), causal (j <= i), rows of this chunk
                 m_qk = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
                 b_A = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
                 if GATE == 1:
-                    b_A *= tl.exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
+                    b_A *= _exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
                     b_A = (b_A * scale).to(DT)
                 else:
                     b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
@@ -263,7 +284,7 @@ def chunk_state_kernel(
             if GATE != 2 and DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
                 b_qf = tl.full([BT], scale, dtype=tl.float32)
                 if GATE == 1:
-                    b_qf *= tl.exp(b_gam)
+                    b_qf *= _exp(b_gam)
                 b_o *= b_qf[None, :] if TRANS else b_qf[:, None]
             if TRANS:
                 b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
@@ -293,11 +314,11 @@ def chunk_state_kernel(
         elif GATE == 1:
             if DIRECT:  # k~ᵀ V_new = kᵀ (exp(γ_C − γ) ⊙ V_new): the factor on the token rows of V_new
                 b_kg = b_k
-                b_dk = tl.exp(b_gC - b_gam)
+                b_dk = _exp(b_gC - b_gam)
                 b_vk = (b_vn * (b_dk[None, :] if TRANS else b_dk[:, None])).to(DT)
             else:
-                b_kg = (b_k.to(tl.float32) * tl.exp(b_gC - b_gam)[:, None]).to(DT)
-            b_h *= tl.exp(b_gC)
+                b_kg = (b_k.to(tl.float32) * _exp(b_gC - b_gam)[:, None]).to(DT)
+            b_h *= _exp(b_gC)
         else:
             b_kg = b_k
         if TRANS:
@@ -425,6 +446,7 @@ def _launch(
         **tds,
         **loop_options(call.config, bool(tds)),
         STORE_STATES=fuse and inter.h is not None,
+        GATE_PREFETCH=call.config.get("GATE_LOADS", "pipelined") == "prefetched",
         **launch,
     )
 

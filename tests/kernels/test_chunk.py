@@ -168,6 +168,21 @@ for gate in (Gate.NONE, Gate.SCALAR):
     # TMA asked for where K is no power of two: pointer tiles (and the loop not specialised)
     add(Problem(1, 37, 1, 1, 24, 40, 1, gate), config={**both, "h_BV": 32, "STATE_LOOP": "specialized"},
         extra="-recomputed-tma-K24")  # fmt: skip
+# the scalar gate's rows loaded a chunk ahead (GATE_LOADS = "prefetched"): V_new from W, U or from T, A_qk stored or
+# recomputed, both layouts, pointer and TMA tiles, the warp-specialised loop, unfused, segments; T = 1, odd T, grouped
+# value heads, K != V, varlen batches with an empty sequence (first: no gate row before it is read) and of one token
+PF = {"BT": 32, "BC": 16, "h_BV": 16, "GATE_LOADS": "prefetched"}
+add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.SCALAR), config=PF, extra="-gatepf")
+add(Problem(2, 1, 2, 2, 32, 32, 2, Gate.SCALAR), config={**PF, "STATE_LAYOUT": "vk"}, extra="-gatepf-vk")
+add(Problem(1, 0, 1, 2, 32, 48, 4, Gate.SCALAR, True), seq_lens=[0, 40, 1, 33], config={**PF, "WU": "recomputed",
+    "STATE_LAYOUT": "vk", "STATE_TMA": True}, extra="-gatepf-wurec-vk-tma")  # fmt: skip
+add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.SCALAR), config={**PF, "WU": "recomputed", "AQK": "recomputed"},
+    extra="-gatepf-wurec-aqkrec-kv")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 32, 3, Gate.SCALAR, True), seq_lens=[40, 0, 32], config={**PF, "STATE_TMA": True,
+    "QK_DIRECT": True, "STATE_LAYOUT": "vk", "h_num_stages": 2, "STATE_LOOP": "specialized"},
+    extra="-gatepf-tma-vk-ws")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 32, 3, Gate.SCALAR, True), seq_lens=[70, 0, 45], config={**PF, "FUSE_OUTPUT": False,
+    "SEG_CHUNKS": 2}, extra="-gatepf-segments")  # fmt: skip
 add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config={**SMALL, "STATE_TMA": True, "STATE_LAYOUT": "vk",
     "h_BV": 16}, extra="-tma-vk")  # fmt: skip
 add(Problem(1, 0, 1, 2, 32, 32, 4, Gate.CHANNEL, True), seq_lens=[1, 40, 0, 33], config={**SMALL, "STATE_TMA": True,
@@ -338,6 +353,14 @@ INF_CONFIGS = {
     "blocks_split-BT64": {"BT": 64, "BC": 16, "INTRA": "blocks_split"},
     "onepass-squaring": {"BT": 32, "BC": 16, "INTRA": "onepass", "SOLVE": "squaring"},
     "recomputed-tma": {"BT": 32, "BC": 16, "WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_BV": 16},
+    "gate-prefetched": {
+        "BT": 16,
+        "BC": 16,
+        "WU": "recomputed",
+        "STATE_LAYOUT": "vk",
+        "h_BV": 16,
+        "GATE_LOADS": "prefetched",
+    },
 }
 
 
@@ -352,6 +375,7 @@ def test_full_forget_gates(gate: Gate, name: str) -> None:
     if gate is Gate.CHANNEL:  # KDA stores W, U and A_qk (its decays are per key channel)
         cfg.pop("WU", None)
         cfg.pop("AQK", None)
+        cfg.pop("GATE_LOADS", None)  # (the scalar gate's)
     p = Problem(1, 0, 1, 2, 32, 16, 3, gate, True)
     x = with_full_forgets(make_inputs(p, seed=41, seq_lens=[70, 0, 41], gate_min=-3.0), gate, True, seed=42)
     check(p, x, cfg)
@@ -532,6 +556,9 @@ GPU_VARIANTS: dict[str, dict[str, Any]] = {
     "wu-tma-BT64": {"WU": "recomputed", "STATE_TMA": True, "BT": 64, "SOLVE": "squaring", "intra_num_warps": 4},
     "tma": {"STATE_TMA": True},
     "tma-ws": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2},
+    # the scalar gate's rows loaded a chunk ahead in registers
+    "wu-tma-gatepf": {"WU": "recomputed", "STATE_TMA": True, "GATE_LOADS": "prefetched"},
+    "tma-ws-gatepf": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2, "GATE_LOADS": "prefetched"},
 }
 GPU_BASE = {"BT": 32, "BC": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True, "FUSE_OUTPUT": True}
 # the same heads and head dims where possible, so that the cases share their compiled kernels
@@ -554,9 +581,10 @@ GPU_CASES = [
         ("B2-T777-H2-HV4-D128", F32),
     )
     if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws"))
-    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws"))
-    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws"))
-    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws"))
+    and (gate is Gate.SCALAR or not v.endswith("gatepf"))
+    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws", "wu-tma-gatepf"))
+    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws", "wu-tma-gatepf"))
+    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws", "tma-ws-gatepf"))
 ]
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from dtune.kernels import KERNELS
 
+from dtune._env import child_env
+
 try:
     from dtune.measure.sm90 import H100_SMEM, NoToolchain, compile_sm90, stage_kernels
 except ImportError:  # pragma: no cover
@@ -130,6 +132,22 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         True,
     ),
     ("none", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64, "h_num_stages": 3, "STATE_TMA": True}, False),
+    # the scalar gate's rows loaded a chunk ahead (GATE_LOADS): TMA tiles with V_new recomputed, the segmented pass
+    (
+        "scalar",
+        "bf16",
+        128,
+        {
+            "WU": "recomputed",
+            "STATE_LAYOUT": "vk",
+            "h_BV": 64,
+            "h_num_stages": 3,
+            "STATE_TMA": True,
+            "GATE_LOADS": "prefetched",
+        },
+        True,
+    ),
+    ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "h_BV": 64, "GATE_LOADS": "prefetched"}, False),
 ]
 
 
@@ -154,7 +172,7 @@ def case_ids() -> list[str]:
 @pytest.mark.parametrize("index", range(len(CASES)), ids=case_ids())
 def test_stages_compile_for_sm90(index: int) -> None:
     # Compiled Triton and the interpreter do not mix in one process: compile in a child without TRITON_INTERPRET.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})  # this checkout's dtune
     proc = subprocess.run(
         [sys.executable, __file__, str(index)], env=env, capture_output=True, text=True, timeout=300, check=False
     )

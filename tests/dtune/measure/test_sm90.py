@@ -32,3 +32,5 @@ def test_stage_stats_of_the_state_pass() -> None:
     row = json.loads(last)
     assert row["regs"] > 0 and row["spills"] >= 0
     assert row["bar.sync"] > 0 and row["wgmma"] + row["mma.sync"] > 0  # a loop of tensor-core dots and barriers
+    if "sass" in row:  # the loop's machine code: the gate's exponentials, the barriers and the wgmma dots in it
+        assert row["sass"] > row["sass.ex2"] > 0 and row["sass.bar"] > 0 and row["sass.gmma"] > 0
