@@ -25,12 +25,18 @@ kernel's exact pass, ``DIAG = 2``) redoes it exactly; with the guard off (``SAFE
 overflows to inf/NaN (loud, never a silently small error). The half span counts from ``s`` rather than the block's
 first row: one more gate step than ``"blocks"``' guard, so slightly more chunks take the exact pass.
 
+Units. The kernel scales the gate by ``log2(e)`` as it loads it and takes every exponential as ``exp2``: one
+``ex2.approx.ftz`` instruction each (sm_90a), where ``exp`` is a multiply, a range test and two conditional fix-ups
+for results below 2^−126 — the ones flushed to zero here, all below ``exp(−87)`` and beside factors near 1. The guard
+compares the half span in the same units (80 nats = 80 · log2(e)); the one reduction of it runs after the key loop.
+
 W's operand ``β k exp(γ)`` goes through the W buffer: stored in the key loop, read back after the solve (after a
 barrier; the same program's rows, in L1/L2) and overwritten with ``W = T (β k exp(γ))``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -50,11 +56,35 @@ from .intra_blocks import (
     chunk_intra_blocks_kernel,
 )
 
+LOG2E: tl.constexpr = tl.constexpr(math.log2(math.e))
+
 
 @triton.jit
-def _pick_row(b_x, row: tl.constexpr, BC: tl.constexpr):
-    """Row ``row`` of a ``[BC, BX]`` tile, as a vector."""
-    return tl.sum(tl.where((tl.arange(0, BC) == row)[:, None], b_x, 0.0), 0)
+def _add_pairs(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _row_and_sum(b_x, b_y, row: tl.constexpr, BC: tl.constexpr):
+    """Row ``row`` of the ``[BC, BX]`` tile ``b_x`` and the column sums of ``b_y``, as vectors: one reduction over the
+    rows for both (one round of cross-thread exchanges)."""
+    return tl.reduce((tl.where((tl.arange(0, BC) == row)[:, None], b_x, 0.0), b_y), 0, _add_pairs)
+
+
+@triton.jit
+def _inv_squaring_pair(b_N1, b_N2, BC: tl.constexpr):
+    """:func:`.intra_blocks._inv_squaring` of both diagonal blocks at once, as ``[2, BC, BC]`` batched dots: each of
+    the six steps is one dot (one exchange of operands between threads) for both blocks."""
+    b_N = tl.permute(tl.join(b_N1, b_N2), (2, 0, 1))
+    o_c = tl.arange(0, BC)
+    b_eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)[None, :, :]
+    b_M = tl.dot(b_N, b_N, input_precision="ieee")  # N^2
+    b_P = tl.dot(b_eye - b_N, b_eye + b_M, input_precision="ieee")
+    b_M = tl.dot(b_M, b_M, input_precision="ieee")  # N^4
+    b_P = tl.dot(b_P, b_eye + b_M, input_precision="ieee")
+    b_M = tl.dot(b_M, b_M, input_precision="ieee")  # N^8
+    b_P = tl.dot(b_P, b_eye + b_M, input_precision="ieee")
+    return tl.split(tl.permute(b_P, (1, 2, 0)))
 
 
 @triton.jit
@@ -144,49 +174,50 @@ def chunk_intra_onepass_kernel(
         b_Dq2 = tl.zeros([BC, BC], dtype=tl.float32)
         b_A21 = tl.zeros([BC, BC], dtype=tl.float32)
         b_Aq21 = tl.zeros([BC, BC], dtype=tl.float32)
-    b_half = 0.0
+    b_half = tl.zeros([BK], dtype=tl.float32)  # per key channel; reduced once, after the loop
 
     # ---- 1. one pass over the key tiles: A's blocks, q~, k~, exp(γ_C) and W's operand (into the W buffer) ---------
     for i_k in range(NK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         # block 1: s = 0 (the chunk's start)
-        b_g = load_gate(g_b + (r1[:, None] * SG + o_k[None, :]), m1[:, None] & m_k[None, :])
+        b_g = load_gate(g_b + (r1[:, None] * SG + o_k[None, :]), m1[:, None] & m_k[None, :]) * LOG2E
         b_gam = tl.cumsum(b_g, 0)
-        b_s1 = tl.sum(b_g, 0)  # γ at the end of block 1 (masked rows add 0)
-        b_gm = _pick_row(b_gam, MID, BC)
-        b_half = tl.maximum(b_half, tl.max(tl.maximum(-b_gm, b_gm - b_s1), 0))
-        b_eL = tl.exp(b_gam - b_gm[None, :])
-        b_eR = tl.exp(b_gm[None, :] - b_gam)
+        b_gm, b_s1 = _row_and_sum(b_gam, b_g, MID, BC)  # and γ at the end of block 1 (masked rows add 0)
+        b_half = tl.maximum(b_half, tl.maximum(-b_gm, b_gm - b_s1))
+        b_eL = tl.exp2(b_gam - b_gm[None, :])
+        b_eR = tl.exp2(b_gm[None, :] - b_gam)
         b_k = _rows(k_b, r1, SK, o_k, m1, m_k)
         b_q = _rows(q_b, r1, SK, o_k, m1, m_k)
         b_kL1 = b_k * b_eL  # k_i e^(γ_i − γ_m)
         b_kR1 = b_k * b_eR  # k_j e^(γ_m − γ_j)
         b_qL1 = b_q * b_eL
         b_D1, b_Dq1 = _diag_dots(b_D1, b_Dq1, b_kL1, b_kR1, b_qL1, DT, DIAG_LOWP, DOT_PREC)
-        b_em = tl.exp(b_gm)[None, :]  # e^(γ_m − s), s = 0: within e^(±80) when unflagged
+        b_em = tl.exp2(b_gm)[None, :]  # e^(γ_m − s), s = 0: within e^(±80) when unflagged
         _store_rows(qg_b, r1, SG, o_k, m1, m_k, b_qL1 * (b_em * scale))
         _store_rows(w_b, r1, SG, o_k, m1, m_k, b_kL1 * b_em * b_be1[:, None])
         if NB == 1:
             b_gC = b_s1
-            _store_rows(kg_b, r1, SG, o_k, m1, m_k, b_kR1 * tl.exp(b_gC - b_gm)[None, :])
+            _store_rows(kg_b, r1, SG, o_k, m1, m_k, b_kR1 * tl.exp2(b_gC - b_gm)[None, :])
         else:
             # block 2: s = s1; the columns of the off-diagonal block are block 1's rows, k_j e^(s1 − γ_j) <= 1
-            b_col = b_kR1 * tl.exp(b_s1 - b_gm)[None, :]
-            b_g = load_gate(g_b + (r2[:, None] * SG + o_k[None, :]), m2[:, None] & m_k[None, :])
-            b_gam = tl.cumsum(b_g, 0) + b_s1[None, :]
-            b_gC = b_s1 + tl.sum(b_g, 0)
-            b_gm = _pick_row(b_gam, MID, BC)
-            b_half = tl.maximum(b_half, tl.max(tl.maximum(b_s1 - b_gm, b_gm - b_gC), 0))
-            b_eL = tl.exp(b_gam - b_gm[None, :])
-            b_eR = tl.exp(b_gm[None, :] - b_gam)
+            b_col = b_kR1 * tl.exp2(b_s1 - b_gm)[None, :]
+            b_g = load_gate(g_b + (r2[:, None] * SG + o_k[None, :]), m2[:, None] & m_k[None, :]) * LOG2E
+            b_gam = tl.cumsum(b_g, 0)
+            b_gm, b_gC = _row_and_sum(b_gam, b_g, MID, BC)
+            b_gam += b_s1[None, :]
+            b_gm += b_s1
+            b_gC += b_s1
+            b_half = tl.maximum(b_half, tl.maximum(b_s1 - b_gm, b_gm - b_gC))
+            b_eL = tl.exp2(b_gam - b_gm[None, :])
+            b_eR = tl.exp2(b_gm[None, :] - b_gam)
             b_k = _rows(k_b, r2, SK, o_k, m2, m_k)
             b_q = _rows(q_b, r2, SK, o_k, m2, m_k)
             b_kL = b_k * b_eL
             b_kR = b_k * b_eR
             b_qL = b_q * b_eL
             b_D2, b_Dq2 = _diag_dots(b_D2, b_Dq2, b_kL, b_kR, b_qL, DT, DIAG_LOWP, DOT_PREC)
-            b_em = tl.exp(b_gm - b_s1)[None, :]  # e^(γ_m − s1) <= 1
+            b_em = tl.exp2(b_gm - b_s1)[None, :]  # e^(γ_m − s1) <= 1
             b_kr = b_kL * b_em  # rows k_i e^(γ_i − s1) <= 1
             b_qr = b_qL * b_em
             b_colT = tl.trans(b_col.to(DT))
@@ -194,15 +225,15 @@ def chunk_intra_onepass_kernel(
             b_Aq21 += tl.dot(b_qr.to(DT), b_colT, input_precision=DOT_PREC)
             # e^(γ_i) = e^(γ_i − s1) e^(s1): factors <= 1 (the vector e^(γ_m) alone could underflow where e^(γ_i)
             # does not)
-            b_es = tl.exp(b_s1)[None, :]
+            b_es = tl.exp2(b_s1)[None, :]
             _store_rows(qg_b, r2, SG, o_k, m2, m_k, b_qr * (b_es * scale))
             _store_rows(w_b, r2, SG, o_k, m2, m_k, b_kr * b_es * b_be2[:, None])
-            _store_rows(kg_b, r2, SG, o_k, m2, m_k, b_kR * tl.exp(b_gC - b_gm)[None, :])
-            _store_rows(kg_b, r1, SG, o_k, m1, m_k, b_col * tl.exp(b_gC - b_s1)[None, :])
-        tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
+            _store_rows(kg_b, r2, SG, o_k, m2, m_k, b_kR * tl.exp2(b_gC - b_gm)[None, :])
+            _store_rows(kg_b, r1, SG, o_k, m1, m_k, b_col * tl.exp2(b_gC - b_s1)[None, :])
+        tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp2(b_gC), mask=m_k)
 
     if DIAG == 1:  # a block too steep for the factors above: the exact pass redoes this chunk
-        tl.store(flags + i_c * HV + i_hv, tl.where(b_half > 80.0, 1, 0))
+        tl.store(flags + i_c * HV + i_hv, tl.where(tl.max(b_half, 0) > 80.0 * LOG2E, 1, 0))
 
     # ---- 2. finish the blocks (β, scale, store A_qk), the inverse of I + A_kk ------------------------------------------
     b_c0 = tl.zeros([BC], dtype=tl.float32)  # no scalar gate
@@ -224,9 +255,10 @@ def chunk_intra_onepass_kernel(
         if NB == 2:
             b_T2 += b_eye
     else:  # by repeated squaring
-        b_T1 = _inv_squaring(b_D1, BC)
         if NB == 2:
-            b_T2 = _inv_squaring(b_D2, BC)
+            b_T1, b_T2 = _inv_squaring_pair(b_D1, b_D2, BC)
+        else:
+            b_T1 = _inv_squaring(b_D1, BC)
     b_I11 = b_T1.to(DT)
     if NB == 2:
         b_I22 = b_T2.to(DT)
