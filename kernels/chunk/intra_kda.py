@@ -72,22 +72,6 @@ def _row_and_sum(b_x, b_y, row: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _inv_squaring_pair(b_N1, b_N2, BC: tl.constexpr):
-    """:func:`.intra_blocks._inv_squaring` of both diagonal blocks at once, as ``[2, BC, BC]`` batched dots: each of
-    the six steps is one dot (one exchange of operands between threads) for both blocks."""
-    b_N = tl.permute(tl.join(b_N1, b_N2), (2, 0, 1))
-    o_c = tl.arange(0, BC)
-    b_eye = (o_c[:, None] == o_c[None, :]).to(tl.float32)[None, :, :]
-    b_M = tl.dot(b_N, b_N, input_precision="ieee")  # N^2
-    b_P = tl.dot(b_eye - b_N, b_eye + b_M, input_precision="ieee")
-    b_M = tl.dot(b_M, b_M, input_precision="ieee")  # N^4
-    b_P = tl.dot(b_P, b_eye + b_M, input_precision="ieee")
-    b_M = tl.dot(b_M, b_M, input_precision="ieee")  # N^8
-    b_P = tl.dot(b_P, b_eye + b_M, input_precision="ieee")
-    return tl.split(tl.permute(b_P, (1, 2, 0)))
-
-
-@triton.jit
 def _diag_dots(b_D, b_Dq, b_kL, b_kR, b_qL, DT: tl.constexpr, LOWP: tl.constexpr, DOT_PREC: tl.constexpr):
     """The diagonal block's ``A_kk`` and ``A_qk`` products: float32 operands (the call's dot precision), or with
     ``LOWP`` the intermediates' 16-bit dtype, as the off-diagonal blocks (bfloat16 keeps float32's exponent range,
@@ -255,10 +239,9 @@ def chunk_intra_onepass_kernel(
         if NB == 2:
             b_T2 += b_eye
     else:  # by repeated squaring
+        b_T1 = _inv_squaring(b_D1, BC)
         if NB == 2:
-            b_T1, b_T2 = _inv_squaring_pair(b_D1, b_D2, BC)
-        else:
-            b_T1 = _inv_squaring(b_D1, BC)
+            b_T2 = _inv_squaring(b_D2, BC)
     b_I11 = b_T1.to(DT)
     if NB == 2:
         b_I22 = b_T2.to(DT)
