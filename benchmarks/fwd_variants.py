@@ -64,38 +64,37 @@ H, D = 16, 128
 WU = {"WU": "recomputed"}
 TMA = {"STATE_TMA": True}
 WS = {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2}
-# (name, overrides on the shipped config); DeltaNet and Gated DeltaNet get every row, KDA the ones marked True
-VARIANTS: list[tuple[str, dict[str, Any], bool]] = [
-    ("shipped", {}, True),
-    ("tma", TMA, True),
-    ("tma+ws", WS, True),
-    ("wu", WU, False),
-    ("wu+tma", {**WU, **TMA}, False),
-    ("wu+tma+ws", {**WU, **WS}, False),
-    ("wu+aqk+tma w8", {**WU, "AQK": "recomputed", **TMA, "h_num_warps": 8, "h_num_stages": 2}, False),
-    ("wu+tma hBV128 w8", {**WU, **TMA, "h_BV": 128, "h_num_warps": 8}, False),
-    ("wu+tma BT64", {**WU, **TMA, "BT": 64, "h_num_stages": 2, "SOLVE": "squaring", "intra_num_warps": 4}, False),
-]
-# KDA's output error (4.0e-3 against fla's 3.3e-3 on the H200; 3.4e-3 through the training forward's stage 1, blocks
-# with substitution): which of the shipped stage 1's choices (onepass, squaring, bfloat16 diagonal dots) costs it
-KDA_ACCURACY: list[tuple[str, dict[str, Any], bool]] = [
-    ("tma diag-f32", {**TMA, "DIAG_BF16": False}, True),
-    ("tma subst", {**TMA, "SOLVE": "subst"}, True),
-    ("tma subst diag-f32", {**TMA, "SOLVE": "subst", "DIAG_BF16": False}, True),
-    ("tma blocks subst", {**TMA, "INTRA": "blocks", "SOLVE": "subst", "DIAG_BF16": False}, True),
-]
+ALL = KERNEL_NAMES
+DN_GDN = ("chunk_gated_delta_rule", "chunk_delta_rule")  # W, U and A_qk recomputable (KDA's decays are per channel)
+GDN = ("chunk_gated_delta_rule",)
+KDA = ("chunk_kda",)
 # KDA's stage 1 at one warp with 64-wide key and value tiles (the fastest stage 1 of the H200 search of 2026-12-01,
 # 0.718 ms with substitution, against the shipped tiles' 0.707 with squaring; both before its exponentials were exp2)
 INTRA_W1 = {"intra_num_warps": 1, "intra_BK": 64, "intra_BV": 64, "SOLVE": "subst"}
-KDA_ONLY = [*KDA_ACCURACY, ("tma w1 bk64 subst", {**TMA, **INTRA_W1}, True)]
-VARIANTS += [(name, extra, True) for name, extra, _ in KDA_ONLY]
-# Gated DeltaNet's state pass with its gate rows prefetched a chunk ahead in registers (GATE_LOADS): on the shipped
-# config and on WU recomputed + TMA (the B8 shipped one)
-GATE_ROWS: list[tuple[str, dict[str, Any], bool]] = [
-    ("gate-prefetch", {"GATE_LOADS": "prefetched"}, False),
-    ("wu+tma gate-prefetch", {**WU, **TMA, "GATE_LOADS": "prefetched"}, False),
+# (name, overrides on the shipped config, the kernels it applies to)
+VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    ("shipped", {}, ALL),
+    ("tma", TMA, ALL),
+    ("tma+ws", WS, ALL),
+    ("wu", WU, DN_GDN),
+    ("wu+tma", {**WU, **TMA}, DN_GDN),
+    ("wu+tma+ws", {**WU, **WS}, DN_GDN),
+    ("wu+aqk+tma w8", {**WU, "AQK": "recomputed", **TMA, "h_num_warps": 8, "h_num_stages": 2}, DN_GDN),
+    ("wu+tma hBV128 w8", {**WU, **TMA, "h_BV": 128, "h_num_warps": 8}, DN_GDN),
+    ("wu+tma BT64", {**WU, **TMA, "BT": 64, "h_num_stages": 2, "SOLVE": "squaring", "intra_num_warps": 4}, DN_GDN),
+    # KDA's output error (4.0e-3 against fla's 3.3e-3 on the H200; 3.4e-3 through the training forward's stage 1,
+    # blocks with substitution): which of the shipped stage 1's choices (onepass, squaring, bfloat16 diagonal dots)
+    # costs it
+    ("tma diag-f32", {**TMA, "DIAG_BF16": False}, KDA),
+    ("tma subst", {**TMA, "SOLVE": "subst"}, KDA),
+    ("tma subst diag-f32", {**TMA, "SOLVE": "subst", "DIAG_BF16": False}, KDA),
+    ("tma blocks subst", {**TMA, "INTRA": "blocks", "SOLVE": "subst", "DIAG_BF16": False}, KDA),
+    ("tma w1 bk64 subst", {**TMA, **INTRA_W1}, KDA),
+    # Gated DeltaNet's state pass with its gate rows prefetched a chunk ahead in registers (GATE_LOADS): on the shipped
+    # config and on WU recomputed + TMA (the B8 shipped one)
+    ("gate-prefetch", {"GATE_LOADS": "prefetched"}, GDN),
+    ("wu+tma gate-prefetch", {**WU, **TMA, "GATE_LOADS": "prefetched"}, GDN),
 ]
-VARIANTS += GATE_ROWS
 
 
 def shipped_config(kernel: str, B: int, T: int) -> dict[str, Any]:
@@ -117,10 +116,8 @@ def configs_for(kernel: str, kind: str, interpret: bool) -> list[tuple[str, dict
     if interpret:  # tiny shapes: segments of 2 chunks, BC 16 (the interpreter's bf16 dots are not checked here)
         base = {**base, "SEG_CHUNKS": 2 if base.get("SEG_CHUNKS") else 0, "h_BV": 16}
     rows = []
-    for name, extra, kda in VARIANTS:
-        if (kernel == "chunk_kda" and not kda) or (kernel != "chunk_kda" and any(name == n for n, *_ in KDA_ONLY)):
-            continue
-        if kernel != "chunk_gated_delta_rule" and any(name == n for n, *_ in GATE_ROWS):
+    for name, extra, kernels in VARIANTS:
+        if kernel not in kernels:
             continue
         cfg = {**base, **extra}
         if interpret and "h_BV" in extra:
