@@ -45,7 +45,7 @@ def test_one_case_per_shipped_bucket(loo: ModuleType) -> None:
     packed = [c for c in cases if c.workload.seq_lens is not None]
     assert len(packed) == 3 and all(c.shape.varlen and c.shape.N == 16 and c.shape.T == 52640 for c in packed)
     kda = next(c for c in cases if c.kernel == "chunk_kda" and c.label == "T16384-B2-D128")
-    assert kda.lookup["SEG_CHUNKS"] == kda.own["SEG_CHUNKS"] == 64 and "SEG_CHUNKS 8→64" in kda.changes
+    assert kda.lookup["SEG_CHUNKS"] == kda.own["SEG_CHUNKS"] == 64 and "SEG_CHUNKS 16→64" in kda.changes
     every = loo.cases(table, loo.select("all"))
     backward = [c for c in every if c.kernel.endswith("_bwd")]
     entries = [e for e in table.entries if e.kernel.endswith("_bwd")]
