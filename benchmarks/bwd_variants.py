@@ -83,6 +83,7 @@ VK32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_LAYOUT": "vk", "dh_BV": 128, "dh
 # and one pairwise block of 32 rows (sm_90a: 245-255 registers, no spills)
 KDA32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_BV": 32, "dh_num_warps": 4, "dh_num_stages": 2, "dqk_BC": 32}
 KLOOP = {"dqk_KLOOP": True}
+ONEPASS = {"fh_INTRA": "onepass"}
 
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
 Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
@@ -114,6 +115,22 @@ VARIANTS: list[Variant] = [
         (Gate.CHANNEL,),
     ),
     ("BT32 kda-bc32 kloop", {**KDA32, **KLOOP}, ("b8",), (Gate.CHANNEL,)),
+    # KDA's training forward by the one-pass stage 1 (fh_INTRA; "blocks" under autograd took 1.44 of the 6.60 ms step
+    # at B8, the forward's one-pass 0.65): on the shipped configs, and with stage 1 re-run instead of kept (SAVE none:
+    # the cheaper stage 1 twice, 512 MiB less)
+    (
+        "BT32 vk128 kda-bc32 save-intra onepass",
+        {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS},
+        ("b8",),
+        (Gate.CHANNEL,),
+    ),
+    ("BT32 vk128 kda-bc32 onepass", {**VK32, "dqk_BC": 32, **ONEPASS}, ("b8",), (Gate.CHANNEL,)),
+    (
+        "BT32 vk128 kda-bc32 save-intra seg128 onepass",
+        {**VK32, "dqk_BC": 32, "SAVE": "intra", "dh_SEG_CHUNKS": 128, **ONEPASS},
+        ("b1",),
+        (Gate.CHANNEL,),
+    ),
 ]
 
 

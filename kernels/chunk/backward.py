@@ -35,7 +35,8 @@ and q̃, k̃, e^{γ_C} or γ), the chunk-start states and ``V_new`` (stored by t
 too where the forward config fuses it); ``"intra"``: it keeps stage 1's outputs and the
 backward re-runs the state pass; ``"none"``: the forward is the plain one (its own config) and the backward
 re-runs stages 1 and 2 of the forward. With ``"all"``/``"intra"`` the forward under autograd runs stage 1 as
-``INTRA = "blocks"`` with the backward config's ``BT``/``BC`` (it stores ``T``), then the forward's own state-pass
+``INTRA = "blocks"`` (KDA with ``fh_INTRA = "onepass"``: the forward's one-pass kernel) with the backward config's
+``BT``/``BC`` (it stores ``T``; so does the re-run of ``"none"``), then the forward's own state-pass
 launchers: sequence-parallel where the forward config has segments (``SEG_CHUNKS``, kept as long in tokens; with
 ``"intra"`` the segments' entering states are kept for the re-run, which then skips phases 1 and 2); its other
 parameters (tiles, warps, the state layout) from the forward config, or from the backward's ``fh_*``.
@@ -48,7 +49,7 @@ Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`che
 (``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage
 (``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs); the reverse pass's layout
 ``dh_LAYOUT``, segments ``dh_SEG_CHUNKS`` and ``REVERSE_DV``; KDA's pairwise block rows ``dqk_BC``; the forward state pass's tiles
-under autograd ``fh_*``.
+under autograd ``fh_*``; KDA's stage 1 under autograd ``fh_INTRA``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from .bwd_state import launch_reverse
 from .call import prepare_call
 from .call import tile as _tile
 from .intra_blocks import chunk_intra_blocks_kernel
+from .intra_kda import chunk_intra_onepass_kernel
 from .output import launch_output
 from .pipeline import forward as chunk_forward
 from .segments import launch_segment_starts
@@ -110,6 +112,10 @@ _COMMON: dict[str, tuple[Any, ...]] = {
 
 _CHANNEL: dict[str, tuple[Any, ...]] = {
     "dqk_BC": (16, 32, 64),  # KDA: rows per block of the dq/dk stage's per-channel pairwise terms
+    # KDA: the training forward's stage 1 (under autograd, and its re-run with SAVE "none"): "blocks" (by
+    # substitution), or "onepass" (:mod:`.intra_kda`, every gate factor from two exponentials per element; BT / BC
+    # in {1, 2}); both store T for the backward
+    "fh_INTRA": ("blocks", "onepass"),
 }
 
 
@@ -154,6 +160,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
     }
     if gate == "channel":
         cfg["dqk_BC"] = 16
+        cfg["fh_INTRA"] = "blocks"
     return cfg
 
 
@@ -165,6 +172,11 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
     for bc in ("BC", "dqk_BC"):
         if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
             raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")
+    if full.get("fh_INTRA") == "onepass" and full["BT"] // full["BC"] not in (1, 2):
+        raise ValueError(
+            f"config for {name}: fh_INTRA='onepass' holds 1 or 2 sub-chunks, needs BT <= 2 * BC, got BT={full['BT']}, "
+            f"BC={full['BC']}"
+        )
     return full
 
 
@@ -220,7 +232,8 @@ def forward_intermediates(
     output: bool = False,
     final_state: bool = False,
 ) -> tuple[Intermediates, Tensor | None, Tensor | None]:
-    """The forward's stages with their intermediates kept: stage 1 (``INTRA = "blocks"``, storing ``T`` too) unless
+    """The forward's stages with their intermediates kept: stage 1 (``INTRA = "blocks"``, or KDA's ``"onepass"``,
+    storing ``T`` too) unless
     ``inter`` already holds its outputs, then the state pass (``states``: ``"keep"``: chunk-start states and
     ``V_new`` kept, and with ``output`` the output too: inside the pass where the config fuses it, else by the
     output stage; ``"fused"``: the output inside the state pass, nothing kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
@@ -260,7 +273,15 @@ def forward_intermediates(
                 num_warps=config["intra_num_warps"], num_stages=config["intra_num_stages"],
             )  # fmt: skip
             grid = (NC, HV)
-            chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, **kw)
+            if config["INTRA"] == "onepass":  # KDA's one-pass stage 1, T stored as well; flagged chunks as below
+                okw = {n: v for n, v in kw.items() if n != "GATE"}
+                chunk_intra_onepass_kernel[grid](
+                    *args, tables.chunk_info, flags, scale, T, DIAG=1, DIAG_LOWP=False, SOLVE=0, **okw
+                )
+            else:
+                chunk_intra_blocks_kernel[grid](
+                    *args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, **kw
+                )
             if two_pass:  # the chunks whose diagonal blocks are too steep for the middle-row dot, exactly
                 chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=2, **kw)
     if states == "skip":
@@ -311,13 +332,15 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     seg = int(fwd_config.get("SEG_CHUNKS", 0))
     if seg > 0:
         seg = max(1, seg * int(fwd_config["BT"]) // BT)
-    cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA="blocks", SOLVE="subst", SEG_CHUNKS=seg)
+    intra = "onepass" if bwd_config.get("fh_INTRA") == "onepass" else "blocks"
+    cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA=intra, SOLVE="subst", SEG_CHUNKS=seg)
     cfg.update(WU="stored", AQK="stored", STATE_TMA=False, STATE_LOOP="range")
     for name in ("BV", "num_warps", "num_stages"):
         if bwd_config.get(f"fh_{name}", 0):
             cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
+        cfg["DIAG_BF16"] = False  # (onepass) the diagonal blocks' dots in float32: the accuracy of "blocks"
     return cfg
 
 

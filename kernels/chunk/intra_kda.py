@@ -30,6 +30,9 @@ Units. The kernel scales the gate by ``log2(e)`` as it loads it and takes every 
 for results below 2^−126 — the ones flushed to zero here, all below ``exp(−87)`` and beside factors near 1. The guard
 compares the half span in the same units (80 nats = 80 · log2(e)); the one reduction of it runs after the key loop.
 
+With ``STORE_AI`` (the forward under autograd, the backward's ``fh_INTRA = "onepass"``) it also stores the lower
+blocks of ``T = (I + A_kk)⁻¹`` in ``ai``, as ``"blocks"`` does; the exact pass of flagged chunks stores its own.
+
 W's operand ``β k exp(γ)`` goes through the W buffer: stored in the key loop, read back after the solve (after a
 barrier; the same program's rows, in L1/L2) and overwritten with ``W = T (β k exp(γ))``.
 """
@@ -120,6 +123,8 @@ def chunk_intra_onepass_kernel(
     DIAG: tl.constexpr,
     DIAG_LOWP: tl.constexpr,
     SOLVE: tl.constexpr,
+    ai=None,
+    STORE_AI: tl.constexpr = False,
 ):
     tl.static_assert(NB == 1 or NB == 2, "INTRA='onepass' holds 1 or 2 sub-chunks per chunk")
     tl.static_assert(DIAG == 0 or DIAG == 1, "the exact pass (DIAG = 2) is the 'blocks' kernel's")
@@ -247,6 +252,12 @@ def chunk_intra_onepass_kernel(
         b_I22 = b_T2.to(DT)
         b_T21 = -tl.dot(tl.dot(b_T2, b_A21, input_precision="ieee"), b_T1, input_precision="ieee")
         b_I21 = b_T21.to(DT)
+    if STORE_AI:  # for the backward (the training forward): T's lower blocks, rows as A_qk's, like "blocks" stores
+        ai_b = ai + (bos * HV + i_hv) * BT
+        _store_rows(ai_b, r1, SA, o_c, m1, o_c < BC, b_I11)
+        if NB == 2:
+            _store_rows(ai_b, r2, SA, o_c, m2, o_c < BC, b_I21)
+            _store_rows(ai_b + BC, r2, SA, o_c, m2, o_c < BC, b_I22)
 
     # ---- 3. W = T (β k e^γ) from the operand stored in step 1, U = T (β V) ------------------------------------------
     tl.debug_barrier()  # the operand rows other threads of this program stored are visible

@@ -155,6 +155,16 @@ add("kloop-BT64-revdv", Shape(1, 70, 2, 4, 32, 16, 1, Gate.CHANNEL), {"BT": 64, 
 add("kloop-split", Shape(1, 40, 2, 4, 32, 16, 1, Gate.CHANNEL), {**BT32, **KLOOP, "FUSE_DV": False}, gate_min=-60.0)
 # one pairwise block of 32 rows per chunk of 32: its exact element-wise diagonal (gates to -60) inside the key loop
 add("kloop-dqkBC32", Shape(2, 37, 2, 4, 48, 32, 2, Gate.CHANNEL), {**BT32, **KLOOP, "dqk_BC": 32}, gate_min=-60.0)
+# KDA's training forward by its one-pass stage 1 (fh_INTRA, T stored too): odd T with K != V and HV = 2H, strong
+# decays (flagged chunks: the exact pass stores their T), varlen with an empty sequence at one sub-chunk per chunk,
+# stage 1 re-run in the backward (SAVE "none") through the segmented reverse pass, everything saved
+ONEPASS = {"fh_INTRA": "onepass"}
+add("onepass-odd", Shape(2, 37, 2, 4, 16, 32, 2, Gate.CHANNEL), {**BT32, **ONEPASS}, scale=0.3)
+add("onepass-g60", Shape(1, 50, 1, 2, 32, 16, 1, Gate.CHANNEL), {**BT32, **ONEPASS}, gate_min=-60.0)
+add("onepass-varlen", Shape(1, 0, 2, 4, 16, 16, 4, Gate.CHANNEL, True), {**BT16, **ONEPASS}, seq_lens=[1, 17, 0, 5])
+add("onepass-none-seg", Shape(1, 70, 1, 1, 16, 32, 1, Gate.CHANNEL),
+    {**BT16, **ONEPASS, "SAVE": "none", "dh_SEG_CHUNKS": 2}, gate_min=-8.0)  # fmt: skip
+add("onepass-all", Shape(1, 40, 1, 1, 16, 16, 1, Gate.CHANNEL), {**BT32, **ONEPASS, "SAVE": "all"}, h0=False)
 for gate in (Gate.NONE, Gate.SCALAR):  # dA in registers over the key loop; Gated DeltaNet's dγ partial per key tile
     add("kloop-odd", Shape(2, 37, 2, 4, 40, 16, 2, gate), {**BT32, **KLOOP}, scale=0.3)
 
@@ -338,6 +348,30 @@ def test_backward_config_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     dqk.clear()
     gradients_vs_loop(p, x, {**cfg, "BT": 32, "dqk_BC": 32})
     assert [r["BC"] for r in dqk] == [32]
+
+
+@pytest.mark.parametrize("save", ["intra", "none"])
+def test_training_forward_stage_1_follows_fh_intra(save: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KDA's ``fh_INTRA = "onepass"``: the forward under autograd (with SAVE "none": the backward's re-run) runs
+    the one-pass stage 1 storing T, the blocks kernel only as its exact pass of flagged chunks; "blocks" never runs
+    the one-pass kernel there. An illegal sub-chunk count is refused."""
+    one: list[dict[str, Any]] = []
+    blocks: list[dict[str, Any]] = []
+    monkeypatch.setattr(chunk_bwd, "chunk_intra_onepass_kernel", _Spy(chunk_bwd.chunk_intra_onepass_kernel, one))
+    monkeypatch.setattr(chunk_bwd, "chunk_intra_blocks_kernel", _Spy(chunk_bwd.chunk_intra_blocks_kernel, blocks))
+    p = Shape(1, 40, 1, 1, 16, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=4)
+    errs = gradients_vs_loop(p, x, {"BT": 32, "BC": 16, "SAVE": save, "fh_INTRA": "onepass"})
+    assert_close(errs, TOL[torch.float32])
+    # once: under autograd ("intra"), or in the backward's re-run ("none", whose forward is the forward config's)
+    assert len(one) == 1 and one[0]["STORE_AI"] and one[0]["DIAG"] == 1
+    assert len(blocks) == 1 and blocks[0]["DIAG"] == 2  # only the exact pass
+    one.clear()
+    blocks.clear()
+    errs = gradients_vs_loop(p, x, {"BT": 32, "BC": 16, "SAVE": save})
+    assert not one and [r["DIAG"] for r in blocks] == [1, 2]
+    with pytest.raises(ValueError, match="fh_INTRA='onepass' holds 1 or 2 sub-chunks"):
+        chunk_bwd.check_config(16, 16, "channel", {"BT": 64, "BC": 16, "fh_INTRA": "onepass"})
 
 
 def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
