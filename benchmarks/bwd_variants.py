@@ -97,6 +97,23 @@ VARIANTS: list[Variant] = [
     # and stage 1 at the chunk of 64 in two sub-chunks of 32 (BC 32) instead of four of 16
     ("vk128 dqk-bk128 save-all", {**VK, **BK128, "SAVE": "all"}, ("b8",), DN_GDN),
     ("vk128 dqk-bk128 save-all bc32", {**VK, **BK128, "SAVE": "all", "BC": 32}, ("b8",), DN_GDN),
+    # stage 1 under autograd at 4 and 8 warps (fi_num_warps; the forward configs' 1 warp was tuned at BT 32). sm_90a
+    # (Triton 3.6, bf16, D 128, W, U, A_qk and T stored): at BT 64 with 1 warp it spills (Gated DeltaNet BC 16: 976
+    # bytes, DeltaNet BC 32: 92), at 4 warps 0-8 bytes, at 8 none
+    ("vk128 dqk-bk128 save-all fi-w4", {**VK, **BK128, "SAVE": "all", "fi_num_warps": 4}, ("b8",), DN_GDN),
+    ("vk128 dqk-bk128 save-all fi-w8", {**VK, **BK128, "SAVE": "all", "fi_num_warps": 8}, ("b8",), DN_GDN),
+    (
+        "vk128 dqk-bk128 save-all bc32 fi-w4",
+        {**VK, **BK128, "SAVE": "all", "BC": 32, "fi_num_warps": 4},
+        ("b8",),
+        DN_GDN,
+    ),
+    (
+        "vk128 dqk-bk128 save-all seg64 fi-w4",
+        {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fi_num_warps": 4},
+        ("b1",),
+        DN_GDN,
+    ),
     ("BT32 vk128 dqk-bk128 save-all", {**VK32, **BK128, "SAVE": "all"}, ("b8", "b1"), DN_GDN),
     ("BT32 vk128 dqk-bk128 save-intra", {**VK32, **BK128, "SAVE": "intra"}, ("b8",), DN_GDN),
     ("BT32 vk128 dqk-bk128 save-all seg128", {**VK32, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 128}, ("b1",), DN_GDN),
@@ -125,6 +142,20 @@ VARIANTS: list[Variant] = [
         (Gate.CHANNEL,),
     ),
     ("BT32 vk128 kda-bc32 onepass", {**VK32, "dqk_BC": 32, **ONEPASS}, ("b8",), (Gate.CHANNEL,)),
+    # (sm_90a: "blocks" with the forward config's tiles, 128 x 128, and 2 warps spills 140 bytes, at 4 none; the
+    # one-pass kernel 52 and none)
+    (
+        "BT32 vk128 kda-bc32 save-intra fi-w4",
+        {**VK32, "dqk_BC": 32, "SAVE": "intra", "fi_num_warps": 4},
+        ("b8",),
+        (Gate.CHANNEL,),
+    ),
+    (
+        "BT32 vk128 kda-bc32 save-intra onepass fi-w4",
+        {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fi_num_warps": 4},
+        ("b8",),
+        (Gate.CHANNEL,),
+    ),
     (
         "BT32 vk128 kda-bc32 save-intra seg128 onepass",
         {**VK32, "dqk_BC": 32, "SAVE": "intra", "dh_SEG_CHUNKS": 128, **ONEPASS},

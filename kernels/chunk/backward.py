@@ -49,7 +49,7 @@ Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`che
 (``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage
 (``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs); the reverse pass's layout
 ``dh_LAYOUT``, segments ``dh_SEG_CHUNKS`` and ``REVERSE_DV``; KDA's pairwise block rows ``dqk_BC``; the forward state pass's tiles
-under autograd ``fh_*``; KDA's stage 1 under autograd ``fh_INTRA``.
+under autograd ``fh_*``, stage 1's ``fi_*``; KDA's stage 1 under autograd ``fh_INTRA``.
 """
 
 from __future__ import annotations
@@ -107,6 +107,12 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "fh_BV": (0, 16, 32, 64, 128),
     "fh_num_warps": (0, 2, 4, 8),
     "fh_num_stages": (0, 1, 2, 3),
+    # stage 1 under autograd (and in the re-run of SAVE "none"), at the backward's BT: its key and value tiles, warps
+    # and pipeline stages, 0 = the forward config's (tuned for the forward's own chunk, often smaller)
+    "fi_BK": (0, 16, 32, 64, 128),
+    "fi_BV": (0, 16, 32, 64, 128),
+    "fi_num_warps": (0, 1, 2, 4, 8),
+    "fi_num_stages": (0, 1, 2, 3),
 }
 
 
@@ -157,6 +163,10 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "fh_BV": 0,
         "fh_num_warps": 0,
         "fh_num_stages": 0,
+        "fi_BK": 0,
+        "fi_BV": 0,
+        "fi_num_warps": 0,
+        "fi_num_stages": 0,
     }
     if gate == "channel":
         cfg["dqk_BC"] = 16
@@ -324,7 +334,7 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as
     ``"blocks"`` (the variant that stores ``T``, by substitution) with its diagonal guard, the forward's segments
     (``SEG_CHUNKS``) as long in tokens as the forward config's, the state pass's tiles from the backward config's
-    ``fh_*`` where set (tuned at the backward's BT), W, U and A_qk stored (the backward reads them: a forward config
+    ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the backward's BT), W, U and A_qk stored (the backward reads them: a forward config
     that recomputes them in the state pass, ``WU`` / ``AQK = "recomputed"``, stores them here), the state pass's
     tiles by pointer loads in its plain loop (``STATE_TMA``, ``STATE_LOOP`` are the forward's choices, timed there,
     not in the step), everything else the forward's."""
@@ -338,6 +348,9 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     for name in ("BV", "num_warps", "num_stages"):
         if bwd_config.get(f"fh_{name}", 0):
             cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]
+    for name in ("BK", "BV", "num_warps", "num_stages"):
+        if bwd_config.get(f"fi_{name}", 0):
+            cfg[f"intra_{name}"] = bwd_config[f"fi_{name}"]
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
         cfg["DIAG_BF16"] = False  # (onepass) the diagonal blocks' dots in float32: the accuracy of "blocks"

@@ -165,6 +165,11 @@ add("onepass-varlen", Shape(1, 0, 2, 4, 16, 16, 4, Gate.CHANNEL, True), {**BT16,
 add("onepass-none-seg", Shape(1, 70, 1, 1, 16, 32, 1, Gate.CHANNEL),
     {**BT16, **ONEPASS, "SAVE": "none", "dh_SEG_CHUNKS": 2}, gate_min=-8.0)  # fmt: skip
 add("onepass-all", Shape(1, 40, 1, 1, 16, 16, 1, Gate.CHANNEL), {**BT32, **ONEPASS, "SAVE": "all"}, h0=False)
+# stage 1 under autograd by its own tiles (fi_*): several key and value tiles, K != V, grouped heads
+FI = {"fi_BK": 16, "fi_BV": 16, "fi_num_warps": 2, "fi_num_stages": 1}
+for gate in Gate:
+    add("fi-tiles", Shape(1, 37, 1, 2, 32, 48, 1, gate), {**BT32, **FI}, scale=0.3)
+add("fi-onepass", Shape(2, 20, 1, 2, 32, 16, 2, Gate.CHANNEL), {**BT32, **FI, **ONEPASS}, gate_min=-60.0)
 for gate in (Gate.NONE, Gate.SCALAR):  # dA in registers over the key loop; Gated DeltaNet's dγ partial per key tile
     add("kloop-odd", Shape(2, 37, 2, 4, 40, 16, 2, gate), {**BT32, **KLOOP}, scale=0.3)
 
@@ -372,6 +377,27 @@ def test_training_forward_stage_1_follows_fh_intra(save: str, monkeypatch: pytes
     assert not one and [r["DIAG"] for r in blocks] == [1, 2]
     with pytest.raises(ValueError, match="fh_INTRA='onepass' holds 1 or 2 sub-chunks"):
         chunk_bwd.check_config(16, 16, "channel", {"BT": 64, "BC": 16, "fh_INTRA": "onepass"})
+
+
+def test_stage_1_tiles_under_autograd_reach_their_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fi_BK, fi_BV, fi_num_warps, fi_num_stages set stage 1's launch under autograd; 0 keeps the forward config's."""
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(chunk_bwd, "chunk_intra_blocks_kernel", _Spy(chunk_bwd.chunk_intra_blocks_kernel, seen))
+    p = Shape(1, 40, 1, 1, 32, 32, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=5)
+    fwd = {"intra_BK": 32, "intra_BV": 32, "intra_num_warps": 1, "intra_num_stages": 2}
+    for bwd, want in (
+        ({}, (32, 32, 1, 2)),
+        ({"fi_BK": 16, "fi_BV": 16, "fi_num_warps": 4, "fi_num_stages": 1}, (16, 16, 4, 1)),
+    ):
+        seen.clear()
+        leaves = {n: t.clone().requires_grad_(True) for n, t in x.items() if t is not None}
+        o, _ = ops.chunk_gated_delta_rule(
+            *(leaves[n] for n in ("q", "k", "v", "g", "beta")), initial_state=leaves["initial_state"],
+            config={"BT": 32, "BC": 16, **fwd}, bwd_config={**BT32, **bwd},
+        )  # fmt: skip
+        o.sum().backward()
+        assert [(r["BK"], r["BV"], r["num_warps"], r["num_stages"]) for r in seen] == [want]
 
 
 def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
