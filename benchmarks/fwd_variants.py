@@ -90,6 +90,10 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("tma subst diag-f32", {**TMA, "SOLVE": "subst", "DIAG_BF16": False}, KDA),
     ("tma blocks subst", {**TMA, "INTRA": "blocks", "SOLVE": "subst", "DIAG_BF16": False}, KDA),
     ("tma w1 bk64 subst", {**TMA, **INTRA_W1}, KDA),
+    # KDA's shipped one-pass stage 1 (substitution, float32 diagonal blocks) at 2 warps spills 48 bytes (sm_90a, Triton
+    # 3.6, bf16, K = V = 128); at 8 warps none, at 4 with value tiles of 64 4 bytes (at 4 with 128: 244)
+    ("intra w8", {"intra_num_warps": 8}, KDA),
+    ("intra w4 bv64", {"intra_num_warps": 4, "intra_BV": 64}, KDA),
     # Gated DeltaNet's state pass with its gate rows prefetched a chunk ahead in registers (GATE_LOADS): on the shipped
     # config and on WU recomputed + TMA (the B8 shipped one)
     ("gate-prefetch", {"GATE_LOADS": "prefetched"}, GDN),
