@@ -108,6 +108,20 @@ VARIANTS: list[Variant] = [
         ("b8",),
         DN_GDN,
     ),
+    # and the state pass under autograd (storing its states, BT 64) by value tiles of 32 at 4 warps, or of 128 at 8: no
+    # spills (sm_90a; the forward config's 64 at 4 warps: Gated DeltaNet 4 bytes)
+    (
+        "vk128 dqk-bk128 save-all fi-w4 fh-bv32",
+        {**VK, **BK128, "SAVE": "all", "fi_num_warps": 4, "fh_BV": 32},
+        ("b8",),
+        DN_GDN,
+    ),
+    (
+        "vk128 dqk-bk128 save-all fi-w8 fh-bv128-w8",
+        {**VK, **BK128, "SAVE": "all", "fi_num_warps": 8, "fh_BV": 128, "fh_num_warps": 8},
+        ("b8",),
+        DN_GDN,
+    ),
     (
         "vk128 dqk-bk128 save-all seg64 fi-w4",
         {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fi_num_warps": 4},
