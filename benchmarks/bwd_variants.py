@@ -9,14 +9,15 @@ Usage (one CUDA GPU, from the checkout's root):
 
 Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform down to -5: ``b8`` = B 8, T 4096 and
 ``b1`` = B 1, T 32768 (few long sequences). The step is what a backward kernel's trial times
-(:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape), then
-``torch.autograd.grad`` of the output and the final state; the variants are backward configs (:data:`VARIANTS`): the
-shipped lookup, then changes on and around it (for DeltaNet and Gated DeltaNet the chunk of 32 with what to save,
-for KDA the transposed reverse pass, its pairwise blocks and what to save, the sequence-parallel reverse pass on
-b1); a variant equal to the shipped config cross-checks the lookup. fla
-runs its own ``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for
-timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients
-may then be wrong: their errors are in the row too).
+(:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape),
+then ``torch.autograd.grad`` of the output and the final state; the variants are backward configs
+(:data:`VARIANTS`): the shipped lookup, then changes on and around it (for DeltaNet and Gated DeltaNet the chunk of
+32 with what to save, stage 1 and the state pass under autograd by their own tiles and warps, ``fi_*`` and ``fh_*``;
+for KDA the transposed reverse pass, its pairwise blocks, what to save, the training forward's stage 1 by the
+one-pass kernel, ``fh_INTRA``; the sequence-parallel reverse pass on b1); a variant equal to the shipped config
+cross-checks the lookup. fla runs its own ``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on
+Hopper (its issue 640): for timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says
+so in the row (its gradients may then be wrong: their errors are in the row too).
 
 Steps, each writing under $OUT (default ./out) before the next starts:
 
