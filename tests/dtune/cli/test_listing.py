@@ -25,7 +25,8 @@ def test_an_untuned_shape_says_what_it_borrows_and_changes() -> None:
     assert result.exit_code == 0, result.output
     flat = " ".join(result.output.split())
     assert "chunk_kda: borrowed: h200.json T4096-B8-H16-HV16-K64-V64" in flat
-    assert "state pass from T16384-B2-H16-HV16-K128-V128: h_BV 32→64" in flat and "SEG_CHUNKS 0→32" in flat
+    # (the D = 64 entry ships the segmented entries' state pass: only the segments change, with their reason)
+    assert "SEG_CHUNKS 0→32 (2 sequence(s) × 16 value heads of 16384 tokens: 32 state-pass programs" in flat
     rows = json.loads(
         runner.invoke(
             app, ["list", "--shape", "T4096-B8-D128", "-k", "chunk_kda,chunk_kda_bwd", "--gpu", "h200", "--json"]
