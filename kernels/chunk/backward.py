@@ -243,11 +243,11 @@ def forward_intermediates(
     final_state: bool = False,
 ) -> tuple[Intermediates, Tensor | None, Tensor | None]:
     """The forward's stages with their intermediates kept: stage 1 (``INTRA = "blocks"``, or KDA's ``"onepass"``,
-    storing ``T`` too) unless
-    ``inter`` already holds its outputs, then the state pass (``states``: ``"keep"``: chunk-start states and
-    ``V_new`` kept, and with ``output`` the output too: inside the pass where the config fuses it, else by the
-    output stage; ``"fused"``: the output inside the state pass, nothing kept; ``"skip"``: no state pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's).
-    Returns ``(intermediates, o or None, final state or None)``.
+    storing ``T`` too) unless ``inter`` already holds its outputs, then the state pass (``states``: ``"keep"``:
+    chunk-start states and ``V_new`` kept, and with ``output`` the output too: inside the pass where the config fuses
+    it, else by the output stage; ``"fused"``: the output inside the state pass, nothing kept; ``"skip"``: no state
+    pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's). Returns ``(intermediates, o or None,
+    final state or None)``.
 
     Stage 1 is launched here (the forward's own launcher does not store ``T``); the state pass (its segment phases
     too) and the output stage through the forward's launchers."""
@@ -286,8 +286,9 @@ def forward_intermediates(
             if config["INTRA"] == "onepass":  # KDA's one-pass stage 1, T stored as well; flagged chunks as below
                 okw = {n: v for n, v in kw.items() if n != "GATE"}
                 chunk_intra_onepass_kernel[grid](
-                    *args, tables.chunk_info, flags, scale, T, DIAG=1, DIAG_LOWP=False, SOLVE=0, **okw
-                )
+                    *args, tables.chunk_info, flags, scale, T, DIAG=1, DIAG_LOWP=False,
+                    SOLVE=int(config["SOLVE"] == "squaring"), **okw,
+                )  # fmt: skip
             else:
                 chunk_intra_blocks_kernel[grid](
                     *args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, **kw
@@ -331,13 +332,14 @@ def forward_intermediates(
 
 
 def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -> Config:
-    """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as
-    ``"blocks"`` (the variant that stores ``T``, by substitution) with its diagonal guard, the forward's segments
-    (``SEG_CHUNKS``) as long in tokens as the forward config's, the state pass's tiles from the backward config's
-    ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the backward's BT), W, U and A_qk stored (the backward reads them: a forward config
-    that recomputes them in the state pass, ``WU`` / ``AQK = "recomputed"``, stores them here), the state pass's
-    tiles by pointer loads in its plain loop (``STATE_TMA``, ``STATE_LOOP`` are the forward's choices, timed there,
-    not in the step), everything else the forward's."""
+    """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as ``"blocks"``
+    (the variant that stores ``T``, by substitution; KDA with ``fh_INTRA = "onepass"`` the one-pass kernel, storing it
+    too) with its diagonal guard, the forward's segments (``SEG_CHUNKS``) as long in tokens as the forward config's, the
+    state pass's tiles from the backward config's ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the
+    backward's BT), W, U and A_qk stored (the backward reads them: a forward config that recomputes them in the state
+    pass, ``WU`` / ``AQK = "recomputed"``, stores them here), the state pass's tiles by pointer loads in its plain loop
+    (``STATE_TMA``, ``STATE_LOOP`` are the forward's choices, timed there, not in the step), everything else the
+    forward's."""
     BT = bwd_config["BT"]
     seg = int(fwd_config.get("SEG_CHUNKS", 0))
     if seg > 0:
