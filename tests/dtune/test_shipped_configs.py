@@ -2,8 +2,9 @@
 
 The H200 searches gated each winner in bf16 at its own shape, but a shipped file is also what the ops launch on
 shapes nobody tuned (the nearest bucket's config): here each distinct config runs at its bucket's head dims and
-grouping on a short odd-length sequence (T not a multiple of the chunk), and segmented configs with SEG_CHUNKS cut
-to one chunk, so that their sequence-parallel state pass (transitions, segment combine) runs at this small T too.
+grouping on a short odd-length sequence (T not a multiple of the chunk), and segmented configs with SEG_CHUNKS (the
+backward's dh_SEG_CHUNKS) cut to one chunk, so that their sequence-parallel state passes (transitions, segment
+combine; the reverse pass's segment ends) run at this small T too.
 fp32 (the interpreter's bf16 dots are wrong); the search space's fp32 tolerance; strong decays, both states.
 """
 
@@ -52,9 +53,9 @@ def test_shipped_config_passes_the_gate(name: str) -> None:
     spec = get_kernel(kernel)
     ratio = b["HV"] // b["H"]
     cfg = spec.check_config(b["K"], b["V"], config)
-    segmented = bool(cfg.get("SEG_CHUNKS"))
-    if segmented:
-        cfg = {**cfg, "SEG_CHUNKS": 1}
+    segmented = bool(cfg.get("SEG_CHUNKS") or cfg.get("dh_SEG_CHUNKS"))
+    if segmented:  # the forward's segments, and the backward's reverse pass in segments
+        cfg = {**cfg, **{name: 1 for name in ("SEG_CHUNKS", "dh_SEG_CHUNKS") if cfg.get(name)}}
     bt = int(cfg.get("BT", 16))
     T = 3 * bt + 5 if kernel.startswith("chunk") else 9  # 4 chunks, the last one partial
     p = Shape(1, T, 1, ratio, b["K"], b["V"], 1, Gate(spec.gate))
