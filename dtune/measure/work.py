@@ -271,6 +271,10 @@ def backward_stages(
     def add(name: str, kernel: str, flops: float, nbytes: float) -> None:
         out.append(StageWork(name, kernel, Work(float(flops), float(nbytes))))
 
+    # stage 1 of the forward under autograd (and of its re-run): KDA's one-pass kernel where fh_INTRA says so (its
+    # diagonal guard's redo of the few flagged chunks by the blocks kernel is left unfloored)
+    onepass = kda and bwd_config.get("fh_INTRA") == "onepass"
+    intra_kernel = "chunk_intra_onepass_kernel" if onepass else "chunk_intra_blocks_kernel"
     intra_flops = ta * 2 * (3 * C * K + C * V + C * C / 3)
     intra_bytes = qk + ta * (V * e + e) + g_in + ta * (K + V + 2 * C) * e + (2 * ta * K * e if kda else 0)
     state_flops = ta * 2 * 2 * K * V
@@ -291,7 +295,7 @@ def backward_stages(
         fwd_phase1 = (ti * 4 * K * (V + K), ti * K * (2 * e if kda else e) + ti * V * e + ext)
         fwd_phase2 = (NS * p.HV * 2 * K * K * V, ext + 2 * starts_io)
     # forward under autograd
-    add("fwd intra (W, U, A_qk, T)", "chunk_intra_blocks_kernel", intra_flops, intra_bytes)
+    add("fwd intra (W, U, A_qk, T)", intra_kernel, intra_flops, intra_bytes)
     if fwd_seg is not None:
         add("fwd transitions", "chunk_state_kernel", *fwd_phase1)
         add("fwd segment starts", "chunk_segment_starts_regs_kernel", *fwd_phase2)
@@ -306,7 +310,7 @@ def backward_stages(
         add("fwd output", "chunk_output_kernel", out_flops, o_bytes)
     # backward: the forward's intermediates again ("intra" re-runs from the kept segment starts)
     if save == "none":
-        add("bwd intra re-run", "chunk_intra_blocks_kernel", intra_flops, intra_bytes)
+        add("bwd intra re-run", intra_kernel, intra_flops, intra_bytes)
         if fwd_seg is not None:
             add("bwd transitions re-run", "chunk_state_kernel", *fwd_phase1)
             add("bwd segment starts re-run", "chunk_segment_starts_regs_kernel", *fwd_phase2)

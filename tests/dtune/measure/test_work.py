@@ -117,6 +117,13 @@ def test_backward_stage_floors_follow_the_pipeline() -> None:
     )
     assert "chunk_output_kernel" in {s.kernel for s in unfused_fwd}
     assert sum(s.work.bytes for s in stages(BT=64)) < total  # half the chunk states
+    # fh_INTRA = "onepass": stage 1's floor goes to the kernel that launches it, the same work as the blocks kernel's
+    from dtune.kernels.chunk import intra_kda
+
+    one = stages(fh_INTRA="onepass", SAVE="none")
+    assert [s.kernel for s in one].count(intra_kda.chunk_intra_onepass_kernel.fn.__name__) == 2  # the forward, re-run
+    assert "chunk_intra_blocks_kernel" not in {s.kernel for s in one}
+    assert sum(s.work.bytes for s in one) == sum(s.work.bytes for s in stages(SAVE="none"))
 
     def dqk(**over: object) -> roofline.Work:
         return next(s.work for s in stages(**over) if s.kernel == "chunk_bwd_dqk_kernel")
