@@ -11,13 +11,15 @@ Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform do
 ``b1`` = B 1, T 32768 (few long sequences). The step is what a backward kernel's trial times
 (:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape),
 then ``torch.autograd.grad`` of the output and the final state; the variants are backward configs
-(:data:`VARIANTS`): the shipped lookup, then changes on and around it (for DeltaNet and Gated DeltaNet the chunk of
-32 with what to save, stage 1 and the state pass under autograd by their own tiles and warps, ``fi_*`` and ``fh_*``;
-for KDA the transposed reverse pass, its pairwise blocks, what to save, the training forward's stage 1 by the
-one-pass kernel, ``fh_INTRA``; the sequence-parallel reverse pass on b1); a variant equal to the shipped config
-cross-checks the lookup. fla runs its own ``chunk_*`` ops; fla's Gated DeltaNet backward refuses Triton < 3.7.1 on
-Hopper (its issue 640): for timing, this script sets ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says
-so in the row (its gradients may then be wrong: their errors are in the row too).
+(:data:`VARIANTS`): the shipped lookup, then changes on and around it (for DeltaNet and Gated DeltaNet stage 1's
+sub-chunks and the state pass under autograd by its own tiles and by TMA loads, ``fh_BV``, ``fh_TMA``; for KDA the
+training forward's stage 1 by the one-pass kernel or the blocks kernel, ``fh_INTRA``, and its state pass by TMA
+loads; the sequence-parallel reverse pass on b1); a variant equal to the shipped config cross-checks the lookup.
+Variants timed before and found slower leave the list (git history keeps them: the chunk of 32 for DeltaNet and Gated
+DeltaNet, stage 1 at more warps, KDA's key loop and chunk of 64). fla runs its own ``chunk_*`` ops; fla's Gated
+DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for timing, this script sets
+``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients may then be wrong: their
+errors are in the row too).
 
 Steps, each writing under $OUT (default ./out) before the next starts:
 
@@ -77,13 +79,8 @@ BT64 = {"BT": 64, "BC": 16, "fh_num_stages": 2, "dh_BV": 32, "dh_num_warps": 4, 
 # ... and the reverse pass transposed, on the whole value width per program (one wave of N·HV programs at B = 8).
 VK = {**BT64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
 BK128 = {"dqk_BK": 128, "dqk_BV": 32}  # the dq/dk stage by one key tile
-# KDA at the chunk of 32 (its shipped chunk), SAVE none as shipped, the reverse pass transposed on the whole value width
+# KDA at the chunk of 32 (its shipped chunk), SAVE none, the reverse pass transposed on the whole value width
 VK32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
-# KDA's shipped entry (chunk 32, SAVE none, the reverse pass by value tiles of 32) with the dq/dk stage's key tiles in
-# one program per chunk (dqk_KLOOP: its value side, dVβ, dv and both dA, once per chunk instead of once per key tile)
-# and one pairwise block of 32 rows (sm_90a: 245-255 registers, no spills)
-KDA32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_BV": 32, "dh_num_warps": 4, "dh_num_stages": 2, "dqk_BC": 32}
-KLOOP = {"dqk_KLOOP": True}
 ONEPASS = {"fh_INTRA": "onepass"}
 
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
@@ -98,82 +95,58 @@ VARIANTS: list[Variant] = [
     # and stage 1 at the chunk of 64 in two sub-chunks of 32 (BC 32) instead of four of 16
     ("vk128 dqk-bk128 save-all", {**VK, **BK128, "SAVE": "all"}, ("b8",), DN_GDN),
     ("vk128 dqk-bk128 save-all bc32", {**VK, **BK128, "SAVE": "all", "BC": 32}, ("b8",), DN_GDN),
-    # stage 1 under autograd at 4 and 8 warps (fi_num_warps; the forward configs' 1 warp was tuned at BT 32). sm_90a
-    # (Triton 3.6, bf16, D 128, W, U, A_qk and T stored): at BT 64 with 1 warp it spills (Gated DeltaNet BC 16: 976
-    # bytes, DeltaNet BC 32: 92), at 4 warps 0-8 bytes, at 8 none
-    ("vk128 dqk-bk128 save-all fi-w4", {**VK, **BK128, "SAVE": "all", "fi_num_warps": 4}, ("b8",), DN_GDN),
-    ("vk128 dqk-bk128 save-all fi-w8", {**VK, **BK128, "SAVE": "all", "fi_num_warps": 8}, ("b8",), DN_GDN),
+    # the forward's state pass under autograd (storing its states, BT 64) loading by TMA descriptors (fh_TMA; the
+    # forward's STATE_TMA, which the training forward leaves off otherwise), and by value tiles of 32 (fh_BV: with
+    # stage 1 at 4 warps it took 0.05 ms off the step; stage 1 at 4 or 8 warps, fi_num_warps, was slower: DeltaNet's
+    # stage 1 0.456 ms at 1 warp, 0.833 at 4, 1.622 at 8, although 1 warp spills on sm_90a)
+    ("vk128 dqk-bk128 save-all fh-tma", {**VK, **BK128, "SAVE": "all", "fh_TMA": True}, ("b8",), DN_GDN),
+    ("vk128 dqk-bk128 save-all bc32 fh-tma", {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True}, ("b8",), DN_GDN),
+    ("vk128 dqk-bk128 save-all fh-bv32", {**VK, **BK128, "SAVE": "all", "fh_BV": 32}, ("b8",), DN_GDN),
     (
-        "vk128 dqk-bk128 save-all bc32 fi-w4",
-        {**VK, **BK128, "SAVE": "all", "BC": 32, "fi_num_warps": 4},
-        ("b8",),
-        DN_GDN,
-    ),
-    # and the state pass under autograd (storing its states, BT 64) by value tiles of 32 at 4 warps, or of 128 at 8: no
-    # spills (sm_90a; the forward config's 64 at 4 warps: Gated DeltaNet 4 bytes)
-    (
-        "vk128 dqk-bk128 save-all fi-w4 fh-bv32",
-        {**VK, **BK128, "SAVE": "all", "fi_num_warps": 4, "fh_BV": 32},
+        "vk128 dqk-bk128 save-all fh-tma fh-bv32",
+        {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32},
         ("b8",),
         DN_GDN,
     ),
     (
-        "vk128 dqk-bk128 save-all fi-w8 fh-bv128-w8",
-        {**VK, **BK128, "SAVE": "all", "fi_num_warps": 8, "fh_BV": 128, "fh_num_warps": 8},
-        ("b8",),
-        DN_GDN,
-    ),
-    (
-        "vk128 dqk-bk128 save-all seg64 fi-w4",
-        {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fi_num_warps": 4},
+        "vk128 dqk-bk128 save-all seg64 fh-tma",
+        {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True},
         ("b1",),
         DN_GDN,
     ),
-    ("BT32 vk128 dqk-bk128 save-all", {**VK32, **BK128, "SAVE": "all"}, ("b8", "b1"), DN_GDN),
-    ("BT32 vk128 dqk-bk128 save-intra", {**VK32, **BK128, "SAVE": "intra"}, ("b8",), DN_GDN),
-    ("BT32 vk128 dqk-bk128 save-all seg128", {**VK32, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 128}, ("b1",), DN_GDN),
-    ("vk128 dqk-bk128 save-all seg32", {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 32}, ("b1",), DN_GDN),
+    (
+        "vk128 dqk-bk128 save-all seg64 fh-bv32",
+        {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_BV": 32},
+        ("b1",),
+        DN_GDN,
+    ),
     # KDA: the shipped configs (B8 "BT32 kda-bc32", B1 "BT32 vk128 seg128") and their combinations: one pairwise
     # block of 32 in the dq/dk stage, the reverse pass transposed over the whole value width, stage 1 kept (SAVE intra)
-    ("BT32 kda-bc32", KDA32, ("b8",), (Gate.CHANNEL,)),
-    ("BT32 vk128 kda-bc32", {**VK32, "dqk_BC": 32}, ("b8", "b1"), (Gate.CHANNEL,)),
+    # KDA: the shipped configs (chunk 32, stage 1 kept and run by the one-pass kernel under autograd, fh_INTRA; the
+    # reverse pass transposed over the whole value width, one pairwise block of 32 rows in the dq/dk stage; at B1
+    # segmented) against the blocks kernel's stage 1, and with the state pass under autograd by TMA loads (fh_TMA)
     ("BT32 vk128 kda-bc32 save-intra", {**VK32, "dqk_BC": 32, "SAVE": "intra"}, ("b8",), (Gate.CHANNEL,)),
-    ("BT32 kda-bc32 seg128", {**KDA32, "dh_SEG_CHUNKS": 128}, ("b1",), (Gate.CHANNEL,)),
-    ("BT32 vk128 kda-bc32 seg128", {**VK32, "dqk_BC": 32, "dh_SEG_CHUNKS": 128}, ("b1",), (Gate.CHANNEL,)),
-    (
-        "BT32 vk128 kda-bc32 save-intra seg128",
-        {**VK32, "dqk_BC": 32, "SAVE": "intra", "dh_SEG_CHUNKS": 128},
-        ("b1",),
-        (Gate.CHANNEL,),
-    ),
-    ("BT32 kda-bc32 kloop", {**KDA32, **KLOOP}, ("b8",), (Gate.CHANNEL,)),
-    # KDA's training forward by the one-pass stage 1 (fh_INTRA; "blocks" under autograd took 1.44 of the 6.60 ms step
-    # at B8, the forward's one-pass 0.65): on the shipped configs, and with stage 1 re-run instead of kept (SAVE none:
-    # the cheaper stage 1 twice, 512 MiB less)
     (
         "BT32 vk128 kda-bc32 save-intra onepass",
         {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS},
         ("b8",),
         (Gate.CHANNEL,),
     ),
-    ("BT32 vk128 kda-bc32 onepass", {**VK32, "dqk_BC": 32, **ONEPASS}, ("b8",), (Gate.CHANNEL,)),
-    # (sm_90a: "blocks" with the forward config's tiles, 128 x 128, and 2 warps spills 140 bytes, at 4 none; the
-    # one-pass kernel 52 and none)
     (
-        "BT32 vk128 kda-bc32 save-intra fi-w4",
-        {**VK32, "dqk_BC": 32, "SAVE": "intra", "fi_num_warps": 4},
-        ("b8",),
-        (Gate.CHANNEL,),
-    ),
-    (
-        "BT32 vk128 kda-bc32 save-intra onepass fi-w4",
-        {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fi_num_warps": 4},
+        "BT32 vk128 kda-bc32 save-intra onepass fh-tma",
+        {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True},
         ("b8",),
         (Gate.CHANNEL,),
     ),
     (
         "BT32 vk128 kda-bc32 save-intra seg128 onepass",
         {**VK32, "dqk_BC": 32, "SAVE": "intra", "dh_SEG_CHUNKS": 128, **ONEPASS},
+        ("b1",),
+        (Gate.CHANNEL,),
+    ),
+    (
+        "BT32 vk128 kda-bc32 save-intra seg128 onepass fh-tma",
+        {**VK32, "dqk_BC": 32, "SAVE": "intra", "dh_SEG_CHUNKS": 128, **ONEPASS, "fh_TMA": True},
         ("b1",),
         (Gate.CHANNEL,),
     ),

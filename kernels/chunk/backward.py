@@ -49,7 +49,7 @@ Tunable parameters (:func:`legal_params`, checked like the forward's, :func:`che
 (``BC <= BT <= 4·BC``), ``SAVE``, ``FUSE_DV``, the tiles, warps and pipeline stages of each backward stage
 (``dh_*``, ``dv_*`` (unfused only), ``dqk_*``), ``F32_DOT`` (dots on float32 inputs); the reverse pass's layout
 ``dh_LAYOUT``, segments ``dh_SEG_CHUNKS`` and ``REVERSE_DV``; KDA's pairwise block rows ``dqk_BC``; the forward state pass's tiles
-under autograd ``fh_*``, stage 1's ``fi_*``; KDA's stage 1 under autograd ``fh_INTRA``.
+under autograd ``fh_*`` (its loads by TMA: ``fh_TMA``), stage 1's ``fi_*``; KDA's stage 1 under autograd ``fh_INTRA``.
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "fh_BV": (0, 16, 32, 64, 128),
     "fh_num_warps": (0, 2, 4, 8),
     "fh_num_stages": (0, 1, 2, 3),
+    # ... and its loads: by pointers (False), or its tiles by TMA tensor descriptors (True: the forward's STATE_TMA, on
+    # shapes that allow it, else pointers)
+    "fh_TMA": (False, True),
     # stage 1 under autograd (and in the re-run of SAVE "none"), at the backward's BT: its key and value tiles, warps
     # and pipeline stages, 0 = the forward config's (tuned for the forward's own chunk, often smaller)
     "fi_BK": (0, 16, 32, 64, 128),
@@ -163,6 +166,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "fh_BV": 0,
         "fh_num_warps": 0,
         "fh_num_stages": 0,
+        "fh_TMA": False,
         "fi_BK": 0,
         "fi_BV": 0,
         "fi_num_warps": 0,
@@ -337,16 +341,16 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     too) with its diagonal guard, the forward's segments (``SEG_CHUNKS``) as long in tokens as the forward config's, the
     state pass's tiles from the backward config's ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the
     backward's BT), W, U and A_qk stored (the backward reads them: a forward config that recomputes them in the state
-    pass, ``WU`` / ``AQK = "recomputed"``, stores them here), the state pass's tiles by pointer loads in its plain loop
-    (``STATE_TMA``, ``STATE_LOOP`` are the forward's choices, timed there, not in the step), everything else the
-    forward's."""
+    pass, ``WU`` / ``AQK = "recomputed"``, stores them here), the state pass's tiles by TMA descriptors where ``fh_TMA``
+    says so, else by pointer loads, in its plain loop (the forward's ``STATE_TMA`` and ``STATE_LOOP`` are timed in the
+    forward, not in the step), everything else the forward's."""
     BT = bwd_config["BT"]
     seg = int(fwd_config.get("SEG_CHUNKS", 0))
     if seg > 0:
         seg = max(1, seg * int(fwd_config["BT"]) // BT)
     intra = "onepass" if bwd_config.get("fh_INTRA") == "onepass" else "blocks"
     cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA=intra, SOLVE="subst", SEG_CHUNKS=seg)
-    cfg.update(WU="stored", AQK="stored", STATE_TMA=False, STATE_LOOP="range")
+    cfg.update(WU="stored", AQK="stored", STATE_TMA=bool(bwd_config.get("fh_TMA", False)), STATE_LOOP="range")
     for name in ("BV", "num_warps", "num_stages"):
         if bwd_config.get(f"fh_{name}", 0):
             cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]

@@ -360,8 +360,9 @@ def specializable(config: Config) -> bool:
 
 def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[str, Any]:
     """TMA descriptors of the state pass's tiles (2-D token-major views, one chunk of rows by one head's columns or
-    ``BV`` of them): q, k (KDA: q~, k~), W and U (stored) or V and T (recomputed), A_qk (stored), and the output.
-    Empty unless ``call.tma``."""
+    ``BV`` of them): q, k (KDA: q~, k~), W and U (stored) or V and T (recomputed), A_qk (stored), and the output
+    (where ``o`` is given: a pass without the output, ``FUSE_OUTPUT`` off or the backward's re-run, loads q and A_qk
+    never). Empty unless ``call.tma``."""
     if not call.tma:
         return {}
     rows, H, HV, K, V, BT = call.tokens, call.H, call.HV, call.K, call.V, call.BT
@@ -373,7 +374,8 @@ def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[
         tds = {"q_td": desc(inter.qg, HV * K, K), "k_td": desc(inter.kg, HV * K, K)}
     else:
         tds = {"q_td": desc(call.q, H * K, K), "k_td": desc(call.k, H * K, K)}
-    tds["o_td"] = desc(o, HV * V, BV)
+    if o is not None:  # the output stage's pass (FUSE_OUTPUT) also reads q and A_qk and stores the output
+        tds["o_td"] = desc(o, HV * V, BV)
     if call.recompute:
         tds |= {"v_td": desc(call.v, HV * V, BV), "t_td": desc(inter.ai, HV * BT, BT)}
     else:
@@ -400,7 +402,7 @@ def _launch(
     BV: int,
     launch: dict[str, Any],
 ) -> Any:
-    tds = descriptors(call, inter, o, BV) if seg != 1 and o is not None else {}
+    tds = descriptors(call, inter, o, BV) if seg != 1 else {}
     return chunk_state_kernel[grid](
         call.q,
         call.k,

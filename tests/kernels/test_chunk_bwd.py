@@ -194,6 +194,11 @@ for gate in Gate:
     add("revdv-tiles-noh0", Shape(1, 40, 1, 1, 24, 40, 1, gate), {**tiles, **rdv}, h0=False, final=False)
     # the forward state pass's tiles under autograd and in the re-run (fh_*: here two value tiles of 16)
     add("fh", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, "fh_BV": 16, "fh_num_stages": 1})
+    # ... and its tiles by TMA descriptors (fh_TMA): two value tiles, grouped heads, every intermediate kept, the
+    # re-run of "intra", varlen with an empty sequence
+    tma = {"fh_TMA": True, "fh_BV": 16}
+    add("fh-tma-all", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, **tma, "SAVE": "all"}, scale=0.3)
+    add("fh-tma-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **tma}, seq_lens=[1, 17, 0, 20])
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
@@ -398,6 +403,28 @@ def test_stage_1_tiles_under_autograd_reach_their_launch(monkeypatch: pytest.Mon
         )  # fmt: skip
         o.sum().backward()
         assert [(r["BK"], r["BV"], r["num_warps"], r["num_stages"]) for r in seen] == [want]
+
+
+def test_state_pass_loads_under_autograd_follow_fh_tma(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fh_TMA loads the training forward's state pass (and its re-run) by TMA descriptors, whatever the forward config
+    says (here STATE_TMA on: off under autograd without fh_TMA); a shape whose tiles cannot be described falls back to
+    pointer loads (K = 24, not a power of two)."""
+    from dtune.kernels.chunk import state
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(state, "chunk_state_kernel", _Spy(state.chunk_state_kernel, seen))
+    fwd = {"BT": 16, "BC": 16, "STATE_TMA": True, "h_BV": 16}
+    for K, bwd, want in (
+        (16, {"SAVE": "intra"}, [False, False]),
+        (16, {"SAVE": "intra", "fh_TMA": True}, [True, True]),
+        (16, {"SAVE": "all", "fh_TMA": True}, [True]),
+        (24, {"SAVE": "all", "fh_TMA": True}, [False]),
+    ):
+        seen.clear()
+        p = Shape(1, 37, 1, 2, K, 32, 1, Gate.SCALAR)
+        x = make_inputs(p, seed=4)
+        assert_close(gradients_vs_loop(p, x, {**BT16, **bwd}, fwd_config=fwd), TOL[torch.float32])
+        assert [bool(r["TMA"]) for r in seen] == want, (K, bwd)
 
 
 def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
