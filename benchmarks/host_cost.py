@@ -272,6 +272,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Every row so far, the file rewritten whole (through a temporary file: a kill mid-write leaves the last one)."""
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.interpret:
@@ -314,13 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as exc:  # one failing contestant keeps its row, with the reason
                         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
                 rows.append(row)
+                write_rows(out / "host_cost.csv", rows)  # after every row: a run cut short keeps what it measured
                 print(f"{op} {case.name} {impl}: {row.get('host_us', float('nan')):.1f} us {row['note']}", flush=True)
             if impls[0][1] is not None and case.name == "decode-B1" and op.startswith("fused_recurrent"):
                 profile(impls[0][1], out / f"profile_{op}.txt", 200 if cuda else 3)
-    with open(out / "host_cost.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(out / "host_cost.csv", rows)
     if args.interpret:
         print("Triton's interpreter runs each kernel inside the call: these times are NOT meaningful (a dry run)")
     print(table(rows))

@@ -10,7 +10,7 @@ Over value tiles of ``BV`` channels, with the chunk-start state ``S_c`` (forward
   ``dVβ``, ``dv`` and ``v``-part work and ``dVβ`` is read; unfused, ``dVβ`` and both dA come from :mod:`.bwd_dv`;
 * ``dq̃ = dO S_cᵀ``, ``dk̃ = V_new X_{c+1}ᵀ``, ``dKβ = −dVβ S_cᵀ`` (``[BT, BK]``) and ``d(e^{γ_C}) = Σ_v S_c ⊙ X_{c+1}``.
 
-Then the chunk-local formulas of :mod:`.bwd_local` (shared with the fused reverse pass, :mod:`.bwd_fused`): local and
+Then the chunk-local formulas of :mod:`.bwd_local`: local and
 pairwise terms (KDA's per channel by blocks of ``BC`` rows, :mod:`.bwd_pairwise`, which reads dA by blocks from
 memory: the dv stage's, or, fused, this program's own copy, written just before) and the gate; KDA stores ``dg``
 itself, Gated DeltaNet this key tile's ``dγ`` for :mod:`.bwd_finish`.

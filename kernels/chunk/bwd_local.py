@@ -1,5 +1,6 @@
-"""The chunk-local gradient formulas of the backward, shared by the chunk-parallel stage (:mod:`.bwd_dqk`) and the
-fused reverse pass (:mod:`.bwd_fused`): from a chunk's contractions over V, the gradients of q, k, beta and the gate.
+"""The chunk-local gradient formulas of the backward's chunk-parallel stage (:mod:`.bwd_dqk`), kept apart from its
+loads so that any pass holding a chunk's contractions can call them: from a chunk's contractions over V, the
+gradients of q, k, beta and the gate.
 
 Inputs, for the chunk's rows and ``BK`` key channels (float32): ``dq̃ = dO S_cᵀ``, ``dk̃ = V_new X_{c+1}ᵀ``,
 ``dKβ = −dVβ S_cᵀ`` (``[BT, BK]``), ``d(e^{γ_C}) = Σ_v S_c ⊙ X_{c+1}`` (``[BK]``), and both dA (``[BT, BT]``, scale

@@ -1,0 +1,33 @@
+"""benchmarks/host_cost.py: every measured row is in host_cost.csv as soon as it is measured, so that a run cut short
+(a time limit, a kill) keeps what it measured."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_cost.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import host_cost as hc  # noqa: E402
+
+
+def test_a_run_cut_short_keeps_its_measured_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list[int] = []
+
+    def measure(call: Any, calls: int, repeats: int, clock: Any) -> dict[str, Any]:
+        if len(timed) == 2:
+            raise KeyboardInterrupt  # the time limit, during the third measurement
+        timed.append(calls)
+        return {"host_us": 10.0 + len(timed), "isolated_us": 1.0, "loop_us": 2.0, "calls": calls, "waits": False}
+
+    monkeypatch.setattr(hc, "measure", measure)
+    monkeypatch.setattr(hc, "dtune_call", lambda op, x: lambda: None)  # nothing launched: the rows are the subject
+    with pytest.raises(KeyboardInterrupt):
+        hc.main(["--interpret", "--no-fla", "--ops", "fused_recurrent_delta_rule", "--out", str(tmp_path)])
+    rows = list(csv.DictReader((tmp_path / "host_cost.csv").read_text().splitlines()))
+    assert [(r["case"], float(r["host_us"])) for r in rows] == [("prefill", 11.0), ("prefill-varlen", 12.0)]
+    assert not list(tmp_path.glob("*.tmp"))
