@@ -89,10 +89,8 @@ ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
 DN_GDN = (Gate.NONE, Gate.SCALAR)
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
-    # DeltaNet and Gated DeltaNet: the shipped configs (at B8 "vk128 dqk-bk128 save-all", at B1 the same with seg64)
-    # against the chunk of 32: the forward under autograd at BT 64 costs twice the forward at 32 (stage 1 0.50 against
-    # 0.25 ms, the state pass 0.51 against 0.22 at B8), the backward's dots at 32 rows compile to mma.sync, not wgmma;
-    # and stage 1 at the chunk of 64 in two sub-chunks of 32 (BC 32) instead of four of 16
+    # DeltaNet and Gated DeltaNet: the configs shipped before fh_TMA (at B8 "vk128 dqk-bk128 save-all", DeltaNet's with
+    # stage 1 at the chunk of 64 in two sub-chunks of 32, BC 32, instead of four of 16; at B1 the same with seg64)
     ("vk128 dqk-bk128 save-all", {**VK, **BK128, "SAVE": "all"}, ("b8",), DN_GDN),
     ("vk128 dqk-bk128 save-all bc32", {**VK, **BK128, "SAVE": "all", "BC": 32}, ("b8",), DN_GDN),
     # the forward's state pass under autograd (storing its states, BT 64) loading by TMA descriptors (fh_TMA; the
@@ -120,8 +118,6 @@ VARIANTS: list[Variant] = [
         ("b1",),
         DN_GDN,
     ),
-    # KDA: the shipped configs (B8 "BT32 kda-bc32", B1 "BT32 vk128 seg128") and their combinations: one pairwise
-    # block of 32 in the dq/dk stage, the reverse pass transposed over the whole value width, stage 1 kept (SAVE intra)
     # KDA: the shipped configs (chunk 32, stage 1 kept and run by the one-pass kernel under autograd, fh_INTRA; the
     # reverse pass transposed over the whole value width, one pairwise block of 32 rows in the dq/dk stage; at B1
     # segmented) against the blocks kernel's stage 1, and with the state pass under autograd by TMA loads (fh_TMA)
