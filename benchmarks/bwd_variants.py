@@ -82,6 +82,12 @@ BK128 = {"dqk_BK": 128, "dqk_BV": 32}  # the dq/dk stage by one key tile
 # KDA at the chunk of 32 (its shipped chunk), SAVE none, the reverse pass transposed on the whole value width
 VK32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
 ONEPASS = {"fh_INTRA": "onepass"}
+# The shipped backward configs (dtune/configs/h200.json), as full configs over the template's default
+SHIP_DN_B8 = {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True}
+SHIP_GDN_B8 = {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32}
+SHIP_B1 = {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True}
+SHIP_KDA_B8 = {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True, "dqk_BK": 64, "dqk_BV": 64}
+SHIP_KDA_B1 = {**SHIP_KDA_B8, "dh_SEG_CHUNKS": 128}
 
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
 Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
@@ -89,63 +95,35 @@ ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
 DN_GDN = (Gate.NONE, Gate.SCALAR)
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
-    # DeltaNet and Gated DeltaNet: the configs shipped before fh_TMA (at B8 "vk128 dqk-bk128 save-all", DeltaNet's with
-    # stage 1 at the chunk of 64 in two sub-chunks of 32, BC 32, instead of four of 16; at B1 the same with seg64)
-    ("vk128 dqk-bk128 save-all", {**VK, **BK128, "SAVE": "all"}, ("b8",), DN_GDN),
-    ("vk128 dqk-bk128 save-all bc32", {**VK, **BK128, "SAVE": "all", "BC": 32}, ("b8",), DN_GDN),
-    # the forward's state pass under autograd (storing its states, BT 64) loading by TMA descriptors (fh_TMA; the
-    # forward's STATE_TMA, which the training forward leaves off otherwise), and by value tiles of 32 (fh_BV: with
-    # stage 1 at 4 warps it took 0.05 ms off the step; stage 1 at 4 or 8 warps, fi_num_warps, was slower: DeltaNet's
-    # stage 1 0.456 ms at 1 warp, 0.833 at 4, 1.622 at 8, although 1 warp spills on sm_90a)
-    ("vk128 dqk-bk128 save-all fh-tma", {**VK, **BK128, "SAVE": "all", "fh_TMA": True}, ("b8",), DN_GDN),
-    ("vk128 dqk-bk128 save-all bc32 fh-tma", {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True}, ("b8",), DN_GDN),
-    ("vk128 dqk-bk128 save-all fh-bv32", {**VK, **BK128, "SAVE": "all", "fh_BV": 32}, ("b8",), DN_GDN),
+    # DeltaNet and Gated DeltaNet: the shipped configs (the reverse pass transposed on the whole value width, the
+    # dq/dk stage by one key tile, every intermediate kept, the state pass under autograd by TMA loads; DeltaNet's
+    # stage 1 at B8 in sub-chunks of 32, Gated DeltaNet's state pass at B8 by value tiles of 32; at B1 segmented), and
+    # with the dq/dk stage's value loop by tiles of 64 (dqk_BV) and/or the value side in the reverse pass (REVERSE_DV):
+    # the dq/dk launch alone, Gated DeltaNet B8, took 1.253 and 1.100 ms against 1.443 (a probe of this commit)
+    ("dqk-bv64", {**SHIP_DN_B8, "dqk_BV": 64}, ("b8",), (Gate.NONE,)),
+    ("rev-dv", {**SHIP_DN_B8, "REVERSE_DV": True}, ("b8",), (Gate.NONE,)),
+    ("rev-dv dqk-bv64", {**SHIP_DN_B8, "REVERSE_DV": True, "dqk_BV": 64}, ("b8",), (Gate.NONE,)),
+    ("dqk-bv64", {**SHIP_GDN_B8, "dqk_BV": 64}, ("b8",), (Gate.SCALAR,)),
+    ("rev-dv", {**SHIP_GDN_B8, "REVERSE_DV": True}, ("b8",), (Gate.SCALAR,)),
+    ("rev-dv dqk-bv64", {**SHIP_GDN_B8, "REVERSE_DV": True, "dqk_BV": 64}, ("b8",), (Gate.SCALAR,)),
+    ("dqk-bv64", {**SHIP_B1, "dqk_BV": 64}, ("b1",), DN_GDN),
+    ("rev-dv", {**SHIP_B1, "REVERSE_DV": True}, ("b1",), DN_GDN),
+    ("rev-dv dqk-bv64", {**SHIP_B1, "REVERSE_DV": True, "dqk_BV": 64}, ("b1",), DN_GDN),
+    # KDA: the shipped configs (chunk 32, stage 1 kept and run by the one-pass kernel under autograd, the reverse pass
+    # transposed over the whole value width, one pairwise block of 32 rows in the dq/dk stage, the state pass under
+    # autograd by TMA loads; at B1 segmented) with the dq/dk stage at 4 warps (two programs per SM: 2.83 ms against
+    # 4.04 for the launch in a probe of this commit, although it spills on sm_90a) and the value side in the reverse
+    # pass (REVERSE_DV: 2.57 ms)
+    ("dqk-w4", {**SHIP_KDA_B8, "dqk_num_warps": 4}, ("b8",), (Gate.CHANNEL,)),
+    ("dqk-w4 rev-dv", {**SHIP_KDA_B8, "dqk_num_warps": 4, "REVERSE_DV": True}, ("b8",), (Gate.CHANNEL,)),
     (
-        "vk128 dqk-bk128 save-all fh-tma fh-bv32",
-        {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32},
-        ("b8",),
-        DN_GDN,
-    ),
-    (
-        "vk128 dqk-bk128 save-all seg64 fh-tma",
-        {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True},
-        ("b1",),
-        DN_GDN,
-    ),
-    (
-        "vk128 dqk-bk128 save-all seg64 fh-bv32",
-        {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_BV": 32},
-        ("b1",),
-        DN_GDN,
-    ),
-    # KDA: the shipped configs (chunk 32, stage 1 kept and run by the one-pass kernel under autograd, fh_INTRA; the
-    # reverse pass transposed over the whole value width, one pairwise block of 32 rows in the dq/dk stage; at B1
-    # segmented) against the blocks kernel's stage 1, and with the state pass under autograd by TMA loads (fh_TMA)
-    ("BT32 vk128 kda-bc32 save-intra", {**VK32, "dqk_BC": 32, "SAVE": "intra"}, ("b8",), (Gate.CHANNEL,)),
-    (
-        "BT32 vk128 kda-bc32 save-intra onepass",
-        {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS},
+        "dqk-w4 rev-dv dqk-bv128",
+        {**SHIP_KDA_B8, "dqk_num_warps": 4, "REVERSE_DV": True, "dqk_BV": 128},
         ("b8",),
         (Gate.CHANNEL,),
     ),
-    (
-        "BT32 vk128 kda-bc32 save-intra onepass fh-tma",
-        {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True},
-        ("b8",),
-        (Gate.CHANNEL,),
-    ),
-    (
-        "BT32 vk128 kda-bc32 save-intra seg128 onepass",
-        {**VK32, "dqk_BC": 32, "SAVE": "intra", "dh_SEG_CHUNKS": 128, **ONEPASS},
-        ("b1",),
-        (Gate.CHANNEL,),
-    ),
-    (
-        "BT32 vk128 kda-bc32 save-intra seg128 onepass fh-tma",
-        {**VK32, "dqk_BC": 32, "SAVE": "intra", "dh_SEG_CHUNKS": 128, **ONEPASS, "fh_TMA": True},
-        ("b1",),
-        (Gate.CHANNEL,),
-    ),
+    ("dqk-w4", {**SHIP_KDA_B1, "dqk_num_warps": 4}, ("b1",), (Gate.CHANNEL,)),
+    ("dqk-w4 rev-dv", {**SHIP_KDA_B1, "dqk_num_warps": 4, "REVERSE_DV": True}, ("b1",), (Gate.CHANNEL,)),
 ]
 
 
