@@ -29,7 +29,8 @@ fla's with the same arguments by keyword) is timed three ways, after three warm-
   (the larger of host and GPU time per call).
 
 Writes under $OUT (default ./out): host_cost.csv (one row per op, case and implementation) and, for dtune's decode-B1
-calls, profile_<op>.txt (cProfile of 200 calls, by own time: where dtune's host time goes). Prints a table last:
+calls (and every case of the chunk ops), profile_<op>.txt / profile_<op>_<case>.txt (cProfile of 200 calls, by own
+time: where dtune's host time goes). Prints a table last:
 dtune's and fla's host_us side by side and fla / dtune (above 1: dtune queues its launches faster).
 
 Run time on one H200: about a minute of measurement, plus every first call's compile (dtune's and fla's, and fla's
@@ -326,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 write_rows(out / "host_cost.csv", rows)  # after every row: a run cut short keeps what it measured
                 print(f"{op} {case.name} {impl}: {row.get('host_us', float('nan')):.1f} us {row['note']}", flush=True)
-            if impls[0][1] is not None and case.name == "decode-B1" and op.startswith("fused_recurrent"):
-                profile(impls[0][1], out / f"profile_{op}.txt", 200 if cuda else 3)
+            if impls[0][1] is not None and (case.name == "decode-B1" or op.startswith("chunk_")):
+                name = f"profile_{op}.txt" if case.name == "decode-B1" else f"profile_{op}_{case.name}.txt"
+                profile(impls[0][1], out / name, 200 if cuda else 3)
     write_rows(out / "host_cost.csv", rows)
     if args.interpret:
         print("Triton's interpreter runs each kernel inside the call: these times are NOT meaningful (a dry run)")
