@@ -83,11 +83,13 @@ BK128 = {"dqk_BK": 128, "dqk_BV": 32}  # the dq/dk stage by one key tile
 VK32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1}
 ONEPASS = {"fh_INTRA": "onepass"}
 # The shipped backward configs (dtune/configs/h200.json), as full configs over the template's default
-SHIP_DN_B8 = {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True}
-SHIP_GDN_B8 = {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32}
-SHIP_B1 = {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True}
-SHIP_KDA_B8 = {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True, "dqk_BK": 64, "dqk_BV": 64}
-SHIP_KDA_B1 = {**SHIP_KDA_B8, "dh_SEG_CHUNKS": 128}
+_REV64 = {"REVERSE_DV": True, "dqk_BV": 64}
+SHIP_DN_B8 = {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True, **_REV64}
+SHIP_GDN_B8 = {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32, **_REV64}
+SHIP_B1 = {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True, **_REV64}
+_KDA = {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True, "dqk_BK": 64, "dqk_num_warps": 4}
+SHIP_KDA_B8 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128}
+SHIP_KDA_B1 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 64, "dh_SEG_CHUNKS": 128}
 
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
 Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
@@ -95,35 +97,20 @@ ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
 DN_GDN = (Gate.NONE, Gate.SCALAR)
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
-    # DeltaNet and Gated DeltaNet: the shipped configs (the reverse pass transposed on the whole value width, the
-    # dq/dk stage by one key tile, every intermediate kept, the state pass under autograd by TMA loads; DeltaNet's
-    # stage 1 at B8 in sub-chunks of 32, Gated DeltaNet's state pass at B8 by value tiles of 32; at B1 segmented), and
-    # with the dq/dk stage's value loop by tiles of 64 (dqk_BV) and/or the value side in the reverse pass (REVERSE_DV):
-    # the dq/dk launch alone, Gated DeltaNet B8, took 1.253 and 1.100 ms against 1.443 (a probe of this commit)
-    ("dqk-bv64", {**SHIP_DN_B8, "dqk_BV": 64}, ("b8",), (Gate.NONE,)),
-    ("rev-dv", {**SHIP_DN_B8, "REVERSE_DV": True}, ("b8",), (Gate.NONE,)),
-    ("rev-dv dqk-bv64", {**SHIP_DN_B8, "REVERSE_DV": True, "dqk_BV": 64}, ("b8",), (Gate.NONE,)),
-    ("dqk-bv64", {**SHIP_GDN_B8, "dqk_BV": 64}, ("b8",), (Gate.SCALAR,)),
-    ("rev-dv", {**SHIP_GDN_B8, "REVERSE_DV": True}, ("b8",), (Gate.SCALAR,)),
-    ("rev-dv dqk-bv64", {**SHIP_GDN_B8, "REVERSE_DV": True, "dqk_BV": 64}, ("b8",), (Gate.SCALAR,)),
-    ("dqk-bv64", {**SHIP_B1, "dqk_BV": 64}, ("b1",), DN_GDN),
-    ("rev-dv", {**SHIP_B1, "REVERSE_DV": True}, ("b1",), DN_GDN),
-    ("rev-dv dqk-bv64", {**SHIP_B1, "REVERSE_DV": True, "dqk_BV": 64}, ("b1",), DN_GDN),
-    # KDA: the shipped configs (chunk 32, stage 1 kept and run by the one-pass kernel under autograd, the reverse pass
-    # transposed over the whole value width, one pairwise block of 32 rows in the dq/dk stage, the state pass under
-    # autograd by TMA loads; at B1 segmented) with the dq/dk stage at 4 warps (two programs per SM: 2.83 ms against
-    # 4.04 for the launch in a probe of this commit, although it spills on sm_90a) and the value side in the reverse
-    # pass (REVERSE_DV: 2.57 ms)
-    ("dqk-w4", {**SHIP_KDA_B8, "dqk_num_warps": 4}, ("b8",), (Gate.CHANNEL,)),
-    ("dqk-w4 rev-dv", {**SHIP_KDA_B8, "dqk_num_warps": 4, "REVERSE_DV": True}, ("b8",), (Gate.CHANNEL,)),
-    (
-        "dqk-w4 rev-dv dqk-bv128",
-        {**SHIP_KDA_B8, "dqk_num_warps": 4, "REVERSE_DV": True, "dqk_BV": 128},
-        ("b8",),
-        (Gate.CHANNEL,),
-    ),
-    ("dqk-w4", {**SHIP_KDA_B1, "dqk_num_warps": 4}, ("b1",), (Gate.CHANNEL,)),
-    ("dqk-w4 rev-dv", {**SHIP_KDA_B1, "dqk_num_warps": 4, "REVERSE_DV": True}, ("b1",), (Gate.CHANNEL,)),
+    # Around the shipped configs: DeltaNet and Gated DeltaNet's dq/dk stage by value tiles of 64 with its value side in
+    # the reverse pass (REVERSE_DV); KDA's at 4 warps (two programs per SM although it spills on sm_90a) with REVERSE_DV
+    # (at B8 by value tiles of 128). Timed before on the configs shipped then (commit 8b9fa93, B8): dqk_BV 64 alone,
+    # REVERSE_DV alone, KDA at 4 warps alone, all slower than together. Now: the dq/dk stage's value tiles wider still,
+    # the reverse pass (which REVERSE_DV makes heavier) by value tiles of 64, KDA's dq/dk pipeline one stage deeper
+    ("dqk-bv128", {**SHIP_DN_B8, "dqk_BV": 128}, ("b8",), (Gate.NONE,)),
+    ("dqk-bv128", {**SHIP_GDN_B8, "dqk_BV": 128}, ("b8",), (Gate.SCALAR,)),
+    ("dh-bv64", {**SHIP_DN_B8, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.NONE,)),
+    ("dh-bv64", {**SHIP_GDN_B8, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.SCALAR,)),
+    ("dqk-w4 bk64", {**SHIP_GDN_B8, "dqk_num_warps": 4, "dqk_BK": 64}, ("b8",), (Gate.SCALAR,)),
+    ("dqk-bv128", {**SHIP_B1, "dqk_BV": 128}, ("b1",), DN_GDN),
+    ("dqk-stages3", {**SHIP_KDA_B8, "dqk_num_stages": 3}, ("b8",), (Gate.CHANNEL,)),
+    ("dh-bv64", {**SHIP_KDA_B8, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
+    ("dqk-bv128", {**SHIP_KDA_B1, "dqk_BV": 128}, ("b1",), (Gate.CHANNEL,)),
 ]
 
 
