@@ -145,7 +145,10 @@ def print_result(job: Job, result: JobResult, done: dict[str, Any]) -> None:
         )
     if result.report is not None:
         out.print(f"report {result.report}", highlight=False)
-    out.print(f"took {minutes(result.elapsed_s)}", highlight=False)
+    took = f"took {minutes(result.elapsed_s)}"
+    if result.runs > 1:
+        took += f"; the job so far {minutes(result.job_elapsed_s)} in {result.runs} runs"
+    out.print(took, highlight=False)
 
 
 def tune_gpu(

@@ -221,6 +221,10 @@ class Ledger:
     gpu: str
     done: dict[str, dict[str, Any]] = field(default_factory=dict)  # bucket key -> run folder, best and default ms
     benched: dict[str, int] = field(default_factory=dict)  # kernel -> its buckets done when it was benched
+    # one row per run of the job (a re-run after --timeout or Ctrl-C adds one): when it started, its seconds so far,
+    # the buckets it finished; what the job took in all is their sum
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    _t0: float | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, out: Path, gpu: str) -> Ledger:
@@ -232,14 +236,35 @@ class Ledger:
             doc = json.loads(path.read_text(encoding="utf-8"))
             mine = doc["gpu"]
             done, benched = dict(doc["done"]), {str(k): int(v) for k, v in doc.get("benched", {}).items()}
+            runs = [dict(r, elapsed_s=float(r["elapsed_s"])) for r in doc.get("runs", [])]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a tune-gpu record ({type(e).__name__}: {e}); use another --out") from None
         if mine != gpu:
             raise ValueError(f"{path} records a job on {mine!r}, not this {gpu!r}: use another --out")
-        return cls(path, gpu, done, benched)
+        return cls(path, gpu, done, benched, runs)
+
+    def start_run(self) -> None:
+        """A run of the job begins: its row is added (saved with the first finished bucket, or at its end)."""
+        self._t0 = time.monotonic()
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.runs.append({"started": started, "elapsed_s": 0.0, "buckets": 0})
+
+    def finish(self, key: str, record: dict[str, Any]) -> None:
+        """A bucket's search ended: recorded (and counted to the run in progress), then saved."""
+        self.done[key] = record
+        if self.runs:
+            self.runs[-1]["buckets"] += 1
+        self.save()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds of every run of the job so far (the one in progress up to now)."""
+        return sum(float(r["elapsed_s"]) for r in self.runs)
 
     def save(self) -> None:
-        doc = {"schema": 1, "gpu": self.gpu, "done": self.done, "benched": self.benched}
+        if self._t0 is not None and self.runs:
+            self.runs[-1]["elapsed_s"] = round(time.monotonic() - self._t0, 1)
+        doc = {"schema": 1, "gpu": self.gpu, "done": self.done, "benched": self.benched, "runs": self.runs}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -317,7 +342,9 @@ class JobResult:
     bench_dirs: list[Path] = field(default_factory=list)
     report: Path | None = None
     interrupted: bool = False
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # this run
+    job_elapsed_s: float = 0.0  # every run of the job in its folder, this one included
+    runs: int = 1
 
 
 def run_dirs(out: Path, kernel: str) -> list[Path]:
@@ -409,13 +436,12 @@ class _Record(Reporter):
             self.reporter.skipped(bucket.key, "no trial finished within its budget (a re-run tries again)")
             self.result.left.append(bucket)
             return
-        self.ledger.done[bucket.key] = {
+        self.ledger.finish(bucket.key, {
             "run": str(self.run_dir.relative_to(self.job.out)),
             "best_ms": summary.best_ms,
             "default_ms": summary.default_ms,
             "trials": summary.trials_run,
-        }
-        self.ledger.save()
+        })  # fmt: skip
         self.result.tuned.append(bucket)
         if summary.best_ms is None:
             self.result.no_pass.append(bucket.key)
@@ -485,7 +511,19 @@ def run_job(job: Job, reporter: JobReporter | None = None) -> JobResult:
     t0 = time.monotonic()
     deadline = t0 + job.timeout if job.timeout else None
     ledger = Ledger.load(job.out, job.gpu.key)
+    ledger.start_run()
     result = JobResult()
+    try:
+        _run(job, reporter, ledger, result, deadline)
+    finally:  # a Ctrl-C between searches keeps this run's time too
+        ledger.save()
+    result.elapsed_s = time.monotonic() - t0
+    result.job_elapsed_s, result.runs = ledger.elapsed_s, len(ledger.runs)
+    return result
+
+
+def _run(job: Job, reporter: JobReporter, ledger: Ledger, result: JobResult, deadline: float | None) -> None:
+    """The searches, the benches and the report of one run, into ``result``."""
     for step in job.plan.steps:
         todo = [b for b in step.buckets if b.key not in ledger.done]
         if not todo:
@@ -537,5 +575,3 @@ def run_job(job: Job, reporter: JobReporter | None = None) -> JobResult:
         reporter.reported(result.report)
     if job.config_file.is_file():
         result.entries = len(json.loads(job.config_file.read_text(encoding="utf-8"))["entries"])
-    result.elapsed_s = time.monotonic() - t0
-    return result

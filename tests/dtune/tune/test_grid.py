@@ -132,6 +132,22 @@ def test_the_record_round_trips_and_belongs_to_one_gpu(tmp_path: Path) -> None:
         Ledger.load(tmp_path, "h200")
 
 
+def test_the_record_adds_up_the_runs_of_a_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([100.0, 130.0, 160.0, 500.0, 520.0])
+    monkeypatch.setattr(grid.time, "monotonic", lambda: next(clock))
+    first = Ledger.load(tmp_path, "h200")
+    first.start_run()  # t = 100
+    first.finish("chunk_kda:a", {"best_ms": 1.0})  # t = 130
+    first.save()  # t = 160: the run so far, a minute
+    second = Ledger.load(tmp_path, "h200")  # a re-run after --timeout
+    assert second.runs == [{"started": first.runs[0]["started"], "elapsed_s": 60.0, "buckets": 1}]
+    second.start_run()  # t = 500
+    second.finish("chunk_kda:b", {"best_ms": 2.0})  # t = 520
+    again = Ledger.load(tmp_path, "h200")
+    assert [r["elapsed_s"] for r in again.runs] == [60.0, 20.0] and again.elapsed_s == 80.0
+    assert [r["buckets"] for r in again.runs] == [1, 1] and list(again.done) == ["chunk_kda:a", "chunk_kda:b"]
+
+
 def test_configs_in_force_sets_and_restores_the_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DTUNE_CONFIG", "before.json")
     path = tmp_path / "h200.json"
