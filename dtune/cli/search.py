@@ -105,7 +105,11 @@ def search(
         ),
     ] = None,
     timeout: Annotated[
-        float | None, typer.Option(help="Seconds per shape (with --trials: whichever ends first).")
+        float | None,
+        typer.Option(
+            help="Seconds per shape (with --trials: whichever ends first); a shape whose first trial is still "
+            "compiling then waits for it (at most --trial-timeout more), so no shape ends untried."
+        ),
     ] = None,
     strategy: Annotated[
         str | None,

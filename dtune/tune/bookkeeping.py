@@ -91,6 +91,7 @@ class TrialBook:
         self.open: dict[int, Pending] = {}  # this process's trials not yet told
         self.asked = 0  # trials this process created (the --trials budget)
         self.completed = 0  # trials this process gated and timed (the throughput figure)
+        self.evaluated = 0  # trials a worker answered (passed, failed the gate or crashed), not closed unanswered
 
     # ---- what the study holds ------------------------------------------------------------------------------
     def trials(self) -> list[FrozenTrial]:
@@ -233,6 +234,7 @@ class TrialBook:
         self.open.pop(trial.number, None)
         ok = value is not None and math.isfinite(value)
         self.completed += int(ok)
+        self.evaluated += 1
         return Result(c, dict(trial.params), ok, value, dict(outcome.stage_ms), trial.number, outcome.reason)
 
     def close_open(self, reason: str, message: str, on_trial: Callable[[], None] | None) -> None:

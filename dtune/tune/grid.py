@@ -449,8 +449,9 @@ class _Record(Reporter):
 
 
 def _search(job: Job, step: Step, todo: list[Bucket], ledger: Ledger, result: JobResult,
-            reporter: JobReporter) -> bool:  # fmt: skip
-    """One search of ``todo``; returns whether it was interrupted."""
+            reporter: JobReporter, deadline: float | None = None) -> bool:  # fmt: skip
+    """One search of ``todo`` (stopped at ``deadline``, the job's ``--timeout``, its bucket in progress left for the
+    next run); returns whether it was interrupted."""
     from dtune.measure.inputs import Workload
     from dtune.tune.search import SearchConfig, run_search
 
@@ -471,6 +472,7 @@ def _search(job: Job, step: Step, todo: list[Bucket], ledger: Ledger, result: Jo
         workload=Workload(True, True, step.packed),
         transfer_from=sources,
         devices=job.devices,
+        stop_at=deadline,
     )
     recorder = _Record(reporter.search(step, todo, run_dir), step, run_dir, job, ledger, result, reporter)
     return run_search(cfg, recorder).interrupted
@@ -541,7 +543,7 @@ def _run(job: Job, reporter: JobReporter, ledger: Ledger, result: JobResult, dea
                 continue
         backward = get_kernel(step.kernel).backward
         with configs_in_force(job.config_file if backward else None):
-            interrupted = _search(job, step, todo, ledger, result, reporter)
+            interrupted = _search(job, step, todo, ledger, result, reporter, deadline)
         entries = export(job, ledger)
         if entries:
             reporter.exported(job.config_file, entries)

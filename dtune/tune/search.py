@@ -86,9 +86,22 @@ def tune_shape(
 ) -> None:
     """Run one shape's study within the budget; the CSV is rewritten after every trial."""
     t0 = time.monotonic()
+    answered = [False]
 
     def out_of_time() -> bool:
-        return INTERRUPTED.is_set() or (cfg.timeout is not None and time.monotonic() - t0 >= cfg.timeout)
+        """The shape's budget is spent, and a trial has been answered: a budget shorter than the first compiles (a
+        cold cache, a new shape) runs on until the first answer, at most ``trial_timeout`` longer, so that no shape
+        ends with every trial cancelled unless its trials hang."""
+        if INTERRUPTED.is_set() or (cfg.stop_at is not None and time.monotonic() >= cfg.stop_at):
+            return True
+        if cfg.timeout is None:
+            return False
+        spent = time.monotonic() - t0
+        if spent < cfg.timeout:
+            return False
+        if not answered[0]:
+            answered[0] = search.evaluated > 0 or results.best_trial(search.finished()) is not None
+        return answered[0] or spent >= cfg.timeout + cfg.trial_timeout
 
     def should_stop() -> bool:
         return out_of_time() or (cfg.trials is not None and search.asked >= cfg.trials)
@@ -142,7 +155,7 @@ def run_search(cfg: SearchConfig, reporter: Reporter | None = None) -> RunSummar
     previous = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
     try:
         for index, shape in enumerate(cfg.shapes):
-            if INTERRUPTED.is_set():
+            if INTERRUPTED.is_set() or (cfg.stop_at is not None and time.monotonic() >= cfg.stop_at):
                 break
             search = ShapeSearch(cfg, shape, storage, evaluator)
             summary = ShapeSummary(search.name, shape.key)

@@ -37,6 +37,7 @@ class SearchConfig:
     dtype: str = "bf16"
     trials: int | None = None  # per shape, run by this process; with neither trials nor timeout: DEFAULT_TRIALS
     timeout: float | None = None  # seconds per shape
+    stop_at: float | None = None  # time.monotonic() at which the whole run stops, its trials in flight cancelled
     strategy: str | None = None  # None: "pattern" when the space has a stage map (multi-launch kernels), else "tpe"
     seed: int = 0
     storage: str | None = None  # None: sqlite in the run folder

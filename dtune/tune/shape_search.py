@@ -113,6 +113,11 @@ class ShapeSearch:
         return self.book.asked
 
     @property
+    def evaluated(self) -> int:
+        """Trials of this process a worker answered."""
+        return self.book.evaluated
+
+    @property
     def completed(self) -> int:
         """Trials this process gated and timed."""
         return self.book.completed

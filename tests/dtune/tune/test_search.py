@@ -170,6 +170,26 @@ def test_timeout_budget(tmp_path: Path) -> None:
     assert 1 <= run.shapes[0].trials_run <= 3  # the first trial starts; no new one is asked after 0.5 s
 
 
+@pytest.mark.parametrize("compile_ahead", [0, 3], ids=["in-turn", "compile-ahead"])
+def test_a_budget_shorter_than_the_first_compile_still_answers_a_trial(tmp_path: Path, compile_ahead: int) -> None:
+    """A cold compile can outlast a small per-shape budget (tune-gpu's grid shares): the shape waits for its first
+    answer instead of ending with every trial cancelled, and stops right after it."""
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:2]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=None, timeout=0.01, compile_ahead=compile_ahead))
+    for s in run.shapes:
+        assert s.best_ms is not None and s.completed_run >= 1, s
+    rows = pd.read_csv(tmp_path / "trials.csv")
+    assert (rows["state"] == "complete").groupby(rows["shape_key"]).sum().min() >= 1
+
+
+def test_a_run_stops_at_its_deadline_and_leaves_the_rest(tmp_path: Path) -> None:
+    kernel = "fused_recurrent_delta_rule"
+    shapes = INTERPRET_SHAPES.shapes()[:2]
+    run = run_search(config(kernel, tmp_path, shapes=shapes, trials=4, stop_at=time.monotonic() + 0.01))
+    assert len(run.shapes) <= 1 and all(s.best_ms is None for s in run.shapes)
+
+
 def test_time_budget_cancels_trials_asked_ahead(tmp_path: Path) -> None:
     """With a compile pool, a time budget must not stretch by the trials asked ahead: they are cancelled."""
     kernel = "fused_recurrent_delta_rule"
