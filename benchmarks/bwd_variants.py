@@ -111,6 +111,10 @@ VARIANTS: list[Variant] = [
     ("dqk-stages3", {**SHIP_KDA_B8, "dqk_num_stages": 3}, ("b8",), (Gate.CHANNEL,)),
     ("dh-bv64", {**SHIP_KDA_B8, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
     ("dqk-bv128", {**SHIP_KDA_B1, "dqk_BV": 128}, ("b1",), (Gate.CHANNEL,)),
+    # no U stored under autograd: the training forward's state pass forms V_new from T (fh_U)
+    ("fh-u", {**SHIP_DN_B8, "fh_U": "recomputed"}, ("b8",), (Gate.NONE,)),
+    ("fh-u", {**SHIP_GDN_B8, "fh_U": "recomputed"}, ("b8",), (Gate.SCALAR,)),
+    ("fh-u", {**SHIP_B1, "fh_U": "recomputed"}, ("b1",), DN_GDN),
 ]
 
 

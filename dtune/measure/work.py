@@ -276,9 +276,12 @@ def backward_stages(
     onepass = kda and bwd_config.get("fh_INTRA") == "onepass"
     intra_kernel = "chunk_intra_onepass_kernel" if onepass else "chunk_intra_blocks_kernel"
     intra_flops = ta * 2 * (3 * C * K + C * V + C * C / 3)
-    intra_bytes = qk + ta * (V * e + e) + g_in + ta * (K + V + 2 * C) * e + (2 * ta * K * e if kda else 0)
-    state_flops = ta * 2 * 2 * K * V
-    state_bytes = ta * (K + V) * e + k_tilde
+    # fh_U = "recomputed": stage 1 writes no U; the state pass reads T and v instead of W and U, one more product
+    u_rec = bwd_config.get("fh_U") == "recomputed"
+    intra_bytes = qk + ta * (V * e + e) + g_in + ta * (K + (0 if u_rec else V) + 2 * C) * e
+    intra_bytes += 2 * ta * K * e if kda else 0
+    state_flops = ta * 2 * (2 * K * V + (C * V if u_rec else 0))
+    state_bytes = ta * ((C if u_rec else K) + V) * e + k_tilde
     out_flops = ta * 2 * (K * V + C * V)
     # sequence-parallel passes: the forward's (its config's SEG_CHUNKS, as long in tokens at the backward's chunk) and
     # the reverse pass's (dh_SEG_CHUNKS); the inner segments (all but one per sequence) run phase 1

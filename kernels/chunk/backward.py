@@ -119,6 +119,14 @@ _COMMON: dict[str, tuple[Any, ...]] = {
 }
 
 
+_SCALAR: dict[str, tuple[Any, ...]] = {
+    # DeltaNet, Gated DeltaNet: U = T (β ⊙ V) stored by stage 1 for the forward's state pass under autograd
+    # ("stored"), or not stored, the state pass forming V_new = T (β ⊙ (V − e^γ ⊙ K S)) from T and v as the
+    # forward's WU = "recomputed" does ("recomputed": stage 1 writes W and T only; the backward reads W, never U)
+    "fh_U": ("stored", "recomputed"),
+}
+
+
 _CHANNEL: dict[str, tuple[Any, ...]] = {
     "dqk_BC": (16, 32, 64),  # KDA: rows per block of the dq/dk stage's per-channel pairwise terms
     # KDA: the training forward's stage 1 (under autograd, and its re-run with SAVE "none"): "blocks" (by
@@ -132,7 +140,7 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     """Every tunable parameter of the backward and all values the templates can be built with."""
     if gate not in GATE_CODES:
         raise ValueError(f"unknown gate mode {gate!r}")
-    return dict(_COMMON) | (dict(_CHANNEL) if gate == "channel" else {})
+    return dict(_COMMON) | (dict(_CHANNEL) if gate == "channel" else dict(_SCALAR))
 
 
 def default_config(K: int, V: int, gate: str) -> Config:
@@ -175,6 +183,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
     if gate == "channel":
         cfg["dqk_BC"] = 16
         cfg["fh_INTRA"] = "blocks"
+    else:
+        cfg["fh_U"] = "stored"
     return cfg
 
 
@@ -262,10 +272,11 @@ def forward_intermediates(
     dt = torch.promote_types(q.dtype, v.dtype)
     dot_prec = config["F32_DOT"] if dt == torch.float32 else "tf32"
     varlen = cu_seqlens is not None
+    u_out = config.get("WU", "stored") != "recomputed"  # (fh_U: without U the state pass forms V_new from T)
     if inter is None:
         inter = Intermediates(
             w=new_output(tokens, HV, K, dtype=dt, device=dev),
-            u=new_output(tokens, HV, V, dtype=dt, device=dev),
+            u=new_output(tokens, HV, V, dtype=dt, device=dev) if u_out else None,
             aqk=new_output(tokens, HV, BT, dtype=dt, device=dev),
             ai=new_output(tokens, HV, BT, dtype=dt, device=dev),
         )
@@ -279,7 +290,8 @@ def forward_intermediates(
             two_pass = GATE == 2
             flags = torch.empty(NC * HV, dtype=torch.int32, device=dev) if two_pass else None
             i_BK, i_BV = _tile(config["intra_BK"], K), _tile(config["intra_BV"], V)
-            args = (q, k, v, g, beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout)
+            u_buf = inter.u if inter.u is not None else inter.ai  # (not written without U_OUT)
+            args = (q, k, v, g, beta, inter.w, u_buf, inter.aqk, inter.qg, inter.kg, inter.gout)
             kw: dict[str, Any] = dict(
                 H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=GATE, NB=BT // BC,
                 NK=triton.cdiv(K, i_BK), NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=dot_prec,
@@ -295,7 +307,7 @@ def forward_intermediates(
                 )  # fmt: skip
             else:
                 chunk_intra_blocks_kernel[grid](
-                    *args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, **kw
+                    *args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, U_OUT=u_out, **kw
                 )
             if two_pass:  # the chunks whose diagonal blocks are too steep for the middle-row dot, exactly
                 chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=2, **kw)
@@ -309,9 +321,9 @@ def forward_intermediates(
     call = prepare_call(
         q, k, v, None, beta, gate, scale, initial_state, final_state, cu_seqlens, dict(config, FUSE_OUTPUT=fuse), offsets
     )  # fmt: skip
-    assert inter.w is not None and inter.u is not None and inter.aqk is not None, "stage 1's outputs"
+    assert inter.w is not None and inter.aqk is not None and (inter.u is not None or not u_out), "stage 1's outputs"
     fi = FwdIntermediates(
-        w=inter.w, u=inter.u, aqk=inter.aqk, qg=inter.qg, kg=inter.kg, gout=inter.gout, flags=None,
+        w=inter.w, u=inter.u, aqk=inter.aqk, qg=inter.qg, kg=inter.kg, gout=inter.gout, flags=None, ai=inter.ai,
         h=new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev) if keep else None,
         v_new=new_output(tokens, HV, V, dtype=dt, device=dev) if keep else None,
     )  # fmt: skip
@@ -350,7 +362,9 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
         seg = max(1, seg * int(fwd_config["BT"]) // BT)
     intra = "onepass" if bwd_config.get("fh_INTRA") == "onepass" else "blocks"
     cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA=intra, SOLVE="subst", SEG_CHUNKS=seg)
-    cfg.update(WU="stored", AQK="stored", STATE_TMA=bool(bwd_config.get("fh_TMA", False)), STATE_LOOP="range")
+    # (WU = "recomputed" here: W and T stored, U not: the state pass forms V_new from T, fh_U)
+    wu = "recomputed" if bwd_config.get("fh_U") == "recomputed" else "stored"
+    cfg.update(WU=wu, AQK="stored", STATE_TMA=bool(bwd_config.get("fh_TMA", False)), STATE_LOOP="range")
     for name in ("BV", "num_warps", "num_stages"):
         if bwd_config.get(f"fh_{name}", 0):
             cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]

@@ -40,8 +40,6 @@ def check_structure(config: Config) -> None:
         raise ValueError(f"chunk config: AQK='recomputed' runs stage 1 as INTRA='blocks', got '{config['INTRA']}'")
     if aqk == "recomputed" and not config["FUSE_OUTPUT"]:
         raise ValueError("chunk config: AQK='recomputed' forms A_qk in the state pass, which needs FUSE_OUTPUT=True")
-    if wu == "recomputed" and not config["FUSE_OUTPUT"]:
-        raise ValueError("chunk config: WU='recomputed' keeps V_new in the state pass, which needs FUSE_OUTPUT=True")
 
 
 @dataclass(frozen=True)

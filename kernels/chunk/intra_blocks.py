@@ -323,6 +323,7 @@ def chunk_intra_blocks_kernel(
     SOLVE: tl.constexpr = 0,
     WU_OUT: tl.constexpr = True,
     QK_OUT: tl.constexpr = True,
+    U_OUT: tl.constexpr = True,
 ):
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -337,6 +338,9 @@ def chunk_intra_blocks_kernel(
     # False (it recomputes A_qk): what is not stored is never written, its pointer may be any (the launcher passes T's)
     tl.static_assert(WU_OUT or (STORE_AI and GATE != 2 and not SPLIT_QK), "T without W, U: DeltaNet, Gated DeltaNet")
     tl.static_assert(QK_OUT or GATE != 2, "A_qk recomputed: DeltaNet / Gated DeltaNet")
+    # U_OUT = False (the training forward's fh_U = "recomputed"): W and T stored, no U (its state pass forms V_new
+    # from T, the backward reads W)
+    tl.static_assert(U_OUT or (WU_OUT and STORE_AI and GATE != 2), "W without U: DeltaNet, Gated DeltaNet, T stored")
     STORE_QK: tl.constexpr = QK_OUT and not SPLIT_QK
     DT = w.dtype.element_ty
 
@@ -510,7 +514,7 @@ def chunk_intra_blocks_kernel(
             _store_rows(ai_b + BC, r4, SA, o_c, m4, o_c < BC, b_I42)
             _store_rows(ai_b + 2 * BC, r4, SA, o_c, m4, o_c < BC, b_I43)
             _store_rows(ai_b + 3 * BC, r4, SA, o_c, m4, o_c < BC, b_I44)
-    if not WU_OUT:  # T (and A_qk) is all the state pass reads: the blocks of T above its diagonal as zeros, done
+    if not (WU_OUT and U_OUT):  # the state pass reads T: the blocks of T above its diagonal as zeros (TMA loads them)
         b_zt = tl.zeros([BC, BC], dtype=tl.float32)
         for i_z in range(1, NB):
             _store_rows(ai_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zt)
@@ -518,6 +522,7 @@ def chunk_intra_blocks_kernel(
             for i_z in range(2, 4):
                 _store_rows(ai_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zt)
             _store_rows(ai_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zt)
+    if not WU_OUT:
         return
 
     # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) ---------------------------------------------------------------
@@ -570,7 +575,7 @@ def chunk_intra_blocks_kernel(
             b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
             _store_rows(w_b, r4, SG, o_k, m4, m_k, b_o)
 
-    for i_v in range(NV):
+    for i_v in range(NV if U_OUT else 0):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         b_x1 = (_rows(v_b, r1, HV * V, o_v, m1, m_v) * b_be1[:, None]).to(DT)

@@ -242,7 +242,7 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
             cfg["SOLVE"] == "squaring" and cfg["BC"] != 16
         ):
             continue
-        if cfg["WU"] == "recomputed" and (cfg["INTRA"] != "blocks" or not cfg["FUSE_OUTPUT"]):
+        if cfg["WU"] == "recomputed" and cfg["INTRA"] != "blocks":
             continue
         if cfg["AQK"] == "recomputed" and (cfg["INTRA"] not in ("blocks", "blocks_split") or not cfg["FUSE_OUTPUT"]):
             continue
@@ -527,17 +527,26 @@ def test_recomputed_with_mild_gates(gate: Gate) -> None:
     check(p, x, {"BT": 64, "BC": 16, "WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_BV": 16})
 
 
+@pytest.mark.parametrize("gate", [Gate.NONE, Gate.SCALAR], ids=["delta", "gated"])
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_recomputed_w_u_with_the_output_stage(gate: Gate, tma: bool) -> None:
+    """WU = "recomputed" without the fused output: the state pass forms V_new from T and stores it with the chunk
+    states for the output stage (as the training forward does with fh_U), grouped heads, K != V, odd length."""
+    p = Problem(2, 37, 2, 4, 16, 32, 2, gate)
+    x = make_inputs(p, seed=3, gate_min=-8.0)
+    check(p, x, {"BT": 32, "BC": 16, "WU": "recomputed", "FUSE_OUTPUT": False, "STATE_TMA": tma, "h_BV": 16})
+
+
 @pytest.mark.parametrize(
     ("gate", "cfg", "match"),
     [
         (Gate.SCALAR, {"WU": "recomputed", "INTRA": "rows"}, "WU='recomputed'"),
         (Gate.SCALAR, {"WU": "recomputed", "INTRA": "blocks_split", "BT": 64}, "WU='recomputed'"),
-        (Gate.NONE, {"WU": "recomputed", "FUSE_OUTPUT": False}, "FUSE_OUTPUT"),
         (Gate.NONE, {"AQK": "recomputed", "FUSE_OUTPUT": False}, "FUSE_OUTPUT"),
         (Gate.SCALAR, {"AQK": "recomputed", "INTRA": "rows"}, "AQK='recomputed'"),
         (Gate.CHANNEL, {"WU": "recomputed"}, "WU=.recomputed. is not one of"),
     ],
-    ids=["wu-rows", "wu-split", "wu-unfused", "aqk-unfused", "aqk-rows", "wu-kda"],
+    ids=["wu-rows", "wu-split", "aqk-unfused", "aqk-rows", "wu-kda"],
 )
 def test_recomputed_needs_blocks_and_fused_output(gate: Gate, cfg: dict[str, Any], match: str) -> None:
     p = Problem(1, 8, 1, 1, 16, 16, 1, gate)

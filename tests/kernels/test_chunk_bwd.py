@@ -199,6 +199,16 @@ for gate in Gate:
     tma = {"fh_TMA": True, "fh_BV": 16}
     add("fh-tma-all", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, **tma, "SAVE": "all"}, scale=0.3)
     add("fh-tma-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **tma}, seq_lens=[1, 17, 0, 20])
+for gate in (Gate.NONE, Gate.SCALAR):
+    # no U stored: the training forward's state pass (and the re-run) forms V_new from T (fh_U), with several
+    # sub-chunks (BT 32 = 2 x 16, at 64 four), by TMA (the zero blocks of T above its diagonal loaded), K != V,
+    # grouped heads, strong decays, varlen with an empty sequence, every intermediate kept, stage 1 re-run too
+    ur = {"fh_U": "recomputed"}
+    add("fhU-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **ur}, scale=0.3, gate_min=-60.0)
+    add("fhU-BT64-tma-all", Shape(1, 70, 1, 2, 16, 32, 1, gate), {"BT": 64, "BC": 16, **ur, **tma, "SAVE": "all"})
+    add("fhU-varlen-none", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), {**BT16, **ur, "SAVE": "none"},
+        seq_lens=[1, 17, 0, 20])  # fmt: skip
+    add("fhU-seg-revdv", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **ur, **rdv, "dh_SEG_CHUNKS": 2})
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
