@@ -353,7 +353,8 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     too) with its diagonal guard, the forward's segments (``SEG_CHUNKS``) as long in tokens as the forward config's, the
     state pass's tiles from the backward config's ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the
     backward's BT), W, U and A_qk stored (the backward reads them: a forward config that recomputes them in the state
-    pass, ``WU`` / ``AQK = "recomputed"``, stores them here), the state pass's tiles by TMA descriptors where ``fh_TMA``
+    pass, ``WU`` / ``AQK = "recomputed"``, stores them here; with ``fh_U = "recomputed"`` U is not, the state pass
+    forming V_new from T as ``WU = "recomputed"`` does), the state pass's tiles by TMA descriptors where ``fh_TMA``
     says so, else by pointer loads, in its plain loop (the forward's ``STATE_TMA`` and ``STATE_LOOP`` are timed in the
     forward, not in the step), everything else the forward's."""
     BT = bwd_config["BT"]
