@@ -8,6 +8,7 @@ heartbeat reaper, never left RUNNING; ``--resume`` retries both configs.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -74,21 +75,44 @@ def test_two_processes_one_study(tmp_path: Path, strategy: str) -> None:
         assert len(keys) == len(set(keys))
 
 
-def test_interrupted_and_killed_processes_leave_nothing_running(tmp_path: Path) -> None:
-    fresh_study()
-    beat = {"DTUNE_HEARTBEAT_S": "2", "DTUNE_HEARTBEAT_GRACE_S": "4"}
-    # Ctrl-C: the trial in flight is closed as interrupted.
-    proc = search(tmp_path / "a", "--trials", "200", "--strategy", "random", env=beat)
+def interrupt_mid_trial(out: Path, env: dict[str, str]) -> tuple[list[optuna.trial.FrozenTrial], bool]:
+    """Start a search, send Ctrl-C while a trial is in flight (after two have finished); return the study's trials
+    and whether the signal really landed mid-trial (False: the trial seen running had finished just before it)."""
+    proc = search(out, "--trials", "200", "--strategy", "random", env=env)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and sum(t.state in FINISHED for t in trials()) < 2:
-        time.sleep(0.3)
+    running: optuna.trial.FrozenTrial | None = None
+    while time.monotonic() < deadline and running is None:
+        got = trials()
+        if sum(t.state in FINISHED for t in got) >= 2:  # not between trials: one must be in flight
+            running = next((t for t in got if t.state == TrialState.RUNNING), None)
+        time.sleep(0.05)
+    assert running is not None, "no trial was seen running within 180 s"
+    sent = datetime.datetime.now()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()[-2000:]
     got = trials()
     assert not [t for t in got if t.state == TrialState.RUNNING]
+    seen = next(t for t in got if t.number == running.number)
+    if seen.user_attrs.get("reason") == "interrupted":
+        return got, True
+    # Not interrupted: only right if it had finished before the signal was sent.
+    assert seen.datetime_complete is not None and seen.datetime_complete <= sent, (seen.state, seen.user_attrs)
+    return got, False
+
+
+def test_interrupted_and_killed_processes_leave_nothing_running(tmp_path: Path) -> None:
+    beat = {"DTUNE_HEARTBEAT_S": "2", "DTUNE_HEARTBEAT_GRACE_S": "4"}
+    # Ctrl-C: the trial in flight is closed as interrupted (tried again if the signal raced the trial's end).
+    for attempt in range(3):
+        fresh_study()
+        got, landed = interrupt_mid_trial(tmp_path / f"a{attempt}", beat)
+        if landed:
+            break
+    assert landed, "three Ctrl-Cs in a row landed between trials"
     interrupted = [t for t in got if t.user_attrs.get("reason") == "interrupted"]
     assert len(interrupted) == 1
+    deadline = time.monotonic() + 180
     # Killed outright (no chance to close its trial): another process's reaper fails it once its heartbeat is stale.
     proc = search(tmp_path / "b", "--trials", "200", "--strategy", "random", "--trial-timeout", "60", env=beat)
     n = len(got)
