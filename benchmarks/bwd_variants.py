@@ -87,6 +87,8 @@ _REV64 = {"REVERSE_DV": True, "dqk_BV": 64}
 SHIP_DN_B8 = {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True, **_REV64}
 SHIP_GDN_B8 = {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32, **_REV64}
 SHIP_B1 = {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True, **_REV64}
+_NO_U = {"fh_U": "recomputed"}  # (the shipped Gated DeltaNet B8 entry has it)
+_T_ONLY = {**_NO_U, "fh_W": "recomputed", "fh_AQK": "recomputed"}  # stage 1 under autograd stores T alone
 _KDA = {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True, "dqk_BK": 64, "dqk_num_warps": 4}
 SHIP_KDA_B8 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128}
 SHIP_KDA_B1 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 64, "dh_SEG_CHUNKS": 128}
@@ -115,6 +117,16 @@ VARIANTS: list[Variant] = [
     ("fh-u", {**SHIP_DN_B8, "fh_U": "recomputed"}, ("b8",), (Gate.NONE,)),
     ("fh-u", {**SHIP_GDN_B8, "fh_U": "recomputed"}, ("b8",), (Gate.SCALAR,)),
     ("fh-u", {**SHIP_B1, "fh_U": "recomputed"}, ("b1",), DN_GDN),
+    # stage 1 under autograd storing less: no A_qk (fh_AQK: formed by the state pass's fused output and the reverse
+    # pass); T alone (fh_W too: the reverse pass forms Wᵀ dV_new from K and its dVβ, on its chain)
+    ("fh-aqk", {**SHIP_DN_B8, "fh_AQK": "recomputed"}, ("b8",), (Gate.NONE,)),
+    ("fh-aqk", {**SHIP_GDN_B8, **_NO_U, "fh_AQK": "recomputed"}, ("b8",), (Gate.SCALAR,)),
+    ("fh-aqk", {**SHIP_B1, "fh_AQK": "recomputed"}, ("b1",), DN_GDN),
+    ("t-only", {**SHIP_DN_B8, **_T_ONLY}, ("b8",), (Gate.NONE,)),
+    ("t-only", {**SHIP_GDN_B8, **_T_ONLY}, ("b8",), (Gate.SCALAR,)),
+    ("t-only", {**SHIP_B1, **_T_ONLY}, ("b1",), DN_GDN),
+    ("t-only w", {**SHIP_DN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.NONE,)),
+    ("t-only w", {**SHIP_GDN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.SCALAR,)),
 ]
 
 

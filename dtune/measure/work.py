@@ -278,7 +278,13 @@ def backward_stages(
     intra_flops = ta * 2 * (3 * C * K + C * V + C * C / 3)
     # fh_U = "recomputed": stage 1 writes no U; the state pass reads T and v instead of W and U, one more product
     u_rec = bwd_config.get("fh_U") == "recomputed"
-    intra_bytes = qk + ta * (V * e + e) + g_in + ta * (K + (0 if u_rec else V) + 2 * C) * e
+    # fh_W = "recomputed": no W written (the reverse pass forms its product from K and dVβ: no W read either);
+    # fh_AQK = "recomputed": no A_qk written, the fused output and the reverse pass form it from q and k (one product)
+    w_rec = u_rec and bwd_config.get("fh_W") == "recomputed"
+    aqk_rec = bwd_config.get("fh_AQK") == "recomputed"
+    intra_flops -= ta * 2 * C * K * (w_rec + aqk_rec)
+    w_out = 0 if w_rec else K
+    intra_bytes = qk + ta * (V * e + e) + g_in + ta * (w_out + (0 if u_rec else V) + (1 if aqk_rec else 2) * C) * e
     intra_bytes += 2 * ta * K * e if kda else 0
     state_flops = ta * 2 * (2 * K * V + (C * V if u_rec else 0))
     state_bytes = ta * ((C if u_rec else K) + V) * e + k_tilde
@@ -302,10 +308,11 @@ def backward_stages(
     if fwd_seg is not None:
         add("fwd transitions", "chunk_state_kernel", *fwd_phase1)
         add("fwd segment starts", "chunk_segment_starts_regs_kernel", *fwd_phase2)
-    if fused_out:
-        fwd_state = state_bytes + ta * C * e + (ta * K * e if kda else qk / 2) + ta * V * e + starts_io
-        fwd_state += S + ta * V * e if save == "all" else 0
-        add("fwd state + output", "chunk_state_kernel", state_flops + out_flops, fwd_state + state_io * final_state)
+    if fused_out or aqk_rec:  # (fh_AQK forces the fused output)
+        fwd_state = state_bytes + (0 if aqk_rec else ta * C * e) + (ta * K * e if kda else qk / 2) + ta * V * e
+        fwd_state += starts_io + (S + ta * V * e if save == "all" else 0)
+        fwd_flops = state_flops + out_flops + (ta * 2 * C * K if aqk_rec else 0)
+        add("fwd state + output", "chunk_state_kernel", fwd_flops, fwd_state + state_io * final_state)
     else:
         fwd_state = state_bytes + S + ta * V * e + state_io * final_state + starts_io
         add("fwd state", "chunk_state_kernel", state_flops, fwd_state)
@@ -321,8 +328,9 @@ def backward_stages(
         add("bwd state re-run (S, V_new)", "chunk_state_kernel", state_flops, state_bytes + S + ta * V * e + starts_io)
     rev_dv = bool(bwd_config.get("REVERSE_DV", False)) and bool(bwd_config["FUSE_DV"])
     n_v = -(-V // min(int(bwd_config["dh_BV"]), max(16, 1 << (V - 1).bit_length()))) if rev_dv else 1
-    rev_flops = ta * 2 * (C * V + 3 * K * V)
-    rev_in = ta * K * e + kq_tilde + ta * C * e + ta * V * e  # W, q~ and k~ (or q, k, γ), A_qk, dO
+    rev_flops = ta * 2 * (C * V + 3 * K * V + (C * K if aqk_rec else 0))
+    # W, q~ and k~ (or q, k, γ), A_qk, dO
+    rev_in = ta * w_out * e + kq_tilde + (0 if aqk_rec else ta * C * e) + ta * V * e
     rev_bytes = rev_in + S + ta * V * e + state_io * (initial_state + final_state)
     if rev_dv:  # dVβ = Tᵀ dV_new, dv, dβ's v part: T and v read, dv and the v part written
         rev_flops += ta * 2 * C * V

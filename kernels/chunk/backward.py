@@ -124,6 +124,14 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
     # ("stored"), or not stored, the state pass forming V_new = T (β ⊙ (V − e^γ ⊙ K S)) from T and v as the
     # forward's WU = "recomputed" does ("recomputed": stage 1 writes W and T only; the backward reads W, never U)
     "fh_U": ("stored", "recomputed"),
+    # ... and W = T (β e^γ ⊙ K): stored by stage 1 for the reverse pass ("stored"), or not ("recomputed": stage 1 then
+    # writes T alone, as the forward's WU = "recomputed"; the reverse pass forms Wᵀ dV_new as (β e^γ ⊙ K)ᵀ dVβ from
+    # the dVβ = Tᵀ dV_new it computes anyway with REVERSE_DV, one more product on its chain; needs fh_U = "recomputed")
+    "fh_W": ("stored", "recomputed"),
+    # ... and A_qk: stored by stage 1 ("stored"), or formed per chunk from q and k by the state pass's fused output
+    # (the forward's AQK = "recomputed") and by the reverse pass ("recomputed", off both chains: one [BT, K] x [K, BT]
+    # product and BT² exponentials per chunk instead of a [tokens, BT] store and two loads)
+    "fh_AQK": ("stored", "recomputed"),
 }
 
 
@@ -185,6 +193,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["fh_INTRA"] = "blocks"
     else:
         cfg["fh_U"] = "stored"
+        cfg["fh_W"] = "stored"
+        cfg["fh_AQK"] = "stored"
     return cfg
 
 
@@ -196,6 +206,12 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
     for bc in ("BC", "dqk_BC"):
         if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
             raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")
+    if full.get("fh_W") == "recomputed" and (full["fh_U"] != "recomputed" or not full["REVERSE_DV"]):
+        raise ValueError(
+            f"config for {name}: fh_W='recomputed' needs fh_U='recomputed' (stage 1 then stores T alone) and "
+            f"REVERSE_DV=True (the reverse pass forms Wᵀ dV_new from its dVβ), got fh_U={full['fh_U']!r}, "
+            f"REVERSE_DV={full['REVERSE_DV']}"
+        )
     if full.get("fh_INTRA") == "onepass" and full["BT"] // full["BC"] not in (1, 2):
         raise ValueError(
             f"config for {name}: fh_INTRA='onepass' holds 1 or 2 sub-chunks, needs BT <= 2 * BC, got BT={full['BT']}, "
@@ -255,13 +271,15 @@ def forward_intermediates(
     states: str = "keep",
     output: bool = False,
     final_state: bool = False,
+    store_w: bool = True,
 ) -> tuple[Intermediates, Tensor | None, Tensor | None]:
     """The forward's stages with their intermediates kept: stage 1 (``INTRA = "blocks"``, or KDA's ``"onepass"``,
     storing ``T`` too) unless ``inter`` already holds its outputs, then the state pass (``states``: ``"keep"``:
     chunk-start states and ``V_new`` kept, and with ``output`` the output too: inside the pass where the config fuses
     it, else by the output stage; ``"fused"``: the output inside the state pass, nothing kept; ``"skip"``: no state
     pass). ``config`` is a full forward config (``BT``, ``BC`` as the backward's). Returns ``(intermediates, o or None,
-    final state or None)``.
+    final state or None)``. Stage 1 stores W unless ``store_w`` is False (a config with ``WU = "recomputed"``: T
+    alone, the backward's ``fh_W``), A_qk unless the config's ``AQK`` is ``"recomputed"``.
 
     Stage 1 is launched here (the forward's own launcher does not store ``T``); the state pass (its segment phases
     too) and the output stage through the forward's launchers."""
@@ -273,11 +291,13 @@ def forward_intermediates(
     dot_prec = config["F32_DOT"] if dt == torch.float32 else "tf32"
     varlen = cu_seqlens is not None
     u_out = config.get("WU", "stored") != "recomputed"  # (fh_U: without U the state pass forms V_new from T)
+    w_out = store_w or u_out  # (fh_W: T alone; W is stored whenever U is)
+    qk_out = config.get("AQK", "stored") != "recomputed"  # (fh_AQK: the state pass and the reverse pass form A_qk)
     if inter is None:
         inter = Intermediates(
-            w=new_output(tokens, HV, K, dtype=dt, device=dev),
+            w=new_output(tokens, HV, K, dtype=dt, device=dev) if w_out else None,
             u=new_output(tokens, HV, V, dtype=dt, device=dev) if u_out else None,
-            aqk=new_output(tokens, HV, BT, dtype=dt, device=dev),
+            aqk=new_output(tokens, HV, BT, dtype=dt, device=dev) if qk_out else None,
             ai=new_output(tokens, HV, BT, dtype=dt, device=dev),
         )
         if GATE == 2:
@@ -290,8 +310,9 @@ def forward_intermediates(
             two_pass = GATE == 2
             flags = torch.empty(NC * HV, dtype=torch.int32, device=dev) if two_pass else None
             i_BK, i_BV = _tile(config["intra_BK"], K), _tile(config["intra_BV"], V)
-            u_buf = inter.u if inter.u is not None else inter.ai  # (not written without U_OUT)
-            args = (q, k, v, g, beta, inter.w, u_buf, inter.aqk, inter.qg, inter.kg, inter.gout)
+            # (what is not stored is never written: T's buffer stands in for it)
+            w_buf, u_buf, a_buf = (t if t is not None else inter.ai for t in (inter.w, inter.u, inter.aqk))
+            args = (q, k, v, g, beta, w_buf, u_buf, a_buf, inter.qg, inter.kg, inter.gout)
             kw: dict[str, Any] = dict(
                 H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=GATE, NB=BT // BC,
                 NK=triton.cdiv(K, i_BK), NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=dot_prec,
@@ -307,8 +328,9 @@ def forward_intermediates(
                 )  # fmt: skip
             else:
                 chunk_intra_blocks_kernel[grid](
-                    *args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, U_OUT=u_out, **kw
-                )
+                    *args, tables.chunk_info, flags, scale, T, DIAG=1 if two_pass else 0, WU_OUT=w_out,
+                    U_OUT=u_out or not w_out, QK_OUT=qk_out, **kw,
+                )  # fmt: skip
             if two_pass:  # the chunks whose diagonal blocks are too steep for the middle-row dot, exactly
                 chunk_intra_blocks_kernel[grid](*args, tables.chunk_info, flags, scale, T, DIAG=2, **kw)
     if states == "skip":
@@ -318,10 +340,15 @@ def forward_intermediates(
     keep = states == "keep"
     fuse = states == "fused" or (keep and output and bool(config["FUSE_OUTPUT"]))  # keep: the fused pass stores too
     offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
+    # (A_qk recomputed only by a pass that forms the output; one that does not never reads it)
+    aqk_mode = config.get("AQK", "stored") if fuse else "stored"
     call = prepare_call(
-        q, k, v, None, beta, gate, scale, initial_state, final_state, cu_seqlens, dict(config, FUSE_OUTPUT=fuse), offsets
+        q, k, v, None, beta, gate, scale, initial_state, final_state, cu_seqlens,
+        dict(config, FUSE_OUTPUT=fuse, AQK=aqk_mode), offsets,
     )  # fmt: skip
-    assert inter.w is not None and inter.aqk is not None and (inter.u is not None or not u_out), "stage 1's outputs"
+    if not qk_out and output and not fuse:
+        raise ValueError("the output stage reads A_qk, which this config does not store (AQK = 'recomputed')")
+    assert inter.ai is not None and (inter.u is not None or not u_out), "stage 1's outputs"
     fi = FwdIntermediates(
         w=inter.w, u=inter.u, aqk=inter.aqk, qg=inter.qg, kg=inter.kg, gout=inter.gout, flags=None, ai=inter.ai,
         h=new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev) if keep else None,
@@ -354,7 +381,8 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     state pass's tiles from the backward config's ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the
     backward's BT), W, U and A_qk stored (the backward reads them: a forward config that recomputes them in the state
     pass, ``WU`` / ``AQK = "recomputed"``, stores them here; with ``fh_U = "recomputed"`` U is not, the state pass
-    forming V_new from T as ``WU = "recomputed"`` does), the state pass's tiles by TMA descriptors where ``fh_TMA``
+    forming V_new from T as ``WU = "recomputed"`` does; with ``fh_W`` W neither, with ``fh_AQK`` no A_qk, formed by
+    the state pass with the output fused), the state pass's tiles by TMA descriptors where ``fh_TMA``
     says so, else by pointer loads, in its plain loop (the forward's ``STATE_TMA`` and ``STATE_LOOP`` are timed in the
     forward, not in the step), everything else the forward's."""
     BT = bwd_config["BT"]
@@ -365,7 +393,11 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA=intra, SOLVE="subst", SEG_CHUNKS=seg)
     # (WU = "recomputed" here: W and T stored, U not: the state pass forms V_new from T, fh_U)
     wu = "recomputed" if bwd_config.get("fh_U") == "recomputed" else "stored"
-    cfg.update(WU=wu, AQK="stored", STATE_TMA=bool(bwd_config.get("fh_TMA", False)), STATE_LOOP="range")
+    # (AQK = "recomputed" here: A_qk not stored, formed by the state pass's fused output and by the reverse pass, fh_AQK)
+    aqk = "recomputed" if bwd_config.get("fh_AQK") == "recomputed" else "stored"
+    cfg.update(WU=wu, AQK=aqk, STATE_TMA=bool(bwd_config.get("fh_TMA", False)), STATE_LOOP="range")
+    if aqk == "recomputed":
+        cfg["FUSE_OUTPUT"] = True  # (the output is formed in the state pass, which forms A_qk)
     for name in ("BV", "num_warps", "num_stages"):
         if bwd_config.get(f"fh_{name}", 0):
             cfg[f"h_{name}"] = bwd_config[f"fh_{name}"]
@@ -406,7 +438,7 @@ def forward_for_training(
     states = "keep" if save == "all" or not cfg["FUSE_OUTPUT"] else "fused"
     inter, out, ht = forward_intermediates(
         q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg, states=states, output=True,
-        final_state=output_final_state,
+        final_state=output_final_state, store_w=bwd_config.get("fh_W") != "recomputed",
     )  # fmt: skip
     assert out is not None
     if save == "all":
@@ -455,7 +487,7 @@ def backward(
         gf = g if save == "none" else None
         inter, _, _ = forward_intermediates(
             q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg,
-            inter=saved if save == "intra" else None,
+            inter=saved if save == "intra" else None, store_w=bwd_config.get("fh_W") != "recomputed",
         )  # fmt: skip
     inter.u = None
 
@@ -478,10 +510,12 @@ def backward(
     if rev_dv:
         assert inter.ai is not None
         dv_work = (inter.ai, v, beta, dv, dbeta_part)
+    w_from_k, qk_re = inter.w is None, inter.aqk is None  # (fh_W, fh_AQK: not stored, formed by the pass)
+    assert inter.ai is not None or not (w_from_k or qk_re)
     launch_reverse(
-        q, k, inter.w, inter.aqk, inter.qg, inter.kg, inter.gout, do, None if dht is None else dht.contiguous(), dh0,
-        dh, dvn_buf, cu_seqlens, tables.chunk_offsets, offsets, scale, B, T, H, HV, K, V, N, BT, GATE, dot_prec,
-        bwd_config, dv_work,
+        q, k, inter.ai if w_from_k else inter.w, inter.ai if qk_re else inter.aqk, inter.qg, inter.kg, inter.gout, do,
+        None if dht is None else dht.contiguous(), dh0, dh, dvn_buf, cu_seqlens, tables.chunk_offsets, offsets, scale,
+        B, T, H, HV, K, V, N, BT, GATE, dot_prec, bwd_config, dv_work, w_from_k=w_from_k, qk_re=qk_re,
     )  # fmt: skip
     dvn: Tensor | None = dvn_buf
     del dvn_buf, dv_work

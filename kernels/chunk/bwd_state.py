@@ -100,6 +100,8 @@ def chunk_bwd_state_kernel(
     dv=None,
     dbeta_part=None,
     SS=0,
+    W_FROM_K: tl.constexpr = False,
+    QK_RE: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -116,7 +118,8 @@ def chunk_bwd_state_kernel(
         eos = bos + T
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
-    DT = w.dtype.element_ty
+    DT = w.dtype.element_ty  # (without W stored the launcher passes T's buffer: the intermediates' dtype)
+    tl.static_assert(not (W_FROM_K or QK_RE) or GATE != 2, "W and A_qk from k and q: DeltaNet, Gated DeltaNet")
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -169,22 +172,34 @@ def chunk_bwd_state_kernel(
             tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
 
         b_do = tl.load(do + row_hv * V + off_v, mask=m_to, other=0).to(DT)
-        b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
-        b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
+        if not W_FROM_K:
+            b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
         if GATE == 2:
+            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
             b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
             b_qg = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
-        elif GATE == 1:
-            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
-            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
-            b_k = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
-            b_kg = (b_k * tl.exp(b_gC - b_gam)[:, None]).to(DT)
-            b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
-            b_qg = (b_q * (scale * tl.exp(b_gam))[:, None]).to(DT)
         else:
-            b_kg = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(DT)
-            b_qg = (tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32) * scale).to(DT)
+            b_k = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
+            b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
+            if GATE == 1:
+                b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
+                b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
+                b_kg = (b_k * tl.exp(b_gC - b_gam)[:, None]).to(DT)
+                b_qg = (b_q * (scale * tl.exp(b_gam))[:, None]).to(DT)
+            else:
+                b_kg = b_k.to(DT)
+                b_qg = (b_q * scale).to(DT)
+            if QK_RE:  # scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j)), causal (j <= i), as stage 1 stores it
+                m_qk = (o_t[None, :] <= o_t[:, None]) & m_t[:, None]  # (rows past the end: γ = 0 there)
+                b_A = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=DOT_PREC)
+                if GATE == 1:
+                    b_A *= tl.exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
+                    b_A = (b_A * scale).to(DT)
+                else:
+                    b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
+            else:
+                b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
 
         if TRANS:
             b_dv = tl.dot(b_do, b_A, input_precision=DOT_PREC)
@@ -193,24 +208,31 @@ def chunk_bwd_state_kernel(
             b_dv = tl.dot(tl.trans(b_A), b_do, input_precision=DOT_PREC)
             b_dv += tl.dot(b_kg, b_xc, input_precision=DOT_PREC)
         b_dvc = b_dv.to(DT)
-        if DV and SEG != 1:  # off the chain: dVβ = Tᵀ dV_new (stored in dV_new's place), dv = β dVβ, dβ's v part
+        if (DV and SEG != 1) or W_FROM_K:  # dVβ = Tᵀ dV_new: off the chain, or on it (W_FROM_K)
             m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
             off_a = o_t[:, None] * (HV * BT) + o_t[None, :]
             b_T = tl.load(ai + row_hv * BT + off_a, mask=m_low, other=0).to(DT)  # lower triangular, unit diagonal
             b_beta = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
-            b_v = tl.load(v + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
             if TRANS:
                 b_dvb = tl.dot(b_dvc, b_T, input_precision=DOT_PREC)  # dVβᵀ = dV_newᵀ T
+            else:
+                b_dvb = tl.dot(tl.trans(b_T), b_dvc, input_precision=DOT_PREC)
+        if DV and SEG != 1:  # dv = β dVβ, dβ's v part; dVβ stored in dV_new's place
+            b_v = tl.load(v + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
+            if TRANS:
                 tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_tv)
                 b_dbv = tl.sum(b_dvb * b_v, 0)
             else:
-                b_dvb = tl.dot(tl.trans(b_T), b_dvc, input_precision=DOT_PREC)
                 tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
                 b_dbv = tl.sum(b_dvb * b_v, 1)
             tl.store(dvn + row_hv * V + off_v, b_dvb.to(dvn.dtype.element_ty), mask=m_tv)
             tl.store(dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t)  # this V tile's slot
         elif SEG != 1:
             tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
+        if W_FROM_K:  # Wᵀ dV_new = (β e^γ ⊙ K)ᵀ Tᵀ dV_new = (β e^γ ⊙ K)ᵀ dVβ: no W read
+            b_rk = b_beta * tl.exp(b_gam) if GATE == 1 else b_beta
+            b_kb = (b_k * b_rk[:, None]).to(DT)
+            b_dvbc = b_dvb.to(DT)
 
         if GATE == 2:
             b_x *= b_dec[None, :] if TRANS else b_dec[:, None]
@@ -218,10 +240,16 @@ def chunk_bwd_state_kernel(
             b_x *= tl.exp(b_gC)
         if TRANS:
             b_x += tl.dot(b_do, b_qg, input_precision=DOT_PREC)
-            b_x -= tl.dot(b_dvc, b_w, input_precision=DOT_PREC)
+            if W_FROM_K:
+                b_x -= tl.dot(b_dvbc, b_kb, input_precision=DOT_PREC)
+            else:
+                b_x -= tl.dot(b_dvc, b_w, input_precision=DOT_PREC)
         else:
             b_x += tl.dot(tl.trans(b_qg), b_do, input_precision=DOT_PREC)
-            b_x -= tl.dot(tl.trans(b_w), b_dvc, input_precision=DOT_PREC)
+            if W_FROM_K:
+                b_x -= tl.dot(tl.trans(b_kb), b_dvbc, input_precision=DOT_PREC)
+            else:
+                b_x -= tl.dot(tl.trans(b_w), b_dvc, input_precision=DOT_PREC)
 
     if SEG == 1:
         # the extended adjoint [K, V + K] of this segment: R_seg in columns :V, P_seg in columns V:
@@ -268,18 +296,24 @@ def launch_reverse(
     dot_prec: str,
     config: Config,
     dv_work: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None,
+    w_from_k: bool = False,
+    qk_re: bool = False,
 ) -> None:
     """The reverse state pass of one call: fills ``dh`` (``X_{c+1}`` per chunk), ``dvn`` (``dV_new``) and ``dh0``
     (the initial state's gradient, when given), per sequence or, with ``dh_SEG_CHUNKS`` and a sequence of more than
     one segment, in the three phases of :mod:`.bwd_segments`. ``offsets``: ``cu_seqlens`` on the host (varlen).
     ``dv_work`` (``REVERSE_DV``): ``(T, v, beta, dv, dbeta_part)``: ``dvn`` then receives ``dVβ = Tᵀ dV_new``, ``dv``
-    is written and slot ``i`` of ``dbeta_part`` gets dβ's ``v`` part of value tile ``i``."""
+    is written and slot ``i`` of ``dbeta_part`` gets dβ's ``v`` part of value tile ``i``. ``w_from_k`` (needs
+    ``dv_work``; ``w`` may then be any tensor of the intermediates' dtype): ``Wᵀ dV_new`` as ``(β e^γ ⊙ K)ᵀ dVβ``, W
+    never read; ``qk_re``: ``A_qk`` formed from q and k per chunk (``aqk`` unread, any such tensor)."""
     BV = tile(config["dh_BV"], V)
     BK = tile(next_power_of_2(K), K)
     common = dict(
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, GATE=GATE, DOT_PREC=dot_prec, TRANS=config["dh_LAYOUT"] == "vk",
-        num_warps=config["dh_num_warps"], num_stages=config["dh_num_stages"],
+        num_warps=config["dh_num_warps"], num_stages=config["dh_num_stages"], W_FROM_K=w_from_k, QK_RE=qk_re,
     )  # fmt: skip
+    if w_from_k and dv_work is None:
+        raise ValueError("the reverse pass forms Wᵀ dV_new from K only with dv_work (REVERSE_DV): it needs T and beta")
     args = (q, k, w, aqk, qg, kg, gout, do)
     extra: dict[str, Any] = {}
     if dv_work is not None:
@@ -293,10 +327,12 @@ def launch_reverse(
         )  # fmt: skip
         return
     ext = torch.empty(seg.NS, HV, K, V + K, dtype=torch.float32, device=q.device)  # phase 1: [R_s | P_s]
+    # (phase 1 forms dVβ on the chain too when W is not read: T and beta)
+    p1: dict[str, Any] = dict(ai=dv_work[0], beta=dv_work[2]) if w_from_k and dv_work is not None else {}
     xend = torch.empty(seg.NS, HV, K, V, dtype=torch.float32, device=q.device)  # phase 2: X at each segment's end
     chunk_bwd_state_kernel[(triton.cdiv(V, BV) + triton.cdiv(K, BV), seg.NS * HV)](
         *args, None, None, None, None, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,
-        STORE_DH0=False, VARLEN=True, SEG=1, first=seg.first, ext=ext, **common,
+        STORE_DH0=False, VARLEN=True, SEG=1, first=seg.first, ext=ext, **common, **p1,
     )  # fmt: skip
     e_BV = min(BV, ENDS_MAX_BV)
     chunk_bwd_segment_ends_kernel[(triton.cdiv(V, e_BV), N * HV)](

@@ -209,6 +209,20 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add("fhU-varlen-none", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), {**BT16, **ur, "SAVE": "none"},
         seq_lens=[1, 17, 0, 20])  # fmt: skip
     add("fhU-seg-revdv", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **ur, **rdv, "dh_SEG_CHUNKS": 2})
+    # stage 1 storing T alone (fh_W: the reverse pass forms Wᵀ dV_new from K and its dVβ, on its chain) and no A_qk
+    # (fh_AQK: formed by the state pass's fused output and by the reverse pass): odd T with strong decays, K != V and
+    # grouped heads, by value tiles of 16 (two dβ slots) and transposed; BT 64 by TMA with everything kept; varlen with
+    # an empty sequence re-running stage 1 (SAVE "none"); the segmented reverse pass (phase 1 forms dVβ too)
+    wr = {**ur, **rdv, "fh_W": "recomputed"}
+    qr = {"fh_AQK": "recomputed"}
+    add("fhW-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **wr, "dh_BV": 16}, scale=0.3, gate_min=-60.0)
+    add("fhW-AQK-vk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **wr, **qr, **VK}, gate_min=-60.0)
+    add("fhAQK-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **qr}, scale=0.3, gate_min=-60.0)
+    add("fhW-AQK-BT64-tma-all", Shape(1, 70, 1, 2, 16, 32, 1, gate),
+        {"BT": 64, "BC": 16, **wr, **qr, **tma, "SAVE": "all"})  # fmt: skip
+    add("fhW-AQK-varlen-none", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), {**BT16, **wr, **qr, "SAVE": "none"},
+        seq_lens=[1, 17, 0, 20])  # fmt: skip
+    add("fhW-AQK-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **wr, **qr, "dh_SEG_CHUNKS": 2}, gate_min=-60.0)
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))

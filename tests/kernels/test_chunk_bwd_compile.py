@@ -85,6 +85,9 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     rev_dv = cfg["REVERSE_DV"] and cfg["FUSE_DV"]
     if rev_dv:  # dVβ, dv and dβ's v part in the reverse pass
         state |= dict(DV=True, ai=p, v=p, beta=p, dv=p, dbeta_part=f32, SS="i32")
+    # stage 1 storing T alone (fh_W: Wᵀ dV_new from K and dVβ) and no A_qk (fh_AQK: formed from q and k)
+    w_rec, qk_rec = cfg.get("fh_W") == "recomputed", cfg.get("fh_AQK") == "recomputed"
+    state |= dict(W_FROM_K=w_rec, QK_RE=qk_rec)
     seg = cfg["dh_SEG_CHUNKS"] > 0
     if seg:  # the sequence-parallel pass: phase 3 over the segment table (phase 1 and 2 below)
         state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32", "first": "*i32", "xend": f32}
@@ -104,7 +107,9 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     dqk |= dict(FUSED=fused, KLOOP=bool(cfg["dqk_KLOOP"]) and NK > 1, NK=NK)
     out = [("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"])]
     if seg:
-        drop = ("dht", "dh0", "dh", "dvn", "xend", "DV", "ai", "v", "beta", "dv", "dbeta_part", "SS")
+        drop = ("dht", "dh0", "dh", "dvn", "xend", "DV", "v", "dv", "dbeta_part", "SS") + (
+            () if w_rec else ("ai", "beta")
+        )
         tr = {n: t for n, t in state.items() if n not in drop} | {"ext": f32}
         out.append(("reverse-transitions", chunk_bwd_state_kernel, tr | dict(SEG=1, STORE_DH0=False), *out[0][3:]))
         ends = dict(ext=f32, dht=f32, xend=f32, dh0=f32, seq_segments="*i32", HV=4, K=K, V=V, DOT_PREC=prec)
@@ -124,6 +129,8 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
         fwd |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen else {}
         fwd |= dict(BK=state["BK"], BV=_tile(cfg["fh_BV"] or 64, V), GATE=G, USE_H0=True, STORE_HT=True)
         fwd |= dict(FUSE_OUTPUT=True, TRANS=True, STORE_STATES=True)
+        if cfg.get("fh_U") == "recomputed":  # V_new from T (and with fh_AQK, A_qk from q and k)
+            fwd |= dict(RECOMPUTE=True, QK_RECOMPUTE=qk_rec, v=p, beta=p, ai=p)
         out.append(("fwd state+output", chunk_state_kernel, fwd, cfg["fh_num_warps"] or 4, cfg["fh_num_stages"] or 2))
     return out
 
@@ -148,6 +155,32 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {"BT": 64, "dqk_BK": 16, "dh_SEG_CHUNKS": 64}, True),
     ("none", "bf16", 64, {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 64, "dqk_BK": 64}, False),
     ("scalar", "fp32", 64, {"BT": 32, "dh_LAYOUT": "vk", "dh_SEG_CHUNKS": 8}, True),
+    # stage 1 under autograd storing T alone, no A_qk (fh_U, fh_W, fh_AQK), as seeded (B = 8; B = 1 segmented)
+    *[
+        (
+            gate,
+            "bf16",
+            128,
+            {
+                "BT": 64,
+                "dh_LAYOUT": "vk",
+                "dh_BV": 128,
+                "dh_num_warps": 8,
+                "dh_num_stages": 1,
+                "SAVE": "all",
+                "REVERSE_DV": True,
+                "dqk_BK": 128,
+                "dqk_BV": 64,
+                "fh_U": "recomputed",
+                "fh_W": "recomputed",
+                "fh_AQK": "recomputed",
+                **seg,
+            },
+            False,
+        )
+        for gate in ("none", "scalar")
+        for seg in ({}, {"dh_SEG_CHUNKS": 64})
+    ],
     # KDA's dq/dk key tiles in one program per chunk (dqk_KLOOP), as seeded and in bwd_variants.py
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32}, False),
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32, "dqk_BK": 32}, True),

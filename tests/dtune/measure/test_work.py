@@ -136,3 +136,30 @@ def test_backward_stage_floors_follow_the_pipeline() -> None:
     assert dqk(dqk_BK=128, dqk_KLOOP=True) == dqk(dqk_BK=128)  # one key tile: nothing to loop over
     whole = roofline.work("chunk_kda_bwd", p, torch.bfloat16, True, True)
     assert total > whole.bytes  # the pipeline's intermediates on top of the compulsory bytes
+
+
+def test_stage_one_storing_less_moves_fewer_bytes() -> None:
+    """fh_U, fh_W, fh_AQK (DeltaNet, Gated DeltaNet): each intermediate stage 1 does not store is one [tokens, HV, ·]
+    write less in stage 1 and one read less where it was read (the state pass, the reverse pass)."""
+    from dtune.kernels import chunk
+    from dtune.kernels.chunk import backward as chunk_bwd
+
+    p = prob(8, 4096, 16, 128, Gate.SCALAR)
+    fwd = chunk.default_config(128, 128, "scalar")
+    base = {"BT": 64, "BC": 16, "SAVE": "all", "REVERSE_DV": True}
+
+    def by_name(**over: object) -> dict[str, roofline.Work]:
+        cfg = chunk_bwd.check_config(128, 128, "scalar", {**base, **over})
+        return {s.name: s.work for s in roofline.backward_stages(p, torch.bfloat16, fwd, cfg)}
+
+    ta, e, C, K = 8 * 4096 * 16, 2, 64, 128
+    no_u = by_name(fh_U="recomputed")
+    no_w = by_name(fh_U="recomputed", fh_W="recomputed")
+    t_only = by_name(fh_U="recomputed", fh_W="recomputed", fh_AQK="recomputed")
+    intra = "fwd intra (W, U, A_qk, T)"
+    rev = "bwd reverse state pass"
+    assert no_u[intra].bytes - no_w[intra].bytes == ta * K * e  # W not written ...
+    assert no_u[rev].bytes - no_w[rev].bytes == ta * K * e  # ... nor read
+    assert no_w[intra].bytes - t_only[intra].bytes == ta * C * e  # A_qk not written ...
+    assert no_w[rev].bytes - t_only[rev].bytes == ta * C * e  # ... nor read by the reverse pass
+    assert t_only[rev].flops - no_w[rev].flops == ta * 2 * C * K  # ... formed there instead
