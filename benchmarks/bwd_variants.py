@@ -88,6 +88,7 @@ SHIP_DN_B8 = {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True, **_REV64}
 SHIP_GDN_B8 = {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32, **_REV64}
 SHIP_B1 = {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True, **_REV64}
 _NO_U = {"fh_U": "recomputed"}  # (the shipped Gated DeltaNet B8 entry has it)
+_GDN_B8_NOW = {**SHIP_GDN_B8, **_NO_U, "fh_W": "recomputed"}  # (shipped at commit f52bae7)
 _T_ONLY = {**_NO_U, "fh_W": "recomputed", "fh_AQK": "recomputed"}  # stage 1 under autograd stores T alone
 _KDA = {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True, "dqk_BK": 64, "dqk_num_warps": 4}
 SHIP_KDA_B8 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128}
@@ -127,6 +128,17 @@ VARIANTS: list[Variant] = [
     ("t-only", {**SHIP_B1, **_T_ONLY}, ("b1",), DN_GDN),
     ("t-only w", {**SHIP_DN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.NONE,)),
     ("t-only w", {**SHIP_GDN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.SCALAR,)),
+    # the reverse pass's tiles by TMA descriptors (dh_TMA), single and double buffered (dh_num_stages), on the shipped
+    # configs (B8: DeltaNet T alone, Gated DeltaNet without W, as shipped at commit f52bae7)
+    ("dh-tma", {**SHIP_DN_B8, **_T_ONLY, "dh_TMA": True}, ("b8",), (Gate.NONE,)),
+    ("dh-tma s2", {**SHIP_DN_B8, **_T_ONLY, "dh_TMA": True, "dh_num_stages": 2}, ("b8",), (Gate.NONE,)),
+    ("dh-tma", {**_GDN_B8_NOW, "dh_TMA": True}, ("b8",), (Gate.SCALAR,)),
+    ("dh-tma s2", {**_GDN_B8_NOW, "dh_TMA": True, "dh_num_stages": 2}, ("b8",), (Gate.SCALAR,)),
+    ("dh-tma", {**SHIP_B1, "dh_TMA": True}, ("b1",), DN_GDN),
+    ("dh-tma s2", {**SHIP_B1, "dh_TMA": True, "dh_num_stages": 2}, ("b1",), DN_GDN),
+    ("dh-tma", {**SHIP_KDA_B8, "dh_TMA": True}, ("b8",), (Gate.CHANNEL,)),
+    ("dh-tma s2", {**SHIP_KDA_B8, "dh_TMA": True, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
+    ("dh-tma", {**SHIP_KDA_B1, "dh_TMA": True}, ("b1",), (Gate.CHANNEL,)),
 ]
 
 

@@ -91,6 +91,9 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dh_num_stages": (1, 2, 3, 4),
     "dh_LAYOUT": ("kv", "vk"),
     "dh_SEG_CHUNKS": (0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+    # ... and its loads: by pointers (False), or its tiles by TMA tensor descriptors (True, on shapes that allow them:
+    # K a power of two, dh_BV dividing V; the sequence-parallel pass's phase 3, not its phase 1)
+    "dh_TMA": (False, True),
     "dv_BV": (16, 32, 64, 128),
     "dv_num_warps": (1, 2, 4, 8),
     "dv_num_stages": (1, 2, 3, 4),
@@ -170,6 +173,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dh_num_stages": 2 if small else 1,
         "dh_LAYOUT": "kv",
         "dh_SEG_CHUNKS": 0,  # the plain reverse pass (sequence-parallel: 8..256 chunks per segment)
+        "dh_TMA": False,
         "dv_BV": 64,
         "dv_num_warps": 4,
         "dv_num_stages": 2,

@@ -33,6 +33,12 @@ adjoint at its end to the one at its start: ``X_start = P_seg X_end + R_seg``, `
 * ``SEG = 2`` (phase 3): the ordinary pass per segment from its true end adjoint ``xend[s]`` (phase 2); the first
   segment of each sequence (``first[s] >= 0``) stores the initial state's gradient.
 
+``TMA`` (``dh_TMA``; :func:`descriptors`): the chunk's tiles (dO, q and k or KDA's q̃ and k̃, W and A_qk where read,
+T and v with ``DV``) through TMA descriptors, in the plain pass and phase 3 (phase 1 loads by pointers); rows past
+the sequence's end are the next sequence's tokens, zeroed after the load. ``W_FROM_K`` (``fh_W``, needs ``DV``):
+``Wᵀ dV_new = (β e^γ ⊙ K)ᵀ dVβ`` from the ``dVβ`` formed on the chain, W never read (phase 1 forms ``dVβ`` too);
+``QK_RE`` (``fh_AQK``): ``scale · A_qk`` formed from q and k per chunk, off the chain.
+
 With ``DV`` (``REVERSE_DV``) the pass also does the V-separable part of the chunk-local work, off the chain:
 ``dVβ = Tᵀ dV_new`` (stored instead of ``dV_new``: it is all the dq/dk stage needs of it), ``dv = β dVβ`` and dβ's
 ``v`` part ``Σ_v dVβ ⊙ v`` (one slot of ``dbeta_part`` per value tile), so the chunk-parallel stage reads neither
@@ -47,6 +53,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import Config, next_power_of_2
 from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
@@ -56,6 +63,22 @@ Tensor = torch.Tensor
 ENDS_MAX_BV = 32  # phase 2's value tile: [K, K] of P_s and [K, BV] of X per step
 # ... at 8 warps, two stages (sm_90a, Triton 3.6, K = 128: 128 registers, 96 KB of shared memory; 4 warps spill)
 ENDS_LAUNCH = {"num_warps": 8, "num_stages": 2}
+
+
+@triton.jit
+def _load(base, off, mask, td, row, col, rows, TMA: tl.constexpr, TRANS: tl.constexpr):
+    """One chunk's tile of a token-major matrix, ``[BT, BX]`` (``TRANS``: ``[BX, BT]``): by pointers ``base + off``
+    under ``mask``, or (``TMA``) the descriptor ``td``'s block at (``row`` = the chunk's first token, ``col``) with the
+    rows past the sequence (the next sequence's tokens, or zeros past the tensor) zeroed by ``rows`` (``[BT]``)."""
+    if TMA:
+        x = td.load([row, col])
+        if TRANS:
+            x = tl.where(rows[None, :], tl.trans(x), 0)
+        else:
+            x = tl.where(rows[:, None], x, 0)
+    else:
+        x = tl.load(base + off, mask=mask, other=0)
+    return x
 
 
 @triton.jit(do_not_specialize=["T", "SS"])
@@ -102,6 +125,14 @@ def chunk_bwd_state_kernel(
     SS=0,
     W_FROM_K: tl.constexpr = False,
     QK_RE: tl.constexpr = False,
+    TMA: tl.constexpr = False,
+    do_td=None,
+    q_td=None,
+    k_td=None,
+    w_td=None,
+    a_td=None,
+    t_td=None,
+    v_td=None,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -120,6 +151,11 @@ def chunk_bwd_state_kernel(
     NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
     DT = w.dtype.element_ty  # (without W stored the launcher passes T's buffer: the intermediates' dtype)
     tl.static_assert(not (W_FROM_K or QK_RE) or GATE != 2, "W and A_qk from k and q: DeltaNet, Gated DeltaNet")
+    USE_TMA: tl.constexpr = TMA and SEG != 1  # (phase 1's P columns have no dO to load)
+    c_v = (i_hv * V + i_v * BV).to(tl.int32)  # descriptor columns: this value tile, ...
+    c_k = (i_hv * K).to(tl.int32)  # ... the value head's K columns (W, KDA's q~ and k~), ...
+    c_qk = (i_h * K).to(tl.int32)  # ... the key head's (q, k) and the value head's BT (A_qk, T)
+    c_a = (i_hv * BT).to(tl.int32)
 
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -137,6 +173,7 @@ def chunk_bwd_state_kernel(
         m_v = o_v < V
         m_o = m_v
     off_wk = o_t[:, None] * (HV * K) + o_k[None, :]  # [BT, BK] rows of [tokens, HV, K]
+    off_a = o_t[:, None] * (HV * BT) + o_t[None, :]  # [BT, BT] rows of [tokens, HV, BT] (A_qk, T)
     off_qk = o_t[:, None] * (H * K) + o_k[None, :]  # [BT, BK] rows of [tokens, H, K]
     if TRANS:
         m_h = m_v[:, None] & m_k[None, :]
@@ -167,21 +204,22 @@ def chunk_bwd_state_kernel(
         m_to = (m_o[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_o[None, :])
         row_hv = t0 * HV + i_hv
         row_h = t0 * H + i_h
+        r0 = t0.to(tl.int32)  # descriptor row
         b_xc = b_x.to(DT)
         if SEG != 1:
             tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
 
-        b_do = tl.load(do + row_hv * V + off_v, mask=m_to, other=0).to(DT)
+        b_do = _load(do + row_hv * V, off_v, m_to, do_td, r0, c_v, m_t, USE_TMA, TRANS).to(DT)
         if not W_FROM_K:
-            b_w = tl.load(w + row_hv * K + off_wk, mask=m_tk, other=0)
+            b_w = _load(w + row_hv * K, off_wk, m_tk, w_td, r0, c_k, m_t, USE_TMA, False)
         if GATE == 2:
-            b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
-            b_kg = tl.load(kg + row_hv * K + off_wk, mask=m_tk, other=0)
-            b_qg = tl.load(qg + row_hv * K + off_wk, mask=m_tk, other=0)
+            b_A = _load(aqk + row_hv * BT, off_a, m_t[:, None], a_td, r0, c_a, m_t, USE_TMA, False)
+            b_kg = _load(kg + row_hv * K, off_wk, m_tk, k_td, r0, c_k, m_t, USE_TMA, False)
+            b_qg = _load(qg + row_hv * K, off_wk, m_tk, q_td, r0, c_k, m_t, USE_TMA, False)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
         else:
-            b_k = tl.load(k + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
-            b_q = tl.load(q + row_h * K + off_qk, mask=m_tk, other=0).to(tl.float32)
+            b_k = _load(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, m_t, USE_TMA, False).to(tl.float32)
+            b_q = _load(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, m_t, USE_TMA, False).to(tl.float32)
             if GATE == 1:
                 b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
                 b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
@@ -199,7 +237,7 @@ def chunk_bwd_state_kernel(
                 else:
                     b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
             else:
-                b_A = tl.load(aqk + row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
+                b_A = _load(aqk + row_hv * BT, off_a, m_t[:, None], a_td, r0, c_a, m_t, USE_TMA, False)
 
         if TRANS:
             b_dv = tl.dot(b_do, b_A, input_precision=DOT_PREC)
@@ -210,15 +248,17 @@ def chunk_bwd_state_kernel(
         b_dvc = b_dv.to(DT)
         if (DV and SEG != 1) or W_FROM_K:  # dVβ = Tᵀ dV_new: off the chain, or on it (W_FROM_K)
             m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
-            off_a = o_t[:, None] * (HV * BT) + o_t[None, :]
-            b_T = tl.load(ai + row_hv * BT + off_a, mask=m_low, other=0).to(DT)  # lower triangular, unit diagonal
+            b_T = _load(ai + row_hv * BT, off_a, m_low, t_td, r0, c_a, m_t, USE_TMA, False)
+            if USE_TMA:  # (the blocks above the diagonal, as stored)
+                b_T = tl.where(m_low, b_T, 0)
+            b_T = b_T.to(DT)  # lower triangular, unit diagonal
             b_beta = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
             if TRANS:
                 b_dvb = tl.dot(b_dvc, b_T, input_precision=DOT_PREC)  # dVβᵀ = dV_newᵀ T
             else:
                 b_dvb = tl.dot(tl.trans(b_T), b_dvc, input_precision=DOT_PREC)
         if DV and SEG != 1:  # dv = β dVβ, dβ's v part; dVβ stored in dV_new's place
-            b_v = tl.load(v + row_hv * V + off_v, mask=m_tv, other=0).to(tl.float32)
+            b_v = _load(v + row_hv * V, off_v, m_tv, v_td, r0, c_v, m_t, USE_TMA, TRANS).to(tl.float32)
             if TRANS:
                 tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_tv)
                 b_dbv = tl.sum(b_dvb * b_v, 0)
@@ -319,6 +359,8 @@ def launch_reverse(
     if dv_work is not None:
         ai, v, beta, dv, dbeta_part = dv_work
         extra = dict(DV=True, ai=ai, v=v, beta=beta, dv=dv, dbeta_part=dbeta_part, SS=dbeta_part.shape[1] * HV)
+    tds = descriptors(q, k, w, aqk, qg, kg, do, dv_work, w_from_k, qk_re, H, HV, K, V, BT, BK, BV, config)
+    extra |= tds  # (the plain pass and phase 3; phase 1 loads by pointers)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
     if seg is None:
         chunk_bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
@@ -343,3 +385,51 @@ def launch_reverse(
         *args, None, dh0, dh, dvn, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,
         STORE_DH0=dh0 is not None, VARLEN=True, SEG=2, first=seg.first, xend=xend, **common, **extra,
     )  # fmt: skip
+
+
+def descriptors(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor | None,
+    aqk: Tensor | None,
+    qg: Tensor | None,
+    kg: Tensor | None,
+    do: Tensor,
+    dv_work: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None,
+    w_from_k: bool,
+    qk_re: bool,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    BT: int,
+    BK: int,
+    BV: int,
+    config: Config,
+) -> dict[str, Any]:
+    """``dh_TMA``: TMA descriptors of the reverse pass's tiles (2-D token-major views, one chunk of rows by one head's
+    columns or ``BV`` of them): dO, q and k (KDA: q̃, k̃), W and A_qk where read, T and v with ``dv_work``; with the
+    constexpr ``TMA``. Empty (pointer loads) without ``dh_TMA`` or where a tile would cross a head (K not a power of
+    two, ``BV`` not dividing V) or an input does not start 16-byte aligned."""
+    tokens = do.shape[0] * do.shape[1]
+    if not config.get("dh_TMA", False) or K != BK or V % BV or not tokens:
+        return {}
+    loads = [q, k, do] + ([dv_work[1]] if dv_work is not None else [])
+    if any(t.data_ptr() % 16 for t in loads):
+        return {}
+
+    def desc(t: Tensor, width: int, block: int) -> TensorDescriptor:
+        return TensorDescriptor(t.view(tokens, width), [tokens, width], [width, 1], [BT, block])
+
+    tds: dict[str, Any] = {"TMA": True, "do_td": desc(do, HV * V, BV)}
+    if qg is not None and kg is not None:  # KDA: q~ and k~ per value head, from stage 1
+        tds |= {"q_td": desc(qg, HV * K, K), "k_td": desc(kg, HV * K, K)}
+    else:
+        tds |= {"q_td": desc(q, H * K, K), "k_td": desc(k, H * K, K)}
+    if not w_from_k and w is not None:
+        tds["w_td"] = desc(w, HV * K, K)
+    if not qk_re and aqk is not None:
+        tds["a_td"] = desc(aqk, HV * BT, BT)
+    if dv_work is not None:
+        tds |= {"t_td": desc(dv_work[0], HV * BT, BT), "v_td": desc(dv_work[1], HV * V, BV)}
+    return tds

@@ -199,6 +199,15 @@ for gate in Gate:
     tma = {"fh_TMA": True, "fh_BV": 16}
     add("fh-tma-all", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, **tma, "SAVE": "all"}, scale=0.3)
     add("fh-tma-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **tma}, seq_lens=[1, 17, 0, 20])
+# The reverse pass's loads by TMA descriptors (dh_TMA): rows past a sequence's end are the next sequence's tokens,
+# zeroed after the load: odd T, varlen with an empty sequence and partial chunks, transposed with REVERSE_DV (T and v
+# by descriptors too), the segmented pass (phase 3 by descriptors, phase 1 by pointers), grouped heads, K != V
+TMA_DH = {"dh_TMA": True}
+for gate in Gate:
+    add("dhTMA-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **TMA_DH}, scale=0.3, gate_min=-60.0)
+    add("dhTMA-vk-revdv-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **TMA_DH, **VK, **rdv},
+        seq_lens=[1, 17, 0, 20])  # fmt: skip
+    add("dhTMA-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **TMA_DH, **rdv, "dh_SEG_CHUNKS": 2, "dh_BV": 16})
 for gate in (Gate.NONE, Gate.SCALAR):
     # no U stored: the training forward's state pass (and the re-run) forms V_new from T (fh_U), with several
     # sub-chunks (BT 32 = 2 x 16, at 64 four), by TMA (the zero blocks of T above its diagonal loaded), K != V,
@@ -223,6 +232,8 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add("fhW-AQK-varlen-none", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), {**BT16, **wr, **qr, "SAVE": "none"},
         seq_lens=[1, 17, 0, 20])  # fmt: skip
     add("fhW-AQK-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **wr, **qr, "dh_SEG_CHUNKS": 2}, gate_min=-60.0)
+    add("fhW-dhTMA-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT32, **wr, **TMA_DH, "SAVE": "all"},
+        seq_lens=[1, 40, 0, 20])  # fmt: skip
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
@@ -476,3 +487,24 @@ def test_gradients_under_a_recomputing_forward_config(gate: Gate, save: str) -> 
     x = make_inputs(problem, seed=8, seq_lens=[33, 0, 20, 50])
     errs = gradients_vs_loop(problem, x, {**BT16, "SAVE": save}, fwd_config=RECOMPUTING_FWD)
     assert_close(errs, TOL[torch.float32])
+
+
+def test_reverse_pass_descriptors_only_where_tiles_fit() -> None:
+    """dh_TMA builds the reverse pass's descriptors (the dhTMA cases above then load by TMA: without zeroing the rows
+    past a sequence they fail) only where every tile lies inside one head, and loads by pointers elsewhere."""
+    from dtune.kernels.chunk.bwd_state import descriptors
+
+    def tds(K: int, V: int, BV: int, on: bool = True, dv: bool = True) -> dict[str, Any]:
+        q = torch.zeros(1, 40, 2, K)
+        w, a, t = torch.zeros(40, 4, K), torch.zeros(40, 4, 16), torch.zeros(40, 4, 16)
+        do, v = torch.zeros(1, 40, 4, V), torch.zeros(1, 40, 4, V)
+        work = (t, v, torch.zeros(1, 40, 4), torch.zeros_like(v), torch.zeros(2, 40, 4)) if dv else None
+        BK = 1 << (K - 1).bit_length()
+        return descriptors(q, q, w, a, None, None, do, work, False, False, 2, 4, K, V, 16, BK, BV, {"dh_TMA": on})
+
+    got = tds(16, 32, 16)
+    assert got["TMA"] and set(got) == {"TMA", "do_td", "q_td", "k_td", "w_td", "a_td", "t_td", "v_td"}
+    assert set(tds(16, 32, 32, dv=False)) == {"TMA", "do_td", "q_td", "k_td", "w_td", "a_td"}
+    assert tds(16, 32, 16, on=False) == {}  # dh_TMA off
+    assert tds(24, 32, 16) == {}  # K not a power of two: a K tile would cross into the next head
+    assert tds(16, 40, 16) == {}  # BV does not divide V

@@ -49,7 +49,7 @@ def compile_sm90(fn: Any, args: dict[str, Any], num_warps: int, num_stages: int)
     consts: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
         value = args.get(name)
-        if isinstance(value, str) and (value.startswith("*") or value in ("i32", "fp32")):
+        if isinstance(value, str) and (value.startswith(("*", "tensordesc")) or value in ("i32", "fp32")):
             sig[name] = value
         else:
             sig[name] = "constexpr"
@@ -88,6 +88,10 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     # stage 1 storing T alone (fh_W: Wᵀ dV_new from K and dVβ) and no A_qk (fh_AQK: formed from q and k)
     w_rec, qk_rec = cfg.get("fh_W") == "recomputed", cfg.get("fh_AQK") == "recomputed"
     state |= dict(W_FROM_K=w_rec, QK_RE=qk_rec)
+    if cfg.get("dh_TMA") and state["BK"] == K and V % dh_BV == 0:  # its tiles by TMA descriptors
+        td = {"do_td": dh_BV, "q_td": K, "k_td": K} | ({} if w_rec else {"w_td": K}) | ({} if qk_rec else {"a_td": BT})
+        td |= {"t_td": BT, "v_td": dh_BV} if rev_dv else {}
+        state |= {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in td.items()} | {"TMA": True}
     seg = cfg["dh_SEG_CHUNKS"] > 0
     if seg:  # the sequence-parallel pass: phase 3 over the segment table (phase 1 and 2 below)
         state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32", "first": "*i32", "xend": f32}
@@ -110,6 +114,7 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
         drop = ("dht", "dh0", "dh", "dvn", "xend", "DV", "v", "dv", "dbeta_part", "SS") + (
             () if w_rec else ("ai", "beta")
         )
+        drop += ("TMA", "do_td", "q_td", "k_td", "w_td", "a_td", "t_td", "v_td")  # (phase 1 loads by pointers)
         tr = {n: t for n, t in state.items() if n not in drop} | {"ext": f32}
         out.append(("reverse-transitions", chunk_bwd_state_kernel, tr | dict(SEG=1, STORE_DH0=False), *out[0][3:]))
         ends = dict(ext=f32, dht=f32, xend=f32, dh0=f32, seq_segments="*i32", HV=4, K=K, V=V, DOT_PREC=prec)
@@ -135,6 +140,9 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     return out
 
 
+# the shipped B = 8 entries' reverse pass and dq/dk stage (DeltaNet, Gated DeltaNet)
+_SHIP64 = {"BT": 64, "dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "dh_num_stages": 1, "SAVE": "all"}
+_SHIP64 |= {"REVERSE_DV": True, "dqk_BK": 128, "dqk_BV": 64}
 CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {}, False),
     ("scalar", "bf16", 128, {}, True),
@@ -181,6 +189,16 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         for gate in ("none", "scalar")
         for seg in ({}, {"dh_SEG_CHUNKS": 64})
     ],
+    # the reverse pass's tiles by TMA descriptors (dh_TMA), as the shipped B = 8 entries run it; KDA's at BT 32
+    ("none", "bf16", 128, {**_SHIP64, "dh_TMA": True, "fh_U": "recomputed", "fh_W": "recomputed"}, False),
+    ("scalar", "bf16", 128, {**_SHIP64, "dh_TMA": True, "dh_SEG_CHUNKS": 64}, True),
+    (
+        "channel",
+        "bf16",
+        128,
+        {"dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "REVERSE_DV": True, "dh_TMA": True},
+        False,
+    ),
     # KDA's dq/dk key tiles in one program per chunk (dqk_KLOOP), as seeded and in bwd_variants.py
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32}, False),
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32, "dqk_BK": 32}, True),
