@@ -139,6 +139,11 @@ VARIANTS: list[Variant] = [
     ("dh-tma", {**SHIP_KDA_B8, "dh_TMA": True}, ("b8",), (Gate.CHANNEL,)),
     ("dh-tma s2", {**SHIP_KDA_B8, "dh_TMA": True, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
     ("dh-tma", {**SHIP_KDA_B1, "dh_TMA": True}, ("b1",), (Gate.CHANNEL,)),
+    # ... and the dq/dk stage's tiles by TMA descriptors too (dqk_TMA; sm_90a: it spills a little more, 0 -> 20 bytes
+    # for DeltaNet, 8 -> 204 for Gated DeltaNet, 204 -> 212 for KDA)
+    ("tma both", {**SHIP_DN_B8, **_T_ONLY, "dh_TMA": True, "dqk_TMA": True}, ("b8",), (Gate.NONE,)),
+    ("tma both", {**_GDN_B8_NOW, "dh_TMA": True, "dqk_TMA": True}, ("b8",), (Gate.SCALAR,)),
+    ("tma both", {**SHIP_KDA_B8, "dh_TMA": True, "dqk_TMA": True}, ("b8",), (Gate.CHANNEL,)),
 ]
 
 

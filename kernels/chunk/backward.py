@@ -65,6 +65,7 @@ from ..config import check_config as _check
 from .buffers import Intermediates as FwdIntermediates
 from .buffers import Outputs, SegmentScratch, allocate_segments
 from .bwd_dqk import chunk_bwd_dqk_kernel
+from .bwd_dqk import descriptors as dqk_descriptors
 from .bwd_dv import chunk_bwd_dv_kernel
 from .bwd_finish import chunk_bwd_finish_kernel
 from .bwd_state import launch_reverse
@@ -104,6 +105,9 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # the dq/dk stage's key tiles: one program each (False), or in a loop inside one program per chunk (True): the
     # value side (dVβ, dv, both dA, KDA's dA scratch) once per chunk instead of once per key tile
     "dqk_KLOOP": (False, True),
+    # ... and its loads: by pointers (False), or its value-side and state tiles by TMA descriptors (True, fused, on
+    # shapes that allow them: dqk_BK dividing K, dqk_BV dividing V)
+    "dqk_TMA": (False, True),
     "F32_DOT": ("ieee", "tf32"),
     # the forward's state pass under autograd and in the re-run (at the backward's BT): its value tile, warps and
     # pipeline stages, 0 = the forward config's
@@ -182,6 +186,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dqk_num_warps": 8,  # 4 warps spill at BT = 32 (4-312 bytes)
         "dqk_num_stages": 2,
         "dqk_KLOOP": False,
+        "dqk_TMA": False,
         "F32_DOT": "ieee",
         "fh_BV": 0,
         "fh_num_warps": 0,
@@ -554,6 +559,14 @@ def backward(
         dg_out = dg if GATE == 2 else None
         dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
         plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
+        # dqk_TMA: its value-side and state tiles by TMA descriptors (fused; not where the key loop reads back the dVβ
+        # it stores by pointers: TMA's async loads would need a proxy fence after those stores)
+        tds: dict[str, Any] = {}
+        if bwd_config["dqk_TMA"] and fused and not (kloop and not rev_dv):
+            assert inter.hbuf is not None and inter.vnew is not None and dvn is not None
+            tds = dqk_descriptors(
+                do, inter.vnew, dvn, v if plain else None, inter.hbuf, dh, HV, K, V, BT, dqk_BK, dqk_BV, True
+            )  # fmt: skip
         chunk_bwd_dqk_kernel[(NC, 1 if kloop else NK, HV)](
             q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvn if fused else dvb, daq, dak,
             inter.ai if plain else None, v if plain else None, dv if plain else None, dq, dk,
@@ -561,7 +574,7 @@ def backward(
             H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV,
             NV=triton.cdiv(V, dqk_BV), GATE=GATE, FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
             DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, num_warps=bwd_config["dqk_num_warps"],
-            num_stages=bwd_config["dqk_num_stages"],
+            num_stages=bwd_config["dqk_num_stages"], **tds,
         )  # fmt: skip
         inter.hbuf = inter.vnew = inter.ai = None
         del dh, dvn, dvb, daq, dak

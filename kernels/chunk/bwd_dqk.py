@@ -33,8 +33,12 @@ element-wise branch (compiled without it, ``KLOOP`` at ``BT = 64``, ``BK = 16`` 
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .bwd_local import chunk_local_grads
 from .common import chunk_bounds
@@ -72,12 +76,24 @@ def _v_contractions(
     STORE_DVB: tl.constexpr,
     DT: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    TMA: tl.constexpr = False,
+    vn_td=None,
+    do_td=None,
+    dvb_td=None,
+    v_td=None,
+    h_td=None,
+    x_td=None,
+    r0=0,
+    c0=0,
+    rh=0,
 ):
     """One pass over the value tiles: with ``VSIDE`` the value side (``dVβ = Tᵀ dV_new`` unless ``DVB_GIVEN``, ``dv``
     and dβ's ``v`` part for rows ``< L0``, ``dA_qk`` unscaled, ``dA_kk`` negated; ``STORE_DVB``: ``dVβ`` written over
     ``dV_new`` in ``dvb``), with ``KSIDE`` the key tile's ``dq̃``, ``dk̃``, ``dKβ``, ``d(e^{γ_C})`` (``dvb`` holds
     ``dVβ`` unless the value side computes it in this pass). Returns ``(dq̃, dk̃, dKβ, d(e^{γ_C}), dA_qk, dA_kk, dβ_v)``
-    (float32; what a side does not compute stays zero)."""
+    (float32; what a side does not compute stays zero). ``TMA``: the token tiles through the descriptors ``*_td`` at
+    row ``r0`` (the chunk's first token; rows past the chunk zeroed after the load) and columns ``c0 + i_v·BV``, the
+    state tiles at row ``rh`` (this chunk, value head and key tile of the ``[chunks·HV·K, V]`` view)."""
     b_dqt = tl.zeros([BT, BK], dtype=tl.float32)
     b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
     b_dkb = tl.zeros([BT, BK], dtype=tl.float32)
@@ -90,18 +106,32 @@ def _v_contractions(
         m_v = o_v < V
         m_tv = m_t[:, None] & m_v[None, :]
         off_v = row * V + o_t[:, None] * (HV * V) + o_v[None, :]
-        b_vn = tl.load(vnew + off_v, mask=m_tv, other=0)
-        b_do = tl.load(do + off_v, mask=m_tv, other=0).to(DT)
+        c_v = (c0 + i_v * BV).to(tl.int32)
+        if TMA:
+            b_vn = tl.where(m_t[:, None], vn_td.load([r0, c_v]), 0)
+            b_do = tl.where(m_t[:, None], do_td.load([r0, c_v]), 0).to(DT)
+        else:
+            b_vn = tl.load(vnew + off_v, mask=m_tv, other=0)
+            b_do = tl.load(do + off_v, mask=m_tv, other=0).to(DT)
         if VSIDE and not DVB_GIVEN:
-            b_dvbf = tl.dot(b_Tt, tl.load(dvb + off_v, mask=m_tv, other=0), input_precision=DOT_PREC)  # dV_new
+            if TMA:
+                b_dvn = tl.where(m_t[:, None], dvb_td.load([r0, c_v]), 0)
+            else:
+                b_dvn = tl.load(dvb + off_v, mask=m_tv, other=0)
+            b_dvbf = tl.dot(b_Tt, b_dvn, input_precision=DOT_PREC)  # dVβ = Tᵀ dV_new
             b_dvb = b_dvbf.to(DT)
             m_first = (o_t < L0)[:, None] & m_v[None, :]
-            b_v = tl.load(v + off_v, mask=m_first, other=0).to(tl.float32)
+            if TMA:
+                b_v = tl.where(m_first, v_td.load([r0, c_v]), 0).to(tl.float32)
+            else:
+                b_v = tl.load(v + off_v, mask=m_first, other=0).to(tl.float32)
             b_dbv += tl.sum(b_dvbf * b_v, 1)
             tl.store(dv + off_v, (b_dvbf * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_first)
             if STORE_DVB:  # this program's rows only: its own key loop reads them back
                 tl.store(dvb + off_v, b_dvb, mask=m_tv)
-        else:  # dVβ from the reverse pass (REVERSE_DV), from this program's value side, or the dv stage's
+        elif TMA:  # dVβ from the reverse pass (REVERSE_DV), from this program's value side, or the dv stage's
+            b_dvb = tl.where(m_t[:, None], dvb_td.load([r0, c_v]), 0)
+        else:
             b_dvb = tl.load(dvb + off_v, mask=m_tv, other=0)
         if VSIDE:
             b_daq += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
@@ -109,8 +139,12 @@ def _v_contractions(
         if KSIDE:
             off_h = h_b + o_k[:, None] * V + o_v[None, :]
             m_h = m_k[:, None] & m_v[None, :]
-            b_h = tl.load(hbuf + off_h, mask=m_h, other=0)
-            b_x = tl.load(dh + off_h, mask=m_h, other=0)
+            if TMA:
+                b_h = h_td.load([rh, i_v * BV])
+                b_x = x_td.load([rh, i_v * BV])
+            else:
+                b_h = tl.load(hbuf + off_h, mask=m_h, other=0)
+                b_x = tl.load(dh + off_h, mask=m_h, other=0)
             b_dqt += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
             b_dkt += tl.dot(b_vn, tl.trans(b_x), input_precision=DOT_PREC)
             b_dkb -= tl.dot(b_dvb, tl.trans(b_h), input_precision=DOT_PREC)
@@ -171,6 +205,13 @@ def _key_tile(
     DT: tl.constexpr,
     DOT_PREC: tl.constexpr,
     FLOOR: tl.constexpr,
+    TMA: tl.constexpr = False,
+    vn_td=None,
+    do_td=None,
+    dvb_td=None,
+    v_td=None,
+    h_td=None,
+    x_td=None,
 ):
     """Key tile ``i_k`` of the chunk: its V contractions (with ``VSIDE`` also the value side, as one pass), the local
     and pairwise terms and the gate, and its stores (dq, dk, KDA's dg, Gated DeltaNet's dγ partial, dβ's k part);
@@ -184,6 +225,8 @@ def _key_tile(
     b_dqt, b_dkt, b_dkb, b_dec, b_daqv, b_dakv, b_dbv = _v_contractions(
         do, vnew, dvb, v, dv, hbuf, dh, b_Tt, b_beta, row, h_b, o_t, o_k, m_t, m_k, L0,
         HV, K, V, BT, BK, BV, NV, GATE, VSIDE, True, DVB_GIVEN, False, DT, DOT_PREC,
+        TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td, r0=bos.to(tl.int32),
+        c0=i_hv * V, rh=((i_c * HV + i_hv) * K + i_k * BK).to(tl.int32),
     )  # fmt: skip
     if VSIDE:
         b_daq, b_dak = _finish_da(
@@ -283,6 +326,13 @@ def chunk_bwd_dqk_kernel(
     DVB_GIVEN: tl.constexpr = False,
     KLOOP: tl.constexpr = False,
     NK: tl.constexpr = 1,
+    TMA: tl.constexpr = False,
+    vn_td=None,
+    do_td=None,
+    dvb_td=None,
+    v_td=None,
+    h_td=None,
+    x_td=None,
 ):
     i_c, i_kp, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -332,6 +382,7 @@ def chunk_bwd_dqk_kernel(
             _, _, _, _, b_daqv, b_dakv, b_dbv = _v_contractions(
                 do, vnew, dvb, v, dv, hbuf, dh, b_Tt, b_beta, row, 0, o_t, tl.arange(0, BK), m_t, m_t, L,
                 HV, K, V, BT, BK, BV, NV, GATE, True, False, DVB_GIVEN, not DVB_GIVEN, DT, DOT_PREC,
+                TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, r0=bos.to(tl.int32), c0=i_hv * V,
             )  # fmt: skip
             b_daq, b_dak = _finish_da(
                 b_daqv, b_dakv, b_dbv, a_b, ak_b, dbeta_part, row, o_t, m_t, L, scale, SLOT, SS, HV, BT, GATE,
@@ -345,10 +396,51 @@ def chunk_bwd_dqk_kernel(
                 q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
                 b_beta, i_k, i_c, i_h, i_hv, bos, row, r0 + o_t, m_t, L, L, scale, r0, SLOT, SS,
                 H, HV, K, V, BT, BC, BK, BV, NV, GATE, False, True, DT, DOT_PREC, FLOOR,
+                TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td,
             )  # fmt: skip
     else:  # one program per key tile: each does the value side (key tile 0 stores dv and dβ's v part)
         _key_tile(
             q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
             b_beta, i_kp, i_c, i_h, i_hv, bos, row, o_t, m_t, L, tl.where(i_kp == 0, L, 0), scale, 0, SLOT, SS,
             H, HV, K, V, BT, BC, BK, BV, NV, GATE, FUSED, DVB_GIVEN or not FUSED, DT, DOT_PREC, FLOOR,
+            TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td,
         )  # fmt: skip
+
+
+def descriptors(
+    do: torch.Tensor,
+    vnew: torch.Tensor,
+    dvb: torch.Tensor,
+    v: torch.Tensor | None,
+    hbuf: torch.Tensor,
+    dh: torch.Tensor,
+    HV: int,
+    K: int,
+    V: int,
+    BT: int,
+    BK: int,
+    BV: int,
+    on: bool,
+) -> dict[str, Any]:
+    """``dqk_TMA``: TMA descriptors of the dq/dk stage's value-side tiles (``[tokens, HV·V]`` views of dO, V_new, dVβ
+    or dV_new, v: ``[BT, BV]`` blocks) and state tiles (``[chunks·HV·K, V]`` views of the chunk states and their
+    adjoints: ``[BK, BV]`` blocks), with the constexpr ``TMA``. Empty (pointer loads) unless ``on`` and every tile lies
+    inside one head (``BK`` dividing K, ``BV`` dividing V) with the inputs 16-byte aligned."""
+    tokens = do.shape[0] * do.shape[1]
+    if not on or K % BK or V % BV or not tokens or not hbuf.numel():
+        return {}
+    if any(t.data_ptr() % 16 for t in (do, vnew, dvb, hbuf, dh) + ((v,) if v is not None else ())):
+        return {}
+
+    def tok(t: torch.Tensor) -> TensorDescriptor:
+        return TensorDescriptor(t.view(tokens, HV * V), [tokens, HV * V], [HV * V, 1], [BT, BV])
+
+    def state(t: torch.Tensor) -> TensorDescriptor:
+        rows = t.numel() // V
+        return TensorDescriptor(t.view(rows, V), [rows, V], [V, 1], [BK, BV])
+
+    tds: dict[str, Any] = {"TMA": True, "do_td": tok(do), "vn_td": tok(vnew), "dvb_td": tok(dvb)}
+    tds |= {"h_td": state(hbuf), "x_td": state(dh)}
+    if v is not None:
+        tds["v_td"] = tok(v)
+    return tds

@@ -208,6 +208,17 @@ for gate in Gate:
     add("dhTMA-vk-revdv-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **TMA_DH, **VK, **rdv},
         seq_lens=[1, 17, 0, 20])  # fmt: skip
     add("dhTMA-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **TMA_DH, **rdv, "dh_SEG_CHUNKS": 2, "dh_BV": 16})
+# ... and the dq/dk stage's value-side and state tiles by TMA descriptors (dqk_TMA): fused with its own value side
+# (dV_new and v by descriptors), with the reverse pass's dVβ, several key and value tiles, the key loop with dVβ given,
+# varlen with partial chunks and an empty sequence
+TMA_DQK = {"dqk_TMA": True}
+for gate in Gate:
+    add("dqkTMA-odd", Shape(2, 37, 2, 4, 32, 32, 2, gate), {**BT16, **TMA_DQK, "dqk_BK": 16, "dqk_BV": 16},
+        scale=0.3, gate_min=-60.0)  # fmt: skip
+    add("dqkTMA-revdv-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT32, **TMA_DQK, **rdv, "dqk_BV": 16},
+        seq_lens=[1, 40, 0, 20])  # fmt: skip
+    add("dqkTMA-kloop-revdv", Shape(1, 37, 1, 2, 32, 16, 1, gate),
+        {**BT16, **TMA_DQK, **rdv, "dqk_KLOOP": True, "dqk_BK": 16}, gate_min=-60.0)  # fmt: skip
 for gate in (Gate.NONE, Gate.SCALAR):
     # no U stored: the training forward's state pass (and the re-run) forms V_new from T (fh_U), with several
     # sub-chunks (BT 32 = 2 x 16, at 64 four), by TMA (the zero blocks of T above its diagonal loaded), K != V,

@@ -109,6 +109,11 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     dqk |= {"dg": f32} if G else {}
     dqk |= dict(BC=cfg.get("dqk_BC", BC), BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
     dqk |= dict(FUSED=fused, KLOOP=bool(cfg["dqk_KLOOP"]) and NK > 1, NK=NK)
+    kloop_stores = dqk["KLOOP"] and not rev_dv
+    if cfg.get("dqk_TMA") and fused and not kloop_stores and K % dqk["BK"] == 0 and V % dqk_BV == 0:
+        tok, st = f"tensordesc<{dtype}[{BT},{dqk_BV}]>", f"tensordesc<{dtype}[{dqk['BK']},{dqk_BV}]>"
+        dqk |= {"TMA": True, "do_td": tok, "vn_td": tok, "dvb_td": tok, "h_td": st, "x_td": st}
+        dqk |= {"v_td": tok} if not rev_dv else {}
     out = [("state", chunk_bwd_state_kernel, state, cfg["dh_num_warps"], cfg["dh_num_stages"])]
     if seg:
         drop = ("dht", "dh0", "dh", "dvn", "xend", "DV", "v", "dv", "dbeta_part", "SS") + (
@@ -199,6 +204,17 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         {"dh_LAYOUT": "vk", "dh_BV": 128, "dh_num_warps": 8, "REVERSE_DV": True, "dh_TMA": True},
         False,
     ),
+    # ... and the dq/dk stage's tiles by TMA descriptors (dqk_TMA): the shipped B = 8 entries', KDA's at 4 warps
+    ("none", "bf16", 128, {**_SHIP64, "dqk_TMA": True, "dh_TMA": True}, False),
+    ("scalar", "bf16", 128, {**_SHIP64, "dqk_TMA": True}, True),
+    (
+        "channel",
+        "bf16",
+        128,
+        {"REVERSE_DV": True, "dqk_BV": 128, "dqk_num_warps": 4, "dqk_BC": 32, "dqk_TMA": True},
+        False,
+    ),
+    ("channel", "bf16", 128, {"dqk_TMA": True, "dqk_BK": 32}, True),
     # KDA's dq/dk key tiles in one program per chunk (dqk_KLOOP), as seeded and in bwd_variants.py
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32}, False),
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32, "dqk_BK": 32}, True),
