@@ -38,12 +38,20 @@ def test_a_chunk_kernel_is_its_anchor_then_the_grid_nearest_first_then_the_packe
     assert p.key.endswith(":packed") and p.key != rest.buckets[0].key
 
 
-def test_forward_kernels_come_first_and_a_backward_kernel_is_its_anchor_alone() -> None:
-    kernels = ["chunk_kda_bwd", "fused_recurrent_kda", "chunk_kda"]
+def test_forward_kernels_come_first_and_a_backward_kernel_tunes_the_training_grid() -> None:
+    kernels = ["chunk_kda_bwd", "fused_recurrent_kda", "chunk_kda", "chunk_gated_delta_rule_bwd"]
     plan = make_plan(kernels, dict.fromkeys(kernels, "bf16"), budget=60)
-    assert plan.kernels == ["chunk_kda", "fused_recurrent_kda", "chunk_kda_bwd"]
-    (bwd,) = [s for s in plan.steps if s.kernel == "chunk_kda_bwd"]
-    assert bwd.name == "anchor" and len(bwd.buckets) == 1 and bwd.seconds == 90
+    assert plan.kernels == ["chunk_kda", "fused_recurrent_kda", "chunk_kda_bwd", "chunk_gated_delta_rule_bwd"]
+    anchor, rest = [s for s in plan.steps if s.kernel == "chunk_kda_bwd"]
+    assert anchor.name == "anchor" and len(anchor.buckets) == 1 and anchor.seconds == 90
+    # T 1024 / 4096 / 16384 at D 64 and 128 (B·T = 32768) but the anchor, one long prompt; Gated DeltaNet also HV = 2H
+    keys = {b.shape.key for b in rest.buckets}
+    assert keys == {
+        "T1024-B32-H16-HV16-K64-V64", "T4096-B8-H16-HV16-K64-V64", "T16384-B2-H16-HV16-K64-V64",
+        "T1024-B32-H16-HV16-K128-V128", "T16384-B2-H16-HV16-K128-V128", "T32768-B1-H16-HV16-K128-V128",
+    } and rest.seconds == 30  # fmt: skip
+    gdn = [b.shape.key for s in plan.steps if s.kernel == "chunk_gated_delta_rule_bwd" for b in s.buckets]
+    assert "T4096-B8-H16-HV32-K128-V128" in gdn and len(gdn) == 8
     fused = [s for s in plan.steps if s.kernel == "fused_recurrent_kda"]
     assert [b.shape.key for b in fused[0].buckets] == ["T1-B32-H16-HV16-K128-V128"]
     assert len(fused[1].buckets) == 11 and fused[0].seconds == 10 and fused[1].seconds == 5  # 60 x 0.17, 60 x 0.09
