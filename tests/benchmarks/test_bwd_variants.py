@@ -1,0 +1,35 @@
+"""benchmarks/bwd_variants.py: every variant is a backward config the template accepts for each gate it runs on, and
+the names are unique per gate and shape (a row of its CSV is one variant)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from dtune.kernels.chunk import backward as chunk_bwd
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_variants.py"
+
+
+@pytest.fixture(scope="module")
+def bv() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bwd_variants", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_variant_is_a_legal_backward_config(bv: ModuleType) -> None:
+    seen: set[tuple[str, str, str]] = set()
+    for name, cfg, shapes, gates in bv.VARIANTS:
+        for gate in gates:
+            if cfg is not None:
+                chunk_bwd.check_config(128, 128, gate.value, cfg)  # raises on an unknown key or a broken rule
+            for shape in shapes:
+                assert shape in ("b8", "b1"), (name, shape)
+                key = (name, gate.value, shape)
+                assert key not in seen, f"variant {name!r} twice for {gate.value} at {shape}"
+                seen.add(key)
