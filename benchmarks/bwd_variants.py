@@ -128,6 +128,11 @@ VARIANTS: list[Variant] = [
     ("t-only", {**SHIP_B1, **_T_ONLY}, ("b1",), DN_GDN),
     ("t-only w", {**SHIP_DN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.NONE,)),
     ("t-only w", {**SHIP_GDN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.SCALAR,)),
+    # W formed per chunk in the reverse pass off its chain (fh_W = "rebuilt"), against its product from K on the chain
+    ("w rebuilt", {**SHIP_DN_B8, **_T_ONLY, "fh_W": "rebuilt"}, ("b8",), (Gate.NONE,)),
+    ("w rebuilt", {**_GDN_B8_NOW, "fh_W": "rebuilt"}, ("b8",), (Gate.SCALAR,)),
+    ("w rebuilt", {**SHIP_B1, **_NO_U, "fh_W": "rebuilt"}, ("b1",), DN_GDN),
+    ("t-only w", {**SHIP_B1, **_NO_U, "fh_W": "recomputed"}, ("b1",), DN_GDN),
     # the reverse pass's tiles by TMA descriptors (dh_TMA), single and double buffered (dh_num_stages), on the shipped
     # configs (B8: DeltaNet T alone, Gated DeltaNet without W, as shipped at commit f52bae7)
     ("dh-tma", {**SHIP_DN_B8, **_T_ONLY, "dh_TMA": True}, ("b8",), (Gate.NONE,)),

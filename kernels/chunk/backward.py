@@ -131,10 +131,11 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
     # ("stored"), or not stored, the state pass forming V_new = T (β ⊙ (V − e^γ ⊙ K S)) from T and v as the
     # forward's WU = "recomputed" does ("recomputed": stage 1 writes W and T only; the backward reads W, never U)
     "fh_U": ("stored", "recomputed"),
-    # ... and W = T (β e^γ ⊙ K): stored by stage 1 for the reverse pass ("stored"), or not ("recomputed": stage 1 then
-    # writes T alone, as the forward's WU = "recomputed"; the reverse pass forms Wᵀ dV_new as (β e^γ ⊙ K)ᵀ dVβ from
-    # the dVβ = Tᵀ dV_new it computes anyway with REVERSE_DV, one more product on its chain; needs fh_U = "recomputed")
-    "fh_W": ("stored", "recomputed"),
+    # ... and W = T (β e^γ ⊙ K): stored by stage 1 for the reverse pass ("stored"), or not (stage 1 then writes T
+    # alone, as the forward's WU = "recomputed"; needs fh_U = "recomputed" and REVERSE_DV): the reverse pass forms
+    # Wᵀ dV_new as (β e^γ ⊙ K)ᵀ dVβ from the dVβ = Tᵀ dV_new it computes anyway, one more product on its chain
+    # ("recomputed"), or forms W = T (β e^γ ⊙ K) per chunk off its chain, one more product there ("rebuilt")
+    "fh_W": ("stored", "recomputed", "rebuilt"),
     # ... and A_qk: stored by stage 1 ("stored"), or formed per chunk from q and k by the state pass's fused output
     # (the forward's AQK = "recomputed") and by the reverse pass ("recomputed", off both chains: one [BT, K] x [K, BT]
     # product and BT² exponentials per chunk instead of a [tokens, BT] store and two loads)
@@ -215,11 +216,10 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
     for bc in ("BC", "dqk_BC"):
         if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
             raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")
-    if full.get("fh_W") == "recomputed" and (full["fh_U"] != "recomputed" or not full["REVERSE_DV"]):
+    if full.get("fh_W", "stored") != "stored" and (full["fh_U"] != "recomputed" or not full["REVERSE_DV"]):
         raise ValueError(
-            f"config for {name}: fh_W='recomputed' needs fh_U='recomputed' (stage 1 then stores T alone) and "
-            f"REVERSE_DV=True (the reverse pass forms Wᵀ dV_new from its dVβ), got fh_U={full['fh_U']!r}, "
-            f"REVERSE_DV={full['REVERSE_DV']}"
+            f"config for {name}: fh_W={full['fh_W']!r} needs fh_U='recomputed' (stage 1 then stores T alone) and "
+            f"REVERSE_DV=True (the reverse pass reads T), got fh_U={full['fh_U']!r}, REVERSE_DV={full['REVERSE_DV']}"
         )
     if full.get("fh_INTRA") == "onepass" and full["BT"] // full["BC"] not in (1, 2):
         raise ValueError(
@@ -447,7 +447,7 @@ def forward_for_training(
     states = "keep" if save == "all" or not cfg["FUSE_OUTPUT"] else "fused"
     inter, out, ht = forward_intermediates(
         q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg, states=states, output=True,
-        final_state=output_final_state, store_w=bwd_config.get("fh_W") != "recomputed",
+        final_state=output_final_state, store_w=bwd_config.get("fh_W", "stored") == "stored",
     )  # fmt: skip
     assert out is not None
     if save == "all":
@@ -496,7 +496,7 @@ def backward(
         gf = g if save == "none" else None
         inter, _, _ = forward_intermediates(
             q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg,
-            inter=saved if save == "intra" else None, store_w=bwd_config.get("fh_W") != "recomputed",
+            inter=saved if save == "intra" else None, store_w=bwd_config.get("fh_W", "stored") == "stored",
         )  # fmt: skip
     inter.u = None
 
@@ -519,12 +519,15 @@ def backward(
     if rev_dv:
         assert inter.ai is not None
         dv_work = (inter.ai, v, beta, dv, dbeta_part)
-    w_from_k, qk_re = inter.w is None, inter.aqk is None  # (fh_W, fh_AQK: not stored, formed by the pass)
-    assert inter.ai is not None or not (w_from_k or qk_re)
+    # (fh_W, fh_AQK: not stored, formed by the pass: W's product from K and dVβ, or W itself; A_qk from q and k)
+    no_w, qk_re = inter.w is None, inter.aqk is None
+    w_rebuild = no_w and bwd_config.get("fh_W") == "rebuilt"
+    assert inter.ai is not None or not (no_w or qk_re)
     launch_reverse(
-        q, k, inter.ai if w_from_k else inter.w, inter.ai if qk_re else inter.aqk, inter.qg, inter.kg, inter.gout, do,
+        q, k, inter.ai if no_w else inter.w, inter.ai if qk_re else inter.aqk, inter.qg, inter.kg, inter.gout, do,
         None if dht is None else dht.contiguous(), dh0, dh, dvn_buf, cu_seqlens, tables.chunk_offsets, offsets, scale,
-        B, T, H, HV, K, V, N, BT, GATE, dot_prec, bwd_config, dv_work, w_from_k=w_from_k, qk_re=qk_re,
+        B, T, H, HV, K, V, N, BT, GATE, dot_prec, bwd_config, dv_work, w_from_k=no_w and not w_rebuild, qk_re=qk_re,
+        w_rebuild=w_rebuild,
     )  # fmt: skip
     dvn: Tensor | None = dvn_buf
     del dvn_buf, dv_work

@@ -37,6 +37,7 @@ adjoint at its end to the one at its start: ``X_start = P_seg X_end + R_seg``, `
 T and v with ``DV``) through TMA descriptors, in the plain pass and phase 3 (phase 1 loads by pointers); rows past
 the sequence's end are the next sequence's tokens, zeroed after the load. ``W_FROM_K`` (``fh_W``, needs ``DV``):
 ``Wᵀ dV_new = (β e^γ ⊙ K)ᵀ dVβ`` from the ``dVβ`` formed on the chain, W never read (phase 1 forms ``dVβ`` too);
+``W_REBUILD`` (``fh_W = "rebuilt"``, needs ``DV``): ``W = T (β e^γ ⊙ K)`` formed per chunk, off the chain;
 ``QK_RE`` (``fh_AQK``): ``scale · A_qk`` formed from q and k per chunk, off the chain.
 
 With ``DV`` (``REVERSE_DV``) the pass also does the V-separable part of the chunk-local work, off the chain:
@@ -126,6 +127,7 @@ def chunk_bwd_state_kernel(
     W_FROM_K: tl.constexpr = False,
     QK_RE: tl.constexpr = False,
     TMA: tl.constexpr = False,
+    W_REBUILD: tl.constexpr = False,
     do_td=None,
     q_td=None,
     k_td=None,
@@ -150,7 +152,8 @@ def chunk_bwd_state_kernel(
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
     DT = w.dtype.element_ty  # (without W stored the launcher passes T's buffer: the intermediates' dtype)
-    tl.static_assert(not (W_FROM_K or QK_RE) or GATE != 2, "W and A_qk from k and q: DeltaNet, Gated DeltaNet")
+    tl.static_assert(not (W_FROM_K or W_REBUILD or QK_RE) or GATE != 2, "W, A_qk from k, q: DeltaNet, Gated DeltaNet")
+    W_READ: tl.constexpr = not (W_FROM_K or W_REBUILD)
     USE_TMA: tl.constexpr = TMA and SEG != 1  # (phase 1's P columns have no dO to load)
     c_v = (i_hv * V + i_v * BV).to(tl.int32)  # descriptor columns: this value tile, ...
     c_k = (i_hv * K).to(tl.int32)  # ... the value head's K columns (W, KDA's q~ and k~), ...
@@ -210,7 +213,7 @@ def chunk_bwd_state_kernel(
             tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
 
         b_do = _load(do + row_hv * V, off_v, m_to, do_td, r0, c_v, m_t, USE_TMA, TRANS).to(DT)
-        if not W_FROM_K:
+        if W_READ:
             b_w = _load(w + row_hv * K, off_wk, m_tk, w_td, r0, c_k, m_t, USE_TMA, False)
         if GATE == 2:
             b_A = _load(aqk + row_hv * BT, off_a, m_t[:, None], a_td, r0, c_a, m_t, USE_TMA, False)
@@ -246,13 +249,18 @@ def chunk_bwd_state_kernel(
             b_dv = tl.dot(tl.trans(b_A), b_do, input_precision=DOT_PREC)
             b_dv += tl.dot(b_kg, b_xc, input_precision=DOT_PREC)
         b_dvc = b_dv.to(DT)
-        if (DV and SEG != 1) or W_FROM_K:  # dVβ = Tᵀ dV_new: off the chain, or on it (W_FROM_K)
+        DVB: tl.constexpr = (DV and SEG != 1) or W_FROM_K  # dVβ = Tᵀ dV_new: off the chain, or on it (W_FROM_K)
+        if DVB or W_REBUILD:
             m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
             b_T = _load(ai + row_hv * BT, off_a, m_low, t_td, r0, c_a, m_t, USE_TMA, False)
             if USE_TMA:  # (the blocks above the diagonal, as stored)
                 b_T = tl.where(m_low, b_T, 0)
             b_T = b_T.to(DT)  # lower triangular, unit diagonal
             b_beta = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
+        if W_REBUILD:  # W = T (β e^γ ⊙ K) formed here, off the chain, instead of read
+            b_rw = b_beta * tl.exp(b_gam) if GATE == 1 else b_beta
+            b_w = tl.dot(b_T, (b_k * b_rw[:, None]).to(DT), input_precision=DOT_PREC).to(DT)
+        if DVB:
             if TRANS:
                 b_dvb = tl.dot(b_dvc, b_T, input_precision=DOT_PREC)  # dVβᵀ = dV_newᵀ T
             else:
@@ -338,6 +346,7 @@ def launch_reverse(
     dv_work: tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None = None,
     w_from_k: bool = False,
     qk_re: bool = False,
+    w_rebuild: bool = False,
 ) -> None:
     """The reverse state pass of one call: fills ``dh`` (``X_{c+1}`` per chunk), ``dvn`` (``dV_new``) and ``dh0``
     (the initial state's gradient, when given), per sequence or, with ``dh_SEG_CHUNKS`` and a sequence of more than
@@ -345,21 +354,23 @@ def launch_reverse(
     ``dv_work`` (``REVERSE_DV``): ``(T, v, beta, dv, dbeta_part)``: ``dvn`` then receives ``dVβ = Tᵀ dV_new``, ``dv``
     is written and slot ``i`` of ``dbeta_part`` gets dβ's ``v`` part of value tile ``i``. ``w_from_k`` (needs
     ``dv_work``; ``w`` may then be any tensor of the intermediates' dtype): ``Wᵀ dV_new`` as ``(β e^γ ⊙ K)ᵀ dVβ``, W
-    never read; ``qk_re``: ``A_qk`` formed from q and k per chunk (``aqk`` unread, any such tensor)."""
+    never read; ``w_rebuild`` (needs ``dv_work`` too): W formed per chunk as ``T (β e^γ ⊙ K)``, off the chain;
+    ``qk_re``: ``A_qk`` formed from q and k per chunk (``aqk`` unread, any such tensor)."""
     BV = tile(config["dh_BV"], V)
     BK = tile(next_power_of_2(K), K)
     common = dict(
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, GATE=GATE, DOT_PREC=dot_prec, TRANS=config["dh_LAYOUT"] == "vk",
         num_warps=config["dh_num_warps"], num_stages=config["dh_num_stages"], W_FROM_K=w_from_k, QK_RE=qk_re,
+        W_REBUILD=w_rebuild,
     )  # fmt: skip
-    if w_from_k and dv_work is None:
+    if (w_from_k or w_rebuild) and dv_work is None:
         raise ValueError("the reverse pass forms Wᵀ dV_new from K only with dv_work (REVERSE_DV): it needs T and beta")
     args = (q, k, w, aqk, qg, kg, gout, do)
     extra: dict[str, Any] = {}
     if dv_work is not None:
         ai, v, beta, dv, dbeta_part = dv_work
         extra = dict(DV=True, ai=ai, v=v, beta=beta, dv=dv, dbeta_part=dbeta_part, SS=dbeta_part.shape[1] * HV)
-    tds = descriptors(q, k, w, aqk, qg, kg, do, dv_work, w_from_k, qk_re, H, HV, K, V, BT, BK, BV, config)
+    tds = descriptors(q, k, w, aqk, qg, kg, do, dv_work, w_from_k or w_rebuild, qk_re, H, HV, K, V, BT, BK, BV, config)
     extra |= tds  # (the plain pass and phase 3; phase 1 loads by pointers)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
     if seg is None:
@@ -370,7 +381,9 @@ def launch_reverse(
         return
     ext = torch.empty(seg.NS, HV, K, V + K, dtype=torch.float32, device=q.device)  # phase 1: [R_s | P_s]
     # (phase 1 forms dVβ on the chain too when W is not read: T and beta)
-    p1: dict[str, Any] = dict(ai=dv_work[0], beta=dv_work[2]) if w_from_k and dv_work is not None else {}
+    p1: dict[str, Any] = {}
+    if (w_from_k or w_rebuild) and dv_work is not None:
+        p1 = dict(ai=dv_work[0], beta=dv_work[2])
     xend = torch.empty(seg.NS, HV, K, V, dtype=torch.float32, device=q.device)  # phase 2: X at each segment's end
     chunk_bwd_state_kernel[(triton.cdiv(V, BV) + triton.cdiv(K, BV), seg.NS * HV)](
         *args, None, None, None, None, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,

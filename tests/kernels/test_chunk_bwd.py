@@ -243,6 +243,14 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add("fhW-AQK-varlen-none", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), {**BT16, **wr, **qr, "SAVE": "none"},
         seq_lens=[1, 17, 0, 20])  # fmt: skip
     add("fhW-AQK-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **wr, **qr, "dh_SEG_CHUNKS": 2}, gate_min=-60.0)
+    # W formed per chunk in the reverse pass, off its chain (fh_W = "rebuilt"): odd T with strong decays, vk with no
+    # A_qk, the segmented pass (phase 1 forms W too), varlen by TMA
+    rb = {**wr, "fh_W": "rebuilt"}
+    add("fhWrb-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **rb, "dh_BV": 16}, scale=0.3, gate_min=-60.0)
+    add("fhWrb-AQK-vk-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **rb, **qr, **VK, "dh_SEG_CHUNKS": 2},
+        gate_min=-60.0)  # fmt: skip
+    add("fhWrb-dhTMA-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT32, **rb, **TMA_DH, "SAVE": "all"},
+        seq_lens=[1, 40, 0, 20])  # fmt: skip
     add("fhW-dhTMA-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT32, **wr, **TMA_DH, "SAVE": "all"},
         seq_lens=[1, 40, 0, 20])  # fmt: skip
 

@@ -86,8 +86,8 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     if rev_dv:  # dVβ, dv and dβ's v part in the reverse pass
         state |= dict(DV=True, ai=p, v=p, beta=p, dv=p, dbeta_part=f32, SS="i32")
     # stage 1 storing T alone (fh_W: Wᵀ dV_new from K and dVβ) and no A_qk (fh_AQK: formed from q and k)
-    w_rec, qk_rec = cfg.get("fh_W") == "recomputed", cfg.get("fh_AQK") == "recomputed"
-    state |= dict(W_FROM_K=w_rec, QK_RE=qk_rec)
+    w_rec, qk_rec = cfg.get("fh_W", "stored") != "stored", cfg.get("fh_AQK") == "recomputed"
+    state |= dict(W_FROM_K=cfg.get("fh_W") == "recomputed", W_REBUILD=cfg.get("fh_W") == "rebuilt", QK_RE=qk_rec)
     if cfg.get("dh_TMA") and state["BK"] == K and V % dh_BV == 0:  # its tiles by TMA descriptors
         td = {"do_td": dh_BV, "q_td": K, "k_td": K} | ({} if w_rec else {"w_td": K}) | ({} if qk_rec else {"a_td": BT})
         td |= {"t_td": BT, "v_td": dh_BV} if rev_dv else {}
@@ -196,6 +196,7 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ],
     # the reverse pass's tiles by TMA descriptors (dh_TMA), as the shipped B = 8 entries run it; KDA's at BT 32
     ("none", "bf16", 128, {**_SHIP64, "dh_TMA": True, "fh_U": "recomputed", "fh_W": "recomputed"}, False),
+    ("scalar", "bf16", 128, {**_SHIP64, "dh_TMA": True, "fh_U": "recomputed", "fh_W": "rebuilt"}, False),
     ("scalar", "bf16", 128, {**_SHIP64, "dh_TMA": True, "dh_SEG_CHUNKS": 64}, True),
     (
         "channel",
