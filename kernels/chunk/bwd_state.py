@@ -59,6 +59,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..config import Config, next_power_of_2
 from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
 from .call import tile
+from .state import _tile
 
 Tensor = torch.Tensor
 ENDS_MAX_BV = 32  # phase 2's value tile: [K, K] of P_s and [K, BV] of X per step
@@ -68,17 +69,11 @@ ENDS_LAUNCH = {"num_warps": 8, "num_stages": 2}
 
 @triton.jit
 def _load(base, off, mask, td, row, col, rows, TMA: tl.constexpr, TRANS: tl.constexpr):
-    """One chunk's tile of a token-major matrix, ``[BT, BX]`` (``TRANS``: ``[BX, BT]``): by pointers ``base + off``
-    under ``mask``, or (``TMA``) the descriptor ``td``'s block at (``row`` = the chunk's first token, ``col``) with the
-    rows past the sequence (the next sequence's tokens, or zeros past the tensor) zeroed by ``rows`` (``[BT]``)."""
+    """The forward's :func:`.state._tile` (pointers under ``mask``, or the descriptor ``td``'s block at ``row``,
+    ``col``) with, by TMA, the rows past the sequence (the next sequence's tokens) zeroed by ``rows`` (``[BT]``)."""
+    x = _tile(base, off, mask, td, row, col, TMA, TRANS)
     if TMA:
-        x = td.load([row, col])
-        if TRANS:
-            x = tl.where(rows[None, :], tl.trans(x), 0)
-        else:
-            x = tl.where(rows[:, None], x, 0)
-    else:
-        x = tl.load(base + off, mask=mask, other=0)
+        x = tl.where(rows[None, :] if TRANS else rows[:, None], x, 0)
     return x
 
 
