@@ -11,12 +11,10 @@ Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform do
 ``b1`` = B 1, T 32768 (few long sequences). The step is what a backward kernel's trial times
 (:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape),
 then ``torch.autograd.grad`` of the output and the final state; the variants are backward configs
-(:data:`VARIANTS`): the shipped lookup, then changes on and around it (for DeltaNet and Gated DeltaNet stage 1's
-sub-chunks and the state pass under autograd by its own tiles and by TMA loads, ``fh_BV``, ``fh_TMA``; for KDA the
-training forward's stage 1 by the one-pass kernel or the blocks kernel, ``fh_INTRA``, and its state pass by TMA
-loads; the sequence-parallel reverse pass on b1); a variant equal to the shipped config cross-checks the lookup.
-Variants timed before and found slower leave the list (git history keeps them: the chunk of 32 for DeltaNet and Gated
-DeltaNet, stage 1 at more warps, KDA's key loop and chunk of 64). fla runs its own ``chunk_*`` ops; fla's Gated
+(:data:`VARIANTS`): the shipped lookup, then changes on and around it (the reverse pass's and the dq/dk stage's
+tiles by TMA, their pipeline depth, what stage 1 stores under autograd, W rebuilt in the reverse pass); a variant
+equal to the shipped config cross-checks the lookup. Variants timed before and found slower leave the list (git
+history keeps them, and the CSVs of reports/h200/training/ their times). fla runs its own ``chunk_*`` ops; fla's Gated
 DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): for timing, this script sets
 ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` and says so in the row (its gradients may then be wrong: their
 errors are in the row too).
@@ -84,71 +82,42 @@ VK32 = {"BT": 32, "BC": 16, "SAVE": "none", "dh_LAYOUT": "vk", "dh_BV": 128, "dh
 ONEPASS = {"fh_INTRA": "onepass"}
 # The shipped backward configs (dtune/configs/h200.json), as full configs over the template's default
 _REV64 = {"REVERSE_DV": True, "dqk_BV": 64}
-SHIP_DN_B8 = {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True, **_REV64}
-SHIP_GDN_B8 = {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32, **_REV64}
-SHIP_B1 = {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True, **_REV64}
-_NO_U = {"fh_U": "recomputed"}  # (the shipped Gated DeltaNet B8 entry has it)
-_GDN_B8_NOW = {**SHIP_GDN_B8, **_NO_U, "fh_W": "recomputed"}  # (shipped at commit f52bae7)
-_T_ONLY = {**_NO_U, "fh_W": "recomputed", "fh_AQK": "recomputed"}  # stage 1 under autograd stores T alone
+_T_ONLY = {"fh_U": "recomputed", "fh_W": "recomputed", "fh_AQK": "recomputed"}  # stage 1 under autograd stores T alone
+_NO_W = {"fh_U": "recomputed", "fh_W": "recomputed"}  # ... T and A_qk
+_DH_TMA2 = {"dh_TMA": True, "dh_num_stages": 2}  # the reverse pass's tiles by TMA, double buffered
+SHIP_DN_B8 = {**VK, **BK128, "SAVE": "all", "BC": 32, "fh_TMA": True, **_REV64, **_T_ONLY, **_DH_TMA2}
+SHIP_GDN_B8 = {**VK, **BK128, "SAVE": "all", "fh_TMA": True, "fh_BV": 32, **_REV64, **_NO_W}
+SHIP_B1 = {**VK, **BK128, "SAVE": "all", "dh_SEG_CHUNKS": 64, "fh_TMA": True, **_REV64, **_DH_TMA2}
 _KDA = {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True, "dqk_BK": 64, "dqk_num_warps": 4}
-SHIP_KDA_B8 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128}
-SHIP_KDA_B1 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 64, "dh_SEG_CHUNKS": 128}
+SHIP_KDA_B8 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128, **_DH_TMA2}
+SHIP_KDA_B1 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128, "dh_SEG_CHUNKS": 128}
 
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
 Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
 ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
 DN_GDN = (Gate.NONE, Gate.SCALAR)
+# Timed at commit bf1f65d and slower than what ships (reports/h200/training/bwd_variants.csv, the rows of each name):
+# the dq/dk stage by value tiles of 128 (DeltaNet, Gated DeltaNet), the reverse pass by value tiles of 64, Gated
+# DeltaNet's dq/dk stage at 4 warps, KDA's dq/dk pipeline 3 deep, no U alone, no A_qk alone, stage 1 storing T alone
+# at B1 and for Gated DeltaNet, W rebuilt in the reverse pass, the reverse pass by TMA single buffered, and the dq/dk
+# stage by TMA on top of it. Shipped from that run: the reverse pass by TMA double buffered (DeltaNet B8 and B1, Gated
+# DeltaNet B1, KDA B8) and KDA's B1 dq/dk stage by value tiles of 128.
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
-    # Around the shipped configs: DeltaNet and Gated DeltaNet's dq/dk stage by value tiles of 64 with its value side in
-    # the reverse pass (REVERSE_DV); KDA's at 4 warps (two programs per SM although it spills on sm_90a) with REVERSE_DV
-    # (at B8 by value tiles of 128). Timed before on the configs shipped then (commit 8b9fa93, B8): dqk_BV 64 alone,
-    # REVERSE_DV alone, KDA at 4 warps alone, all slower than together. Now: the dq/dk stage's value tiles wider still,
-    # the reverse pass (which REVERSE_DV makes heavier) by value tiles of 64, KDA's dq/dk pipeline one stage deeper
-    ("dqk-bv128", {**SHIP_DN_B8, "dqk_BV": 128}, ("b8",), (Gate.NONE,)),
-    ("dqk-bv128", {**SHIP_GDN_B8, "dqk_BV": 128}, ("b8",), (Gate.SCALAR,)),
-    ("dh-bv64", {**SHIP_DN_B8, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.NONE,)),
-    ("dh-bv64", {**SHIP_GDN_B8, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.SCALAR,)),
-    ("dqk-w4 bk64", {**SHIP_GDN_B8, "dqk_num_warps": 4, "dqk_BK": 64}, ("b8",), (Gate.SCALAR,)),
-    ("dqk-bv128", {**SHIP_B1, "dqk_BV": 128}, ("b1",), DN_GDN),
-    ("dqk-stages3", {**SHIP_KDA_B8, "dqk_num_stages": 3}, ("b8",), (Gate.CHANNEL,)),
-    ("dh-bv64", {**SHIP_KDA_B8, "dh_BV": 64, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
-    ("dqk-bv128", {**SHIP_KDA_B1, "dqk_BV": 128}, ("b1",), (Gate.CHANNEL,)),
-    # no U stored under autograd: the training forward's state pass forms V_new from T (fh_U)
-    ("fh-u", {**SHIP_DN_B8, "fh_U": "recomputed"}, ("b8",), (Gate.NONE,)),
-    ("fh-u", {**SHIP_GDN_B8, "fh_U": "recomputed"}, ("b8",), (Gate.SCALAR,)),
-    ("fh-u", {**SHIP_B1, "fh_U": "recomputed"}, ("b1",), DN_GDN),
-    # stage 1 under autograd storing less: no A_qk (fh_AQK: formed by the state pass's fused output and the reverse
-    # pass); T alone (fh_W too: the reverse pass forms Wᵀ dV_new from K and its dVβ, on its chain)
-    ("fh-aqk", {**SHIP_DN_B8, "fh_AQK": "recomputed"}, ("b8",), (Gate.NONE,)),
-    ("fh-aqk", {**SHIP_GDN_B8, **_NO_U, "fh_AQK": "recomputed"}, ("b8",), (Gate.SCALAR,)),
-    ("fh-aqk", {**SHIP_B1, "fh_AQK": "recomputed"}, ("b1",), DN_GDN),
-    ("t-only", {**SHIP_DN_B8, **_T_ONLY}, ("b8",), (Gate.NONE,)),
-    ("t-only", {**SHIP_GDN_B8, **_T_ONLY}, ("b8",), (Gate.SCALAR,)),
-    ("t-only", {**SHIP_B1, **_T_ONLY}, ("b1",), DN_GDN),
-    ("t-only w", {**SHIP_DN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.NONE,)),
-    ("t-only w", {**SHIP_GDN_B8, **_NO_U, "fh_W": "recomputed"}, ("b8",), (Gate.SCALAR,)),
-    # W formed per chunk in the reverse pass off its chain (fh_W = "rebuilt"), against its product from K on the chain
-    ("w rebuilt", {**SHIP_DN_B8, **_T_ONLY, "fh_W": "rebuilt"}, ("b8",), (Gate.NONE,)),
-    ("w rebuilt", {**_GDN_B8_NOW, "fh_W": "rebuilt"}, ("b8",), (Gate.SCALAR,)),
-    ("w rebuilt", {**SHIP_B1, **_NO_U, "fh_W": "rebuilt"}, ("b1",), DN_GDN),
-    ("t-only w", {**SHIP_B1, **_NO_U, "fh_W": "recomputed"}, ("b1",), DN_GDN),
-    # the reverse pass's tiles by TMA descriptors (dh_TMA), single and double buffered (dh_num_stages), on the shipped
-    # configs (B8: DeltaNet T alone, Gated DeltaNet without W, as shipped at commit f52bae7)
-    ("dh-tma", {**SHIP_DN_B8, **_T_ONLY, "dh_TMA": True}, ("b8",), (Gate.NONE,)),
-    ("dh-tma s2", {**SHIP_DN_B8, **_T_ONLY, "dh_TMA": True, "dh_num_stages": 2}, ("b8",), (Gate.NONE,)),
-    ("dh-tma", {**_GDN_B8_NOW, "dh_TMA": True}, ("b8",), (Gate.SCALAR,)),
-    ("dh-tma s2", {**_GDN_B8_NOW, "dh_TMA": True, "dh_num_stages": 2}, ("b8",), (Gate.SCALAR,)),
-    ("dh-tma", {**SHIP_B1, "dh_TMA": True}, ("b1",), DN_GDN),
-    ("dh-tma s2", {**SHIP_B1, "dh_TMA": True, "dh_num_stages": 2}, ("b1",), DN_GDN),
-    ("dh-tma", {**SHIP_KDA_B8, "dh_TMA": True}, ("b8",), (Gate.CHANNEL,)),
-    ("dh-tma s2", {**SHIP_KDA_B8, "dh_TMA": True, "dh_num_stages": 2}, ("b8",), (Gate.CHANNEL,)),
-    ("dh-tma", {**SHIP_KDA_B1, "dh_TMA": True}, ("b1",), (Gate.CHANNEL,)),
-    # ... and the dq/dk stage's tiles by TMA descriptors too (dqk_TMA; sm_90a: it spills a little more, 0 -> 20 bytes
-    # for DeltaNet, 8 -> 204 for Gated DeltaNet, 204 -> 212 for KDA)
-    ("tma both", {**SHIP_DN_B8, **_T_ONLY, "dh_TMA": True, "dqk_TMA": True}, ("b8",), (Gate.NONE,)),
-    ("tma both", {**_GDN_B8_NOW, "dh_TMA": True, "dqk_TMA": True}, ("b8",), (Gate.SCALAR,)),
-    ("tma both", {**SHIP_KDA_B8, "dh_TMA": True, "dqk_TMA": True}, ("b8",), (Gate.CHANNEL,)),
+    # Gated DeltaNet's B8 reverse pass double buffered by pointer loads, and by TMA (2.443 against 2.440 at bf1f65d)
+    ("dh-s2", {**SHIP_GDN_B8, "dh_num_stages": 2}, ("b8",), (Gate.SCALAR,)),
+    ("dh-tma s2", {**SHIP_GDN_B8, **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
+    # the dq/dk stage's tiles by TMA on the double-buffered TMA reverse pass
+    ("dqk-tma", {**SHIP_DN_B8, "dqk_TMA": True}, ("b8",), (Gate.NONE,)),
+    ("dqk-tma", {**SHIP_B1, "dqk_TMA": True}, ("b1",), DN_GDN),
+    ("dqk-tma", {**SHIP_KDA_B8, "dqk_TMA": True}, ("b8",), (Gate.CHANNEL,)),
+    # KDA's B1 reverse pass by TMA, double buffered (B8 ships it)
+    ("dh-tma s2", {**SHIP_KDA_B1, **_DH_TMA2}, ("b1",), (Gate.CHANNEL,)),
+    # stage 1 under autograd storing less at B1, with the reverse pass as shipped there (no W: 2.905 and 3.444 ms at
+    # bf1f65d against 2.819 and 3.341 before the TMA reverse pass shipped)
+    ("no w", {**SHIP_B1, **_NO_W}, ("b1",), DN_GDN),
+    # Gated DeltaNet B8 without W, W rebuilt off the reverse pass's chain (2.498 against 2.440)
+    ("w rebuilt", {**SHIP_GDN_B8, "fh_W": "rebuilt", **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
 ]
 
 
