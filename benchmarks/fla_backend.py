@@ -12,8 +12,11 @@ Usage (from the checkout's root):
    (``dtune.integrations.fla.enable("always")``), same weights and inputs. Median ms of each (``dtune.measure.timing``,
    CUDA events, L2 flushed), the speed ratio, the output's and the worst gradient's relative RMS difference, the route
    fla logged for the attention op, and what the default ``"measured"`` policy decides for the call (dtune, or why it
-   yields: no side-by-side measurement at that bucket yet, or a faster peer). The layers' models pass every in-kernel
-   option (l2norm, raw gate with A_log/dt_bias, beta logits, V-first states): zero lines of their code are changed.
+   yields: no side-by-side measurement at that bucket yet, or a faster peer). Where the time goes ->
+   fla_layers_launches.csv (torch.profiler, 3 steps per side): a kernel only one side launches is the attention op's,
+   one both launch is the rest of the layer; the row's ``fla_op_ms``, ``dtune_op_ms``, ``op_speedup`` and ``rest_ms``
+   (the layer's speedup is bounded by the rest). The layers' models pass every in-kernel option (l2norm, raw gate
+   with A_log/dt_bias, beta logits, V-first states): zero lines of their code are changed.
    fla's Gated DeltaNet backward refuses Triton < 3.7.1 on Hopper (its issue 640): its check is lifted for the timing
    only, the row says so, and its gradients are not a reference then (the ops step checks dtune's against float64).
 2. ops -> $OUT/fla_ops.csv: every option on its own and the layers' combinations (``dtune.integrations.fla_check``):
@@ -59,6 +62,7 @@ import dtune.integrations.fla as dtune_fla  # noqa: E402
 from dtune._toml import loads  # noqa: E402
 from dtune.integrations import fla_check  # noqa: E402
 from dtune.measure.error import rel_rms_error  # noqa: E402
+from dtune.measure.launches import Launch, by_name, record  # noqa: E402
 from dtune.measure.timing import time_call  # noqa: E402
 
 SHAPES = loads((ROOT / "benchmarks" / "model_shapes.toml").read_text())
@@ -148,7 +152,14 @@ def reference_op(**call: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def layer_row(
-    classes: dict[str, type[nn.Module]], model: str, tp: int, mode: str, T: int, device: torch.device, lift: bool
+    classes: dict[str, type[nn.Module]],
+    model: str,
+    tp: int,
+    mode: str,
+    T: int,
+    device: torch.device,
+    lift: bool,
+    launch_rows: list[dict[str, Any]],
 ) -> dict[str, Any]:
     tiny = device.type != "cuda"
     dtype = torch.bfloat16 if not tiny else torch.float32
@@ -177,6 +188,7 @@ def layer_row(
     row: dict[str, Any] = {"layer": f"{model} TP{tp}", "mode": mode, "B": 1, "T": T, "H": layer.num_heads,
                            "HV": layer.num_v_heads, "D": layer.head_k_dim, "note": ""}  # fmt: skip
     results: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+    launches: dict[str, list[Launch]] = {}
     for side in ("fla", "dtune"):
         dtune_fla.enable("always") if side == "dtune" else dtune_fla.disable()
         original = getattr(module, op_name)
@@ -200,9 +212,11 @@ def layer_row(
                 row[f"{side}_first_s"] = round(time.perf_counter() - t0, 1)
             row[f"route_{side}"] = "reference" if tiny and side == "fla" else fla_check.route_of(log.lines, op_name)
             row[f"{side}_ms"] = time_call(step, device).median_ms if not tiny else float("nan")
+            launches[side] = by_name(record(step, device, calls=3)[0])
         finally:
             setattr(module, op_name, original)
     dtune_fla.disable()
+    split_launches(row, launches, launch_rows)
     (o_f, g_f), (o_d, g_d) = results["fla"], results["dtune"]
     row["speedup"] = row["fla_ms"] / row["dtune_ms"] if not tiny else float("nan")
     row["diff_o"] = rel_rms_error(o_d, o_f)
@@ -213,6 +227,25 @@ def layer_row(
     row["agree"] = row["diff_o"] <= TOL[dtype] and (worst[0] <= TOL[dtype] or "lifted" in row["note"])
     row["measured_policy"] = measured_verdict(step, module, op_name)
     return row
+
+
+def split_launches(row: dict[str, Any], launches: dict[str, list[Launch]], out: list[dict[str, Any]]) -> None:
+    """Where each side's layer time goes: a kernel launched by one side only is the attention op's (its kernels, and
+    dtune's passes for the in-kernel options), one launched by both is the rest of the layer (projections, short
+    convolutions, norms: the same work on both sides; dtune's kernels are named apart from fla's). Sets
+    ``{side}_op_ms``, ``rest_ms`` (fla's side) and ``op_speedup`` on ``row``; appends one row per kernel and side to
+    ``out``."""
+    names = {side: {x.name for x in ls} for side, ls in launches.items()}
+    for side, ls in launches.items():
+        other = names["dtune" if side == "fla" else "fla"]
+        mine = [x for x in ls if x.name not in other]
+        row[f"{side}_op_ms"] = sum(x.ms for x in mine)
+        if side == "fla":
+            row["rest_ms"] = sum(x.ms for x in ls if x.name in other)
+        for x in ls:
+            out.append({"layer": row["layer"], "mode": row["mode"], "side": side, "kernel": x.name,
+                        "launches": x.count, "ms": x.ms, "attention_op": x.name not in other})  # fmt: skip
+    row["op_speedup"] = row["fla_op_ms"] / row["dtune_op_ms"] if row.get("dtune_op_ms") else float("nan")
 
 
 class _Verdict(Exception):
@@ -296,6 +329,7 @@ def main() -> int:
         return False
 
     layer_rows: list[dict[str, Any]] = []
+    launch_rows: list[dict[str, Any]] = []
     if "layers" not in skip:
         try:
             classes = layer_classes(args.layers_from)
@@ -308,10 +342,13 @@ def main() -> int:
                 continue
             print(f"[layers] {name}", flush=True)
             try:
-                layer_rows.append(layer_row(classes, model, tp, mode, args.seq_len, device, not args.no_lift))
+                layer_rows.append(
+                    layer_row(classes, model, tp, mode, args.seq_len, device, not args.no_lift, launch_rows)
+                )
             except Exception as exc:
                 layer_rows.append({"layer": f"{model} TP{tp}", "mode": mode, "note": f"{type(exc).__name__}: {exc}"})
             write_csv(out / "fla_layers.csv", layer_rows)
+            write_csv(out / "fla_layers_launches.csv", launch_rows)
 
     op_rows: list[dict[str, Any]] = []
     if "ops" not in skip:
@@ -352,8 +389,9 @@ def main() -> int:
         print(f"\nfla layers, one layer, B = 1, T = {layer_rows[0].get('T', args.seq_len)}: fla's path vs dtune's")
         for r in layer_rows:  # the table's cell: the verdict's start (the CSV has all of it)
             r["policy"] = str(r.get("measured_policy", ""))[:48]
-        print(table(layer_rows, ["layer", "mode", "H", "HV", "fla_ms", "dtune_ms", "speedup", "diff_o", "diff_grad",
-                                 "route_fla", "route_dtune", "agree", "policy", "note"]))  # fmt: skip
+        cols = ["layer", "mode", "H", "HV", "fla_ms", "dtune_ms", "speedup", "fla_op_ms", "dtune_op_ms", "op_speedup",
+                "rest_ms", "diff_o", "diff_grad", "route_fla", "route_dtune", "agree", "policy", "note"]  # fmt: skip
+        print(table(layer_rows, cols))
     for line in notes + [f"skipped (budget): {', '.join(skipped)}"] * bool(skipped):
         print(line)
     bad = [r for r in [*op_rows, *layer_rows] if not r.get("agree")]

@@ -32,7 +32,7 @@ def _softplus(x):
 
 
 @triton.jit
-def l2norm_fwd_kernel(x, y, rstd, rows, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+def qk_l2norm_fwd_kernel(x, y, rstd, rows, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     o_d = tl.arange(0, BD)
     m = (o_r[:, None] < rows) & (o_d[None, :] < D)
@@ -44,7 +44,7 @@ def l2norm_fwd_kernel(x, y, rstd, rows, eps, D: tl.constexpr, BD: tl.constexpr, 
 
 
 @triton.jit
-def l2norm_bwd_kernel(x, rstd, dy, dx, rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+def qk_l2norm_bwd_kernel(x, rstd, dy, dx, rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     o_d = tl.arange(0, BD)
     m = (o_r[:, None] < rows) & (o_d[None, :] < D)
@@ -71,7 +71,7 @@ def l2norm_fwd(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     BD, BR = _row_tile(D)
     if rows:
-        l2norm_fwd_kernel[(triton.cdiv(rows, BR),)](x, y, rstd, rows, eps, D=D, BD=BD, BR=BR)
+        qk_l2norm_fwd_kernel[(triton.cdiv(rows, BR),)](x, y, rstd, rows, eps, D=D, BD=BD, BR=BR)
     return y, rstd
 
 
@@ -83,7 +83,7 @@ def l2norm_bwd(x: Tensor, rstd: Tensor, dy: Tensor) -> Tensor:
     dx = torch.empty_like(x)
     BD, BR = _row_tile(D)
     if rows:
-        l2norm_bwd_kernel[(triton.cdiv(rows, BR),)](x, rstd, dy, dx, rows, D=D, BD=BD, BR=BR)
+        qk_l2norm_bwd_kernel[(triton.cdiv(rows, BR),)](x, rstd, dy, dx, rows, D=D, BD=BD, BR=BR)
     return dx
 
 
@@ -123,7 +123,7 @@ def _gate_rows(
 
 
 @triton.jit
-def gate_fwd_kernel(
+def raw_gate_fwd_kernel(
     g,
     A_log,
     dt_bias,
@@ -148,7 +148,7 @@ def gate_fwd_kernel(
 
 
 @triton.jit
-def gate_bwd_kernel(
+def raw_gate_bwd_kernel(
     g,
     A_log,
     dt_bias,
@@ -202,7 +202,7 @@ def gate_fwd(g: Tensor, A_log: Tensor | None, dt_bias: Tensor | None, lower_boun
     out = torch.empty(g.shape, dtype=torch.float32, device=g.device)
     BD = next_power_of_2(D)
     if rows:
-        gate_fwd_kernel[(triton.cdiv(rows, ROWS), NH)](
+        raw_gate_fwd_kernel[(triton.cdiv(rows, ROWS), NH)](
             g, A_log, dt_bias, out, rows, 0.0 if lower_bound is None else float(lower_bound),
             NH=NH, D=D, BD=BD, BR=ROWS, SCALAR=scalar, HAS_A=A_log is not None, HAS_BIAS=dt_bias is not None,
             BOUNDED=lower_bound is not None,
@@ -221,7 +221,7 @@ def gate_bwd(
     dA_part = torch.empty(nblocks, NH, D, dtype=torch.float32, device=g.device) if A_log is not None else None
     dbias_part = torch.empty(nblocks, NH, D, dtype=torch.float32, device=g.device) if dt_bias is not None else None
     if rows:
-        gate_bwd_kernel[(nblocks, NH)](
+        raw_gate_bwd_kernel[(nblocks, NH)](
             g, A_log, dt_bias, dout, dg, dA_part, dbias_part, rows, 0.0 if lower_bound is None else float(lower_bound),
             NH=NH, D=D, BD=next_power_of_2(D), BR=ROWS, SCALAR=scalar, HAS_A=A_log is not None,
             HAS_BIAS=dt_bias is not None, BOUNDED=lower_bound is not None,
