@@ -22,8 +22,9 @@
    unsegmented).
 
 4. **The reverse pass** (:func:`reverse_pass`, the chunk backward): its segments by the same regime (a sequence of
-   8192 tokens or more whose plain pass leaves SMs idle; at least two segments per sequence) and its transposed layout
-   only where the value tile keeps 64 rows.
+   8192 tokens or more whose plain pass leaves SMs idle; at least two segments per sequence), a segmented donor's
+   segment length scaled so that the shape runs as many programs as the donor was tuned to (twice the value heads:
+   segments twice as long), and its transposed layout only where the value tile keeps 64 rows.
 
 Every value set comes from the template's legal values, so the result passes the kernel's ``check_config``. The
 :class:`Choice` says where the config came from and what was changed (``dtune list --shape``, ``dtune bench``'s
@@ -277,7 +278,7 @@ def borrow(entries: Iterable[Tuned], kernel: str, dtype: str, shape: Shape, sm_c
                 if new[name] != default[name]:
                     new[name], why[name] = default[name], "no segments"
     if "dh_SEG_CHUNKS" in full:
-        for name, (value, reason) in reverse_pass(new, target, shape.HV, shape.V, sm_count).items():
+        for name, (value, reason) in reverse_pass(new, target, shape.HV, shape.V, sm_count, b).items():
             new[name], why[name] = value, reason
     changes = tuple(Change(n, full[n], new[n], why.get(n, "")) for n in new if new[n] != full[n])
     config = {**donor.config, **{c.param: c.new for c in changes}}
@@ -293,22 +294,35 @@ REVERSE_SEG_START = 64
 
 
 def reverse_pass(
-    config: Mapping[str, Any], target: Mapping[str, int], HV: int, V: int, sm_count: int | None
+    config: Mapping[str, Any],
+    target: Mapping[str, int],
+    HV: int,
+    V: int,
+    sm_count: int | None,
+    donor: Mapping[str, int] | None = None,
 ) -> dict[str, tuple[Any, str]]:
     """The backward's reverse-pass parameters for the target bucket (``dh_LAYOUT``, ``dh_SEG_CHUNKS``): what changes,
-    with why. ``sm_count`` None: the donor's segments are kept where they still split the sequence."""
+    with why. ``sm_count`` None: the donor's segments are kept where they still split the sequence. ``donor``: the
+    donor's bucket (B, T, HV); a segmented donor's segment length is scaled so that the target runs as many
+    segmented programs as the donor was tuned to (more sequences or value heads: longer segments)."""
     out: dict[str, tuple[Any, str]] = {}
     dh_BV = int(config["dh_BV"])
     if config["dh_LAYOUT"] == "vk" and dh_BV < VK_MIN_ROWS:
         out["dh_LAYOUT"] = ("kv", f"dh_BV = {dh_BV}: the transposed layout needs {VK_MIN_ROWS} value rows")
     N, T, BT, seg = target["B"], target["T"], int(config["BT"]), int(config["dh_SEG_CHUNKS"])
-    programs = N * HV * math.ceil(V / max(16, min(dh_BV, next_power_of_2(V))))
+    tiles = math.ceil(V / max(16, min(dh_BV, next_power_of_2(V))))
+    programs = N * HV * tiles
     if sm_count is not None:
         want = T >= MIN_SEGMENTED_TOKENS and programs < sm_count
         if not want:
             seg = 0
         elif seg == 0:
             seg = REVERSE_SEG_START
+        elif donor is not None:  # the donor's programs (sequences x segments x value heads x tiles) kept
+            donor_programs = donor["B"] * donor["HV"] * tiles * math.ceil(donor["T"] / (BT * seg))
+            segments = max(donor_programs / programs, 2.0)
+            lo, hi = SEG_RANGE
+            seg = min(hi, max(lo, 2 ** round(math.log2(max(math.ceil(T / BT) / segments, 1.0)))))
     while seg > SEG_RANGE[0] and seg * BT >= T:  # at least two segments per sequence
         seg //= 2
     if seg * BT >= T:

@@ -338,3 +338,22 @@ def test_reverse_pass_follows_the_shape() -> None:
     assert reverse_pass(seg64, b1, 16, 128, None) == {}  # no GPU facts: the donor's, where it splits
     assert reverse_pass({**plain, "dh_BV": 32}, b8, 16, 32, 132) == {"dh_LAYOUT": ("kv", ANY)}
     assert reverse_pass({**plain, "dh_LAYOUT": "kv", "dh_BV": 32}, b8, 16, 32, 132) == {}
+
+
+def test_reverse_pass_keeps_the_donors_programs() -> None:
+    """A segmented donor's segment length scaled to the shape's sequences x value heads: the donor (B1 T32768 HV16,
+    64-chunk segments: 8 segments x 16 heads = 128 programs) gives HV 32 segments of 128 chunks, a 65536-token prompt
+    128, two sequences of 16384 tokens 64, one of 8192 tokens 16; the same bucket keeps its own."""
+    seg64 = {"BT": 64, "dh_BV": 128, "dh_LAYOUT": "vk", "dh_SEG_CHUNKS": 64}
+    donor = {"B": 1, "T": 32768, "HV": 16}
+
+    def seg(target: dict[str, int], HV: int) -> int:
+        return reverse_pass(seg64, target, HV, 128, 132, donor).get("dh_SEG_CHUNKS", (64,))[0]
+
+    assert seg({"B": 1, "T": 32768}, 32) == 128
+    assert seg({"B": 1, "T": 32768}, 16) == 64
+    assert seg({"B": 1, "T": 65536}, 16) == 128
+    assert seg({"B": 2, "T": 16384}, 16) == 64
+    assert seg({"B": 1, "T": 8192}, 16) == 16
+    assert seg({"B": 1, "T": 32768}, 8) == 32  # tensor parallelism: half the heads, segments half as long
+    assert seg({"B": 1, "T": 32768}, 64) == 256  # four times the heads: the longest segment the spaces try
