@@ -3,7 +3,8 @@ tensor-parallel degree and kind of call, as a shell script (one search a line, e
 by transfer, then one `dtune export` of every run).
 
 Usage (no GPU needed to write the plan):
-    python benchmarks/model_buckets.py [--gpus 0,1] [--models qwen3_next,kimi_linear] [--tp 1,8] [--scale 1.0] > m.sh
+    python benchmarks/model_buckets.py [--gpus 0,1] [--models qwen3_next,kimi_linear] [--tp 1,8] [--scale 1.0]
+        [--calls prefill,packed,train_fwd,train_bwd,decode] > m.sh
     OUT=/tmp/models bash m.sh                       (on the GPU machine; each line is resumable on its own)
 
 Per model (heads divided by the degree; value heads as the model groups them) the searches are: prefill at B = 1 over
@@ -27,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 from dtune._toml import loads  # noqa: E402
 
 OVERHEAD_S = 60
+# the kinds of call, each a search per model and degree
+CALLS = ("prefill", "packed", "train_fwd", "train_bwd", "decode")
 
 
 def searches(model: str, m: dict[str, Any], tp: int, b: dict[str, Any], budget: dict[str, float]) -> list[tuple]:
@@ -56,18 +59,24 @@ def main() -> int:
     ap.add_argument("--models", default="", help="models of the TOML to include (default: all)")
     ap.add_argument("--tp", default="", help="tensor-parallel degrees (default: the TOML's)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every per-shape budget")
+    ap.add_argument("--calls", default="", help=f"kinds of call to include, of {','.join(CALLS)} (default: all)")
     args = ap.parse_args()
     data = loads((ROOT / "benchmarks" / "model_shapes.toml").read_text())
     models = [m for m in data["models"] if not args.models or m in args.models.split(",")]
     degrees = [int(t) for t in args.tp.split(",")] if args.tp else data["buckets"]["tensor_parallel"]
     budget = {k: v * args.scale for k, v in data["budget"].items()}
     gpus = args.gpus.split(",")
+    calls = [c for c in args.calls.split(",") if c] or list(CALLS)
+    if unknown := sorted(set(calls) - set(CALLS)):
+        ap.error(f"unknown --calls {', '.join(unknown)} (known: {', '.join(CALLS)})")
     print("# model-shaped buckets (benchmarks/model_shapes.toml), written by benchmarks/model_buckets.py")
     print('set -u; OUT="${OUT:-out}"')
     total, i = 0.0, 0
     for model in models:
         for tp in degrees:
             for name, n, per_shape, search in searches(model, data["models"][model], tp, data["buckets"], budget):
+                if not any(name.endswith("_" + c) for c in calls):
+                    continue
                 secs = int(n * per_shape + OVERHEAD_S)
                 device = gpus[i % len(gpus)]
                 print(
