@@ -232,9 +232,9 @@ def layer_row(
 def split_launches(row: dict[str, Any], launches: dict[str, list[Launch]], out: list[dict[str, Any]]) -> None:
     """Where each side's layer time goes: a kernel launched by one side only is the attention op's (its kernels, and
     dtune's passes for the in-kernel options), one launched by both is the rest of the layer (projections, short
-    convolutions, norms: the same work on both sides; dtune's kernels are named apart from fla's). Sets
-    ``{side}_op_ms``, ``rest_ms`` (fla's side) and ``op_speedup`` on ``row``; appends one row per kernel and side to
-    ``out``."""
+    convolutions, norms: the same work on both sides; dtune's kernels are named apart from fla's). An approximation:
+    a PyTorch kernel that both sides' ops also launch (a cast, a copy) counts as the rest. Sets ``{side}_op_ms``,
+    ``rest_ms`` (fla's side) and ``op_speedup`` on ``row``; appends one row per kernel and side to ``out``."""
     names = {side: {x.name for x in ls} for side, ls in launches.items()}
     for side, ls in launches.items():
         other = names["dtune" if side == "fla" else "fla"]
