@@ -63,6 +63,12 @@ def state_programs(N: int, HV: int, V: int, h_BV: int) -> int:
     return N * HV * math.ceil(V / tile)
 
 
+def segment_length(chunks: int, segments: float) -> int:
+    """Chunks per segment for ``chunks`` cut into about ``segments``: a power of two (log scale) within SEG_RANGE."""
+    lo, hi = SEG_RANGE
+    return min(hi, max(lo, 2 ** round(math.log2(max(chunks / segments, 1.0)))))
+
+
 def segment_chunks(N: int, HV: int, V: int, T: int, BT: int, h_BV: int, sm_count: int) -> int:
     """``SEG_CHUNKS`` for ``N`` sequences of ``T`` tokens each (a packed batch: its mean length), 0 for off.
 
@@ -76,9 +82,8 @@ def segment_chunks(N: int, HV: int, V: int, T: int, BT: int, h_BV: int, sm_count
         return 0
     chunks = math.ceil(T / BT)
     segments = PROGRAMS_PER_SM * sm_count / programs
-    lo, hi = SEG_RANGE
-    seg = min(hi, max(lo, 2 ** round(math.log2(max(chunks / segments, 1.0)))))
-    while seg > lo and seg * BT >= T:
+    seg = segment_length(chunks, segments)
+    while seg > SEG_RANGE[0] and seg * BT >= T:
         seg //= 2
     return seg if seg * BT < T else 0
 
@@ -321,8 +326,7 @@ def reverse_pass(
         elif donor is not None:  # the donor's programs (sequences x segments x value heads x tiles) kept
             donor_programs = donor["B"] * donor["HV"] * tiles * math.ceil(donor["T"] / (BT * seg))
             segments = max(donor_programs / programs, 2.0)
-            lo, hi = SEG_RANGE
-            seg = min(hi, max(lo, 2 ** round(math.log2(max(math.ceil(T / BT) / segments, 1.0)))))
+            seg = segment_length(math.ceil(T / BT), segments)
     while seg > SEG_RANGE[0] and seg * BT >= T:  # at least two segments per sequence
         seg //= 2
     if seg * BT >= T:
