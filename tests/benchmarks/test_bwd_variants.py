@@ -3,23 +3,17 @@ the names are unique per gate and shape (a row of its CSV is one variant)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 from dtune.kernels.chunk import backward as chunk_bwd
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_variants.py"
+from tests.benchmarks.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def bv() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bwd_variants", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bwd_variants")
 
 
 def test_every_variant_is_a_legal_backward_config(bv: ModuleType) -> None:

@@ -3,24 +3,18 @@ rest of the layer (launched by both)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fla_backend.py"
+from tests.benchmarks.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def fb() -> ModuleType:
     pytest.importorskip("fla.backends", reason="fla-core >= 0.6.0 is not installed (pip install 'dtune[fla]')")
-    spec = importlib.util.spec_from_file_location("fla_backend", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fla_backend")
 
 
 def test_launches_only_one_side_makes_are_the_attention_op(fb: ModuleType) -> None:

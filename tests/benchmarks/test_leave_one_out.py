@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -19,18 +18,14 @@ import pytest
 from dtune._env import child_env
 from dtune.borrow import bucket_text
 from dtune.store import read_configs
+from tests.benchmarks.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "leave_one_out.py"
 
 
 @pytest.fixture(scope="module")
 def loo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("leave_one_out", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("leave_one_out")
 
 
 def test_one_case_per_shipped_bucket(loo: ModuleType) -> None:

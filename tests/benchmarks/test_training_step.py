@@ -4,7 +4,6 @@ errors and table, and one shape measured end to end under the interpreter."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 from pathlib import Path
 from types import ModuleType
@@ -18,17 +17,12 @@ from dtune.measure.bench import COLUMNS
 from dtune.measure.harness import op_run
 from dtune.report import data as report_data
 from dtune.shape import Gate, Shape
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "training_step.py"
+from tests.benchmarks.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def ts() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("training_step", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("training_step")
 
 
 def test_the_grid(ts: ModuleType) -> None:
