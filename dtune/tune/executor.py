@@ -29,6 +29,10 @@ class Evaluated:
     device: str | None = None
 
 
+# The outcome of a job that abort or close overtook (the caller has closed its trial already).
+CANCELLED = TrialOutcome(reason="cancelled", message="the search stopped before this trial finished")
+
+
 def device_env(env: dict[str, str], device: str | None) -> dict[str, str]:
     """``env`` for a worker pinned to ``device`` (a CUDA device index; None: as it is)."""
     if device is None:
@@ -72,6 +76,7 @@ class Evaluator:
             self._idle.put(i)
         self._busy: set[int] = set()
         self._lock = threading.Lock()
+        self._generation = 0  # bumped by abort/close: a job started before it is over, whatever its worker says
         self._threads = ThreadPoolExecutor(max_workers=self.capacity + 1, thread_name_prefix="dtune-trial")
 
     @property
@@ -86,9 +91,16 @@ class Evaluator:
         return self._threads.submit(self._evaluate, job)
 
     def _evaluate(self, job: TrialJob) -> Evaluated:
+        gen = self._generation
+
+        def stopped() -> bool:
+            return self._generation != gen
+
         built_ahead = None
         if self.pool is not None:
             ahead = self.pool.submit(replace(job, compile_only=True)).result()
+            if stopped():
+                return Evaluated(CANCELLED)
             if not ahead.ok:
                 return Evaluated(ahead)
             built_ahead = ahead.built
@@ -96,6 +108,8 @@ class Evaluator:
         with self._lock:
             self._busy.add(index)
         try:
+            if stopped():
+                return Evaluated(CANCELLED, built_ahead)
             outcome = self.timers[index].run(job, self.trial_timeout)
         except WorkerError as e:
             outcome = TrialOutcome(reason="crash", message=str(e))
@@ -103,14 +117,19 @@ class Evaluator:
             with self._lock:
                 self._busy.discard(index)
             self._idle.put(index)
+        if stopped():  # its worker was killed by abort/close: no crash of the trial, and no sanitizer run
+            return Evaluated(CANCELLED, built_ahead, self.devices[index])
         if self.sanitizer and outcome.reason in sanitize.REASONS:
-            found = sanitize.sanitize_job(job, self._envs[index], self.sanitizer, min(180.0, 2 * self.trial_timeout))
+            limit = min(180.0, 2 * self.trial_timeout)
+            found = sanitize.sanitize_job(job, self._envs[index], self.sanitizer, limit, cancelled=stopped)
             outcome = replace(outcome, message=f"{outcome.message} | {found}" if outcome.message else found)
         return Evaluated(outcome, built_ahead, self.devices[index])
 
     def abort(self) -> None:
         """Stop every job in flight now (their outcomes are discarded by the caller): kill the busy workers; each
         restarts on its next job."""
+        with self._lock:
+            self._generation += 1
         if self.pool is not None:
             self.pool.kill_busy()
         sanitize.kill_running()
@@ -120,6 +139,8 @@ class Evaluator:
             self.timers[index].close()
 
     def close(self) -> None:
+        with self._lock:
+            self._generation += 1
         sanitize.kill_running()
         if self.pool is not None:
             self.pool.close()

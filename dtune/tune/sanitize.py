@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 # Trial outcomes worth a sanitizer run: the worker died, or the GPU raised at run time.
@@ -59,19 +60,25 @@ def parse_sanitizer(text: str) -> tuple[int | None, str]:
     return (int(m.group(1)) if m else None), ""
 
 
-def sanitize_job(job: Any, env: dict[str, str], sanitizer: str, timeout: float) -> str:
+def sanitize_job(
+    job: Any, env: dict[str, str], sanitizer: str, timeout: float, cancelled: Callable[[], bool] | None = None
+) -> str:
     """Run trial ``job`` (a :class:`~dtune.tune.trials.TrialJob`) once in a worker under ``sanitizer``; one line
-    saying what the sanitizer found (the first error and the count), that it found nothing, or why it could not."""
+    saying what the sanitizer found (the first error and the count), that it found nothing, or why it could not.
+    ``cancelled()`` true (checked under the lock that :func:`kill_running` takes): the search has stopped, and no run
+    starts."""
     cmd = [sanitizer, "--tool", "memcheck", "--print-limit", "3", "--error-exitcode", "99"]
     cmd += [sys.executable, "-m", "dtune.tune.worker"]
     line = json.dumps(job.__dict__) + "\n"
-    try:
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
-    except OSError as e:
-        return f"compute-sanitizer could not run: {e}"
     with _LOCK:
+        if cancelled is not None and cancelled():
+            return "compute-sanitizer: not run, the search stopped"
+        try:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+        except OSError as e:
+            return f"compute-sanitizer could not run: {e}"
         _RUNNING.add(proc)
     try:
         out, err = proc.communicate(line, timeout=timeout)

@@ -121,3 +121,37 @@ def test_a_stopping_search_kills_a_sanitizer_run_in_flight(tmp_path: Path) -> No
     assert (
         sanitize.sanitize_job(job("crash"), {}, str(hang), timeout=0.5) == "compute-sanitizer: no answer within 0.5 s"
     )
+
+
+def test_a_trial_whose_worker_the_search_killed_is_cancelled_not_sanitized(fake: ModuleType, tmp_path: Path) -> None:
+    """abort() at a bucket's end kills the busy worker: that is no crash of the trial, so no sanitizer run starts
+    after it (on the H200 such a run held the next bucket's GPU and the search's close for minutes)."""
+    import time
+
+    hang = tmp_path / "compute-sanitizer"
+    hang.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    hang.chmod(hang.stat().st_mode | stat.S_IEXEC)
+    ev = Evaluator(worker_env(interpret=True), tmp_path, trial_timeout=60, sanitizer=str(hang))
+    try:
+        fut = ev.submit(job("hang"))
+        t0 = time.monotonic()
+        while not ev._busy and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the worker is in the trial now
+        ev.abort()
+        outcome = fut.result(timeout=20).outcome
+        assert outcome.reason == "cancelled" and "compute-sanitizer" not in outcome.message
+        assert not sanitize._RUNNING
+        assert ev.submit(job("ok")).result(timeout=60).outcome.ok  # the next job of the next bucket runs
+    finally:
+        t1 = time.monotonic()
+        ev.close()
+    assert time.monotonic() - t1 < 20
+
+
+def test_a_sanitizer_run_does_not_start_once_the_search_stopped(tmp_path: Path) -> None:
+    hang = tmp_path / "compute-sanitizer"
+    hang.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    hang.chmod(hang.stat().st_mode | stat.S_IEXEC)
+    line = sanitize.sanitize_job(job("crash"), {}, str(hang), timeout=120, cancelled=lambda: True)
+    assert line == "compute-sanitizer: not run, the search stopped" and not sanitize._RUNNING
