@@ -46,7 +46,7 @@ def print_plan(plan: Plan, done: dict[str, Any], bench: bool, benched: list[str]
                left=("kernel", "search", "starts from"))  # fmt: skip
     tune_s = plan.tune_s(done)
     bench_s = plan.bench_s(benched) if bench else 0.0
-    parts = [f"searches {minutes(tune_s)} (their budgets)"] + ([f"benches about {minutes(bench_s)}"] if bench else [])
+    parts = [f"searches {minutes(tune_s)}"] + ([f"benches about {minutes(bench_s)}"] if bench else [])
     out.print(
         f"{len(plan.buckets()) - len(done)} of {len(plan.buckets())} buckets to tune; estimated "
         f"{' + '.join(parts)} = about {minutes(tune_s + bench_s)}",

@@ -96,14 +96,18 @@ def merge_exports(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**docs[-1], "created": now_iso(), "entries": list(best.values())}
 
 
-def supersede(shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = "") -> tuple[dict[str, Any], list[str]]:
+def supersede(
+    shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = "", max_slowdown: float | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """``shipped`` with the entries of ``newer`` exports (in order) replacing its entries of the same (kernel,
-    dtype, bucket), and one line per entry added or replaced.
+    dtype, bucket), and one line per entry added, replaced or kept.
 
     Unlike :func:`merge_exports` (fastest wins, for the runs of one job), a newer job supersedes an older one: its
     search timed the old best config too (the template's default or a seed, or transferred), and times of different
     jobs (machines, drivers, code) are not comparable. Entries without a time are skipped; every document must be of
-    ``shipped``'s GPU.
+    ``shipped``'s GPU. ``max_slowdown``: a newer entry more than this many times slower than the one it would
+    replace does not replace it (no run-to-run difference explains that much; a search that never timed the old
+    config does), and its line says so.
     """
     entries = {_key(e): e for e in shipped["entries"]}
     changes = []
@@ -116,8 +120,13 @@ def supersede(shipped: dict[str, Any], newer: list[dict[str, Any]], note: str = 
             if e.get("time_ms") is None:
                 continue
             old = entries.get(_key(e))
+            line = f"{e['kernel']} {e['dtype']} {e['bucket']}: {e['time_ms']:.4g} ms"
+            old_ms = old.get("time_ms") if old is not None else None
+            if max_slowdown is not None and old_ms and e["time_ms"] > max_slowdown * old_ms:
+                changes.append(f"{line} (kept the entry of {old_ms:.4g} ms: more than {max_slowdown:g}x slower)")
+                continue
             was = "new" if old is None else f"was {old['time_ms']:.4g} ms in its own search"
-            changes.append(f"{e['kernel']} {e['dtype']} {e['bucket']}: {e['time_ms']:.4g} ms ({was})")
+            changes.append(f"{line} ({was})")
             entries[_key(e)] = e
     out = {**shipped, "created": now_iso(), "versions": newer[-1].get("versions", shipped.get("versions", {}))}
     if note:

@@ -46,10 +46,13 @@ PROGRESS_JSON = "tune-gpu.json"  # the finished buckets and benches of the job i
 RUNS = "runs"
 BENCH = "bench"
 DEFAULT_BUDGET_S = 90.0  # a chunk kernel's anchor search; every other bucket gets its space's share of it
-# What a search costs beyond its buckets' budgets, measured on the H200 (dtune search, 14 compile workers): start-up
-# and the export at the end 7-11 s a run, the trials still in flight when a bucket's budget ends 4-6 s a bucket.
+# What a search costs beyond its buckets' budgets, measured on the H200 (tune-gpu --budget 30, 14 compile workers, 27
+# buckets of DeltaNet and Gated DeltaNet in 614 s against 310 s of budgets): start-up and the export 7-11 s a run,
+# the end of a bucket (trials in flight, its records) about 9 s. A bucket runs on past a budget shorter than its
+# first answers (the default and the transferred configs, search.tune_shape): about 20 s of compiles on a cold cache.
 RUN_START_S = 10.0
-BUCKET_END_S = 4.0
+BUCKET_END_S = 9.0
+STARTS_S = 20.0
 # What a bench costs a shape on the H200 (3 rounds, fla's first call autotunes): a forward 10-20 s with fla, a
 # packed batch 50-140 s (fla's variable-length autotuning), a training step about a minute.
 BENCH_SHAPE_S = 10.0
@@ -57,6 +60,8 @@ BENCH_PACKED_S = 60.0
 BENCH_STEP_S = 60.0
 # Failure reasons that say nothing about whether a config of the bucket passes: a bucket whose search ended with only
 # these and no passing config is searched again on the next run.
+# A bucket's winner more than this many times slower than its shipped entry keeps the shipped entry (export.supersede).
+KEEP_SHIPPED_X = 1.5
 UNTRIED = ("cancelled", "interrupted", "claimed", "constraint", "predicted")
 # Under Triton's interpreter the plan's shapes shrink to these (sequence lengths below, at and above the anchor's).
 TINY_T = (5, 9, 20)
@@ -95,7 +100,12 @@ class Step:
     def estimate_s(self, n: int | None = None) -> float:
         """Wall time of this search for ``n`` of its buckets (default all): their budgets and the run's costs."""
         n = len(self.buckets) if n is None else n
-        return RUN_START_S + n * (self.seconds + BUCKET_END_S) if n else 0.0
+        return RUN_START_S + n * self.bucket_s if n else 0.0
+
+    @property
+    def bucket_s(self) -> float:
+        """Wall time of one bucket: its budget (at least its first answers) and its end."""
+        return max(float(self.seconds), STARTS_S) + BUCKET_END_S
 
 
 @dataclass(frozen=True)
@@ -384,7 +394,7 @@ def export(job: Job, ledger: Ledger) -> int:
     base = shipped_file(job.gpu.key)
     if base is not None:
         note = f"dtune tune-gpu {datetime.date.today().isoformat()}: {len(ledger.done)} buckets"
-        doc, _ = supersede(json.loads(base.read_text(encoding="utf-8")), [doc], note)
+        doc, _ = supersede(json.loads(base.read_text(encoding="utf-8")), [doc], note, max_slowdown=KEEP_SHIPPED_X)
     write_configs(doc, job.config_file, job.gpu.key)
     return len(doc["entries"])
 
@@ -531,7 +541,7 @@ def _run(job: Job, reporter: JobReporter, ledger: Ledger, result: JobResult, dea
         if not todo:
             continue
         if deadline is not None:
-            fit = int((deadline - time.monotonic() - RUN_START_S) // (step.seconds + BUCKET_END_S))
+            fit = int((deadline - time.monotonic() - RUN_START_S) // step.bucket_s)
             if fit < len(todo):
                 result.left += todo[max(fit, 0) :]
                 reporter.skipped(

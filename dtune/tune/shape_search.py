@@ -69,6 +69,14 @@ class ShapeSearch:
         self.book = TrialBook(self.study, self.choices, cfg.kernel, shape, cfg.dtype)
         self.peers = Peers(self.book, cfg.trial_timeout)
         starts = starting_configs(cfg, shape, self.baseline, self.choices, self.book.trials() if cfg.resume else [])
+        # a transferred config the constraints rule out at this shape costs no trial (nor a --trials slot)
+        starts = [c for c in starts if not c.source.startswith("transfer") or c.params is None or self.legal(c.params)]
+        # the transferred configs and the default: a shape's budget is not spent before they are answered
+        self.must_answer = {
+            params_key({**self.baseline, **c.params})
+            for c in starts
+            if c.params is not None and (c.is_default or c.source.startswith("transfer"))
+        }
         self.strategy: Strategy
         if cfg.strategy == "pattern":
             self.strategy = PatternSearch(self.choices, starts, cfg.space.stages, self.legal)
@@ -230,7 +238,10 @@ class ShapeSearch:
                 finished, _ = wait(list(in_flight), timeout=POLL_S, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     item = in_flight.pop(fut)
-                    self.strategy.observe(self.book.finish(item, fut.result()))
+                    r = self.book.finish(item, fut.result())
+                    if r.reason != "cancelled":
+                        self.answered(item.candidate)
+                    self.strategy.observe(r)
                     on_trial()
         except BaseException:
             self.book.close_open("interrupted", "interrupted before the trial finished", on_trial=None)
@@ -248,15 +259,30 @@ class ShapeSearch:
         on_trial: Callable[[], None],
     ) -> None:
         """Create the trial of ``c`` (or answer it from the study), check it, and submit it."""
+        if self.start_trial(c, trials, in_flight, on_trial):
+            self.answered(c)  # known, run by another process, pruned or a duplicate: nothing of it to wait for
+
+    def answered(self, c: Candidate) -> None:
+        if c.params is not None:
+            self.must_answer.discard(params_key({**self.baseline, **c.params}))
+
+    def start_trial(
+        self,
+        c: Candidate,
+        trials: list[FrozenTrial],
+        in_flight: dict[Future[Evaluated], Pending],
+        on_trial: Callable[[], None],
+    ) -> bool:
+        """:meth:`start`'s work; True when ``c`` was answered without an evaluation of this process."""
         if c.params is not None:
             known = self.book.known(c, trials)
             if known is not None:
                 self.strategy.observe(known)
-                return
+                return True
             other = self.peers.running(c, trials)
             if other is not None:
                 self.peers.await_result(c, other)
-                return
+                return True
         item = self.book.open_trial(c)
         trial = item.trial
         if c.params is not None:
@@ -265,7 +291,7 @@ class ShapeSearch:
                 self.book.prune(item, "claimed", f"trial {first} of another process runs this config", kind=c.kind)
                 self.peers.await_result(c, first)
                 on_trial()
-                return
+                return True
         params = {n: trial.suggest_categorical(n, list(ch)) for n, ch in self.choices.items()}
         if c.params is None:  # a sampler's pick (or a config the creator enqueued)
             attrs = trial.user_attrs
@@ -278,12 +304,13 @@ class ShapeSearch:
             if dup is not None and not c.is_default:
                 self.strategy.observe(self.book.tell_duplicate(item, dup))
                 on_trial()
-                return
+                return True
         reason, message = self.rejected(c, config)
         if reason is not None:
             self.book.prune(item, reason, message, gate_passed=False)
             self.strategy.observe(Result(c, params, False, number=trial.number, reason=reason))
             on_trial()
-            return
+            return True
         item.future = self.evaluator.submit(self.job(trial.number, config, c))
         in_flight[item.future] = item
+        return False

@@ -1,5 +1,5 @@
-"""Where a shape's study starts: the template's default first, then the space's seeds, the winners of the nearest tuned
-buckets (shipped configs and ``--transfer-from`` runs, :mod:`dtune.tune.transfer`), and on ``--resume`` the study's
+"""Where a shape's study starts: the template's default, the winners of the nearest tuned buckets (shipped configs and
+``--transfer-from`` runs, :mod:`dtune.tune.transfer`), then the space's seeds, and on ``--resume`` the study's
 best and every config whose trial never ran to its end (cancelled, interrupted, or its process died)."""
 
 from __future__ import annotations
@@ -25,20 +25,24 @@ def starting_configs(
     choices: dict[str, tuple[Any, ...]],
     trials: list[FrozenTrial],
 ) -> list[Candidate]:
-    """The default first, then the space's seeds and the nearest tuned buckets' winners (unless seeds are off),
-    configs of runs given with --transfer-from, and on --resume the study's best and its trials to retry
-    (``trials``: the study's, read after its stale trials were failed)."""
-    out = [Candidate(dict(baseline), source="default", is_default=True)]
-    if cfg.seeds:
-        out += [Candidate({**baseline, **s}, source="seed") for s in cfg.space.seeds]
+    """The default first (always legal: ``--trials 1`` times it), then the winners of the nearest tuned buckets
+    (shipped configs unless seeds are off, runs given with --transfer-from, and the run folder's own other studies;
+    nearest first: they compile in the first wave with the default), then the space's seeds, and on --resume the
+    study's best and its trials to retry (``trials``: the study's, read after its stale trials were failed). A
+    shipped entry of this very bucket is a donor too (it is the config the ops run here today); this study itself
+    is not."""
     donors: list[transfer.Donor] = transfer.shipped_donors() if cfg.seeds else []
-    for run_dir in (*cfg.transfer_from, cfg.out):
+    for run_dir in cfg.transfer_from:
         donors += transfer.run_donors(Path(run_dir))
     here = (cfg.kernel, cfg.gpu.key, cfg.dtype, shape.bucket())
-    donors = [d for d in donors if (d.kernel, d.gpu, d.dtype, d.bucket) != here]  # not this study itself
+    donors += [d for d in transfer.run_donors(Path(cfg.out)) if (d.kernel, d.gpu, d.dtype, d.bucket) != here]
+    out = [Candidate(dict(baseline), source="default", is_default=True)]
     for d in transfer.nearest(donors, cfg.kernel, cfg.gpu.key, cfg.dtype, shape, cfg.transfer_count):
         params = {n: v for n, v in d.config.items() if n in choices and v in choices[n]}
-        out.append(Candidate({**baseline, **params}, source="transfer:" + d.describe()))
+        if {**baseline, **params} != baseline:  # a donor of the default's own config: the default stands for it
+            out.append(Candidate({**baseline, **params}, source="transfer:" + d.describe()))
+    if cfg.seeds:
+        out += [Candidate({**baseline, **s}, source="seed") for s in cfg.space.seeds]
     if cfg.resume:
         best = results.best_trial(trials)
         if best is not None:

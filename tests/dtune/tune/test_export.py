@@ -59,6 +59,17 @@ def test_newer_export_supersedes_per_bucket() -> None:
     parse_configs(merged, "merged")  # still a valid config file
 
 
+def test_a_much_slower_newer_entry_keeps_the_shipped_one() -> None:
+    """tune-gpu's guard (max_slowdown 1.5): a winner 1.8x slower than the shipped entry does not replace it, one
+    1.4x slower does (runs are not comparable to the percent), a new bucket is added."""
+    shipped = _doc("h200", ("chunk_kda", 4096, 0.5), ("chunk_kda", 1024, 0.4))
+    newer = _doc("h200", ("chunk_kda", 4096, 0.9), ("chunk_kda", 1024, 0.56), ("chunk_kda", 16384, 2.0))
+    merged, changes = supersede(shipped, [newer], max_slowdown=1.5)
+    got = {e["bucket"]["T"]: e["time_ms"] for e in merged["entries"]}
+    assert got == {4096: 0.5, 1024: 0.56, 16384: 2.0}
+    assert any("kept the entry of 0.5 ms" in c for c in changes) and len(changes) == 3
+
+
 def test_supersede_refuses_another_gpu() -> None:
     with pytest.raises(ValueError, match="configs keep their GPU"):
         supersede(_doc("h200", ("chunk_kda", 4096, 1.0)), [_doc("h100", ("chunk_kda", 4096, 1.0))])

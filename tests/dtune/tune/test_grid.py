@@ -11,7 +11,7 @@ import pytest
 
 from dtune.shape import Shape
 from dtune.tune import grid
-from dtune.tune.grid import BUCKET_END_S, RUN_START_S, Ledger, make_plan
+from dtune.tune.grid import BUCKET_END_S, RUN_START_S, STARTS_S, Ledger, make_plan
 from dtune.tune.space import SpaceError, load_space, parse_space
 from dtune.tune.transfer import bucket_distance
 
@@ -61,10 +61,12 @@ def test_forward_kernels_come_first_and_a_backward_kernel_tunes_the_training_gri
 def test_the_estimate_is_the_budgets_plus_the_measured_costs_of_what_is_left() -> None:
     plan = make_plan(["chunk_delta_rule"], {"chunk_delta_rule": "bf16"}, budget=30)
     anchor, rest, packed = plan.steps
-    expected = sum(RUN_START_S + len(s.buckets) * (s.seconds + BUCKET_END_S) for s in plan.steps)
+    assert (anchor.seconds, rest.seconds, packed.seconds) == (30, 10, 10)
+    short = STARTS_S + BUCKET_END_S  # a budget under the first answers' time costs that time
+    expected = 3 * RUN_START_S + 30 + BUCKET_END_S + 12 * short + short
     assert plan.tune_s() == pytest.approx(expected)
     done = {b.key: {} for b in (*anchor.buckets, *rest.buckets[:5])}
-    left = RUN_START_S + 7 * (rest.seconds + BUCKET_END_S) + RUN_START_S + packed.seconds + BUCKET_END_S
+    left = RUN_START_S + 7 * short + RUN_START_S + short
     assert plan.tune_s(done) == pytest.approx(left)
     bench = 13 * grid.BENCH_SHAPE_S + grid.BENCH_PACKED_S
     assert plan.bench_s() == pytest.approx(bench) and plan.bench_s(["chunk_delta_rule"]) == 0

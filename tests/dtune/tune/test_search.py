@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from dtune.kernels import get_kernel
 
+import dtune
 import dtune.tune.storage
 from dtune.gpu import get_profile
 from dtune.shape import Shape
@@ -82,8 +83,9 @@ def test_planted_failures_are_classified_and_never_exported(
     assert tuned["entries"][0]["trials"] == {"complete": 1, "failed": 7, "pruned": 1}
 
 
-def test_full_search_resume_and_export(tmp_path: Path) -> None:
+def test_full_search_resume_and_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kernel = "fused_recurrent_gated_delta_rule"
+    monkeypatch.setattr(transfer, "shipped_donors", list)  # no transferred starts: the default, then the seeds
     run = run_search(config(kernel, tmp_path, trials=5))
     info = json.loads((tmp_path / "run.json").read_text())
     assert {"kernel", "gpu", "dtype", "shapes", "versions", "commit", "interpret", "sampler", "created"} <= set(info)
@@ -286,8 +288,34 @@ def test_seeds_off_starts_from_the_default_and_transfer_seeds(tmp_path: Path) ->
         assert not rows["source"].str.startswith("transfer").any()  # the transferred config is the default: a repeat
         return
     assert rows["source"].iloc[1].startswith("transfer:run ") and "T4-B2-H2-HV2-K32-V32" in rows["source"].iloc[1]
-    got = {p: rows.iloc[1][f"p.{p}"] for p in donor}
-    assert got == donor or rows.iloc[1]["reason"] == "constraint"
+    assert {p: rows.iloc[1][f"p.{p}"] for p in donor} == donor  # legal here (an illegal one would be dropped)
+
+
+@pytest.mark.parametrize("compile_ahead", [0, 2], ids=["in-turn", "compile-ahead"])
+def test_a_short_budget_still_answers_the_transferred_configs_and_the_default(
+    tmp_path: Path, compile_ahead: int
+) -> None:
+    """Tuning by transfer on a budget shorter than one trial (tune-gpu's grid shares on a cold cache): each shape
+    runs on until the default and every transferred config are answered, so the bucket's best is never a config
+    slower than the donors it started from."""
+    kernel = "fused_recurrent_delta_rule"
+    first = tmp_path / "first"
+    donors = [Shape(2, 4, 2, 2, 32, 32), Shape(2, 16, 2, 2, 32, 32), Shape(1, 32, 2, 2, 32, 32)]
+    run_search(config(kernel, first, shapes=donors, trials=3, sampler="random", seed=5))
+    out = tmp_path / "short"
+    shapes = [Shape(2, 8, 2, 2, 32, 32), Shape(1, 12, 2, 2, 32, 32)]
+    cfg = config(
+        kernel, out, shapes=shapes, trials=None, timeout=0.01, seeds=False, transfer_from=(first,),
+        sampler="pattern", compile_ahead=compile_ahead,
+    )  # fmt: skip
+    run_search(cfg)
+    rows = pd.read_csv(out / "trials.csv")
+    for shape in shapes:
+        mine = rows[rows["shape_key"] == shape.key]
+        starts = mine[mine["source"].astype(str).str.startswith("transfer:") | (mine["source"] == "default")]
+        assert (starts["source"] == "default").sum() == 1, shape.key
+        assert starts["source"].astype(str).str.startswith("transfer:run ").any(), shape.key
+        assert not (starts["reason"].astype(str) == "cancelled").any(), starts[["source", "reason"]]
 
 
 def test_cancelled_trials_do_not_block_their_config_and_are_retried_on_resume(tmp_path: Path) -> None:
@@ -364,3 +392,33 @@ def test_interrupted_and_dead_trials_are_retried_on_resume(tmp_path: Path, monke
         again = [t for t in after if t.params == params and t.number > interrupted.number and t._trial_id != trial_id]
         assert again and again[0].user_attrs["source"] == "retry", f"{params} was not retried"
         assert again[0].state == optuna.trial.TrialState.COMPLETE and again[0].user_attrs.get("reason") is None
+
+
+def test_the_shipped_entry_of_the_bucket_itself_is_the_first_transferred_start(tmp_path: Path) -> None:
+    """Re-tuning a shipped bucket (tune-gpu on a GPU dtune ships configs for) starts from the config the ops run there
+    today: the shipped entry of that very bucket, not only its neighbours' (it once was left out as "this study")."""
+    from dtune.tune.starts import starting_configs
+
+    kernel = "chunk_delta_rule"
+    shape = Shape(8, 4096, 16, 16, 128, 128)
+    cfg = SearchConfig(
+        kernel=kernel, gpu=get_profile("h200"), space=load_space(kernel), shapes=[shape], out=tmp_path, dtype="bf16"
+    )
+    spec = get_kernel(kernel)
+    baseline = spec.default_config(128, 128)
+    choices = {n: tuple(v) for n, v in cfg.space.params.items()}
+    starts = starting_configs(cfg, shape, {n: baseline[n] for n in choices if n in baseline}, choices, [])
+    assert starts[0].source == "default"
+    first = starts[1]
+    assert first.source.startswith("transfer:shipped h200.json") and "T4096-B8-H16-HV16-K128-V128" in first.source
+    (entry,) = [
+        e
+        for e in json.loads((Path(dtune.__file__).parent / "configs" / "h200.json").read_text())["entries"]
+        if e["kernel"] == kernel and e["dtype"] == "bf16" and e["bucket"] == shape.bucket()
+    ]
+    assert first.params is not None
+    assert {n: v for n, v in entry["config"].items() if n in choices} == {
+        n: first.params[n] for n in choices if n in entry["config"]
+    }
+    n = len([c for c in starts if c.source.startswith("transfer")])
+    assert all(c.source.startswith("transfer") for c in starts[1 : 1 + n])  # then the seeds
