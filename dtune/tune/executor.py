@@ -29,6 +29,9 @@ class Evaluated:
     device: str | None = None
 
 
+# How long abort lets the compiles in flight run on before it kills them (a chunk kernel's compile is 10-25 s on the
+# H200; killing one throws its work away and its worker's restart costs 5-10 s).
+COMPILE_GRACE_S = 15.0
 # The outcome of a job that abort or close overtook (the caller has closed its trial already).
 CANCELLED = TrialOutcome(reason="cancelled", message="the search stopped before this trial finished")
 
@@ -77,6 +80,7 @@ class Evaluator:
         self._busy: set[int] = set()
         self._lock = threading.Lock()
         self._generation = 0  # bumped by abort/close: a job started before it is over, whatever its worker says
+        self._grace: list[threading.Timer] = []  # abort's deferred kills of the compiles it let run on
         self._threads = ThreadPoolExecutor(max_workers=self.capacity + 1, thread_name_prefix="dtune-trial")
 
     @property
@@ -98,7 +102,7 @@ class Evaluator:
 
         built_ahead = None
         if self.pool is not None:
-            ahead = self.pool.submit(replace(job, compile_only=True)).result()
+            ahead = self.pool.submit(replace(job, compile_only=True), tag=gen, skip=stopped).result()
             if stopped():
                 return Evaluated(CANCELLED)
             if not ahead.ok:
@@ -127,11 +131,17 @@ class Evaluator:
 
     def abort(self) -> None:
         """Stop every job in flight now (their outcomes are discarded by the caller): kill the busy workers; each
-        restarts on its next job."""
+        restarts on its next job. Compiles in flight get :data:`COMPILE_GRACE_S` to finish first: Triton's cache keeps
+        what they build (the next bucket of the same head dims wants the same kernels: the sequence length is no
+        specialisation), and their workers need no restart; jobs not yet started are not compiled."""
         with self._lock:
             self._generation += 1
+            gen = self._generation - 1
         if self.pool is not None:
-            self.pool.kill_busy()
+            timer = threading.Timer(COMPILE_GRACE_S, self.pool.kill_busy, args=(gen,))
+            timer.daemon = True
+            timer.start()
+            self._grace.append(timer)
         sanitize.kill_running()
         with self._lock:
             busy = list(self._busy)
@@ -141,6 +151,8 @@ class Evaluator:
     def close(self) -> None:
         with self._lock:
             self._generation += 1
+        for timer in self._grace:
+            timer.cancel()
         sanitize.kill_running()
         if self.pool is not None:
             self.pool.close()

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
@@ -169,32 +170,39 @@ class CompilePool:
         self._all = [Worker(env=env, log_path=log_dir / f"compile-{i}.log") for i in range(size)]
         for w in self._all:
             self._idle.put(w)
-        self._busy: set[int] = set()
+        self._busy: dict[int, int] = {}  # id(worker) -> the tag of the job it compiles
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="dtune-compile")
 
-    def submit(self, job: TrialJob) -> Future[TrialOutcome]:
+    def submit(self, job: TrialJob, tag: int = 0, skip: Callable[[], bool] | None = None) -> Future[TrialOutcome]:
+        """Compile ``job`` on the next idle worker. ``tag``: what :meth:`kill_busy` picks the job by; ``skip()``
+        true when a worker frees up for it: not compiled (the search no longer wants it)."""
+
         def task() -> TrialOutcome:
             worker = self._idle.get()
+            if skip is not None and skip():
+                self._idle.put(worker)
+                return TrialOutcome(reason="cancelled", message="not compiled: the search stopped first")
             with self._lock:
-                self._busy.add(id(worker))
+                self._busy[id(worker)] = tag
             try:
                 return worker.run(job, self.timeout)
             except WorkerError as e:
                 return TrialOutcome(reason="crash", message=str(e))
             finally:
                 with self._lock:
-                    self._busy.discard(id(worker))
+                    self._busy.pop(id(worker), None)
                 self._idle.put(worker)
 
         return self._executor.submit(task)
 
-    def kill_busy(self) -> None:
-        """Stop the compiles in flight (a time budget ran out): their workers restart on their next job."""
-        with self._lock:
-            busy = [w for w in self._all if id(w) in self._busy]
-        for w in busy:
-            w.close()
+    def kill_busy(self, tag: int | None = None) -> None:
+        """Stop the compiles in flight (of jobs submitted with ``tag``; None: all): their workers restart on their
+        next job."""
+        with self._lock:  # held while closing: a worker that moved on to a job of another tag is not hit
+            for w in self._all:
+                if id(w) in self._busy and (tag is None or self._busy[id(w)] == tag):
+                    w.close()
 
     def close(self) -> None:
         """Stop every compile worker (killing any compile in flight) and the threads."""

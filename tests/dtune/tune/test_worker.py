@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from dtune.tune import executor
 from dtune.tune.search import worker_env
 from dtune.tune.trials import TrialJob
-from dtune.tune.worker import Worker, must_restart
+from dtune.tune.worker import CompilePool, Worker, must_restart
 
 SHAPE = {"B": 1, "T": 2, "H": 1, "HV": 1, "K": 16, "V": 16}
 
@@ -44,3 +49,58 @@ def test_gpu_errors_restart_the_worker() -> None:
     assert must_restart("crash", "cuda") and must_restart("runtime", "cuda:1")
     assert not must_restart("gate", "cuda") and not must_restart(None, "cuda")
     assert not must_restart("crash", "cpu")
+
+
+def test_an_aborted_search_lets_its_compiles_finish_then_kills_the_rest(
+    fake: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a bucket's end (Evaluator.abort) a compile in flight runs on for the grace (what it builds stays in Triton's
+    cache, its worker needs no restart), a compile still running after it is killed, a job queued behind it is not
+    compiled at all, and a job of the next bucket gets the worker."""
+    monkeypatch.setattr(executor, "COMPILE_GRACE_S", 2.0)
+    ev = executor.Evaluator(worker_env(interpret=True), tmp_path, trial_timeout=60, compile_workers=1)
+    assert ev.pool is not None
+    try:
+        warm = ev.submit(job("ok")).result(timeout=120)  # the compile worker is up
+        assert warm.outcome.ok, warm.outcome.message
+        (worker,) = ev.pool._all
+        pid = worker.proc.pid if worker.proc else None
+        hung = ev.submit(job("hang"))  # compiles forever
+        queued = ev.submit(job("ok"))  # waits for the one compile worker
+        t0 = time.monotonic()
+        while not ev.pool._busy and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        ev.abort()
+        time.sleep(1.0)
+        assert worker.proc is not None and worker.proc.poll() is None and worker.proc.pid == pid  # within the grace
+        assert not hung.done()
+        a = hung.result(timeout=20).outcome
+        b = queued.result(timeout=20).outcome
+        assert time.monotonic() - t0 >= 2.0  # killed once the grace was over, not before
+        assert a.reason == "cancelled" and b.reason == "cancelled"
+        nxt = ev.submit(job("ok")).result(timeout=120).outcome
+        assert nxt.ok, nxt.message  # the next bucket's job: a fresh worker (the hung one was killed)
+        assert worker.restarts == 1
+    finally:
+        ev.close()
+
+
+def test_the_compile_pool_skips_jobs_it_is_told_to_and_kills_by_tag(fake: ModuleType, tmp_path: Path) -> None:
+    pool = CompilePool(1, worker_env(interpret=True), tmp_path, timeout=60)
+    stop = [False]
+    try:
+        hung = pool.submit(replace(job("hang"), compile_only=True), tag=1)
+        skipped = pool.submit(replace(job("ok"), compile_only=True), tag=1, skip=lambda: stop[0])
+        t0 = time.monotonic()
+        while not pool._busy and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        pool.kill_busy(2)  # another tag: nothing happens
+        time.sleep(0.5)
+        assert not hung.done()
+        stop[0] = True
+        pool.kill_busy(1)
+        assert hung.result(timeout=20).reason == "crash"
+        got = skipped.result(timeout=20)
+        assert got.reason == "cancelled" and "not compiled" in got.message
+    finally:
+        pool.close()
