@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -203,6 +204,13 @@ def tune_gpu(
         str, typer.Option(help="auto: the GPU present. Another GPU's key (see `dtune list`) only with --dry-run.")
     ] = "auto",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and the estimate; run nothing.")] = False,
+    missing: Annotated[
+        bool,
+        typer.Option(
+            "--missing",
+            help="Only the buckets that dtune's shipped configs for this GPU lack (the others keep their entries).",
+        ),
+    ] = False,
     interpret: InterpretOpt = False,
 ) -> None:
     """Tune every kernel's default buckets on this GPU by transfer from the shipped configs, export <gpu>.json, bench
@@ -216,7 +224,7 @@ def tune_gpu(
     use_interpreter(interpret)
     from dtune.gpu import get_profile, resolve_gpu
     from dtune.kernels import get_kernel
-    from dtune.tune.grid import Job, Ledger, default_kernels, make_plan, run_job
+    from dtune.tune.grid import Job, Ledger, default_kernels, make_plan, missing_from, run_job, shipped_file
     from dtune.tune.space import SpaceError
 
     if dtype not in (None, "fp32", "fp16", "bf16"):
@@ -239,8 +247,14 @@ def tune_gpu(
         profile = get_profile(gpu) if gpu != "auto" else resolve_gpu("auto", interpret=interpret)
         job_dir = out_path or Path("runs") / f"tune-{profile.key}"
         ledger = Ledger.load(job_dir, profile.key)
+        if missing:
+            base = shipped_file(profile.key)
+            plan = missing_from(plan, json.loads(base.read_text(encoding="utf-8")) if base else None)
     except (SpaceError, ValueError) as e:
         fail(str(e))
+    if not plan.steps:
+        out.print(f"every bucket of the plan has a shipped entry for {profile.key}: nothing to tune", highlight=False)
+        return
     ahead = compile_ahead
     if ahead is None:  # one core left for the timing worker and one for the rest; 14 keep one H200 busy
         ahead = 0 if interpret else max(0, min(14, (os.cpu_count() or 2) - 2))

@@ -220,6 +220,22 @@ def make_plan(
     return Plan(tuple(steps))
 
 
+def missing_from(plan: Plan, doc: Mapping[str, Any] | None) -> Plan:
+    """``plan`` without the buckets that ``doc`` (a tuned-config document of the job's GPU, or None: none) has an
+    entry for, kernel, dtype and bucket alike; a step left without buckets is dropped."""
+    if doc is None:
+        return plan
+    have = {(e["kernel"], e["dtype"], json.dumps(e["bucket"], sort_keys=True)) for e in doc.get("entries", [])}
+    steps = []
+    for s in plan.steps:
+        left = tuple(
+            b for b in s.buckets if (s.kernel, s.dtype, json.dumps(b.shape.bucket(), sort_keys=True)) not in have
+        )
+        if left:
+            steps.append(replace(s, buckets=left))
+    return Plan(tuple(steps))
+
+
 # ---------------------------------------------------------------------------------------------- the job's record
 
 

@@ -80,3 +80,28 @@ def test_another_gpus_job_folder_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "records a job on 'h200'" in result.output
     result = runner.invoke(app, ["tune-gpu", "--gpu", "h200", "--out", str(tmp_path / "other")])
     assert result.exit_code == 2 and "only with --dry-run" in result.output and not (tmp_path / "other").exists()
+
+
+def test_missing_plans_only_the_buckets_the_shipped_file_lacks() -> None:
+    """--missing on the H200: the plan is the default grid less every bucket dtune/configs/h200.json has an entry
+    for (counted here from the file itself), and the estimate follows."""
+    kernels = grid.default_kernels()
+    full = grid.make_plan(kernels, {k: "bf16" for k in kernels}, budget=30)
+    shipped = grid.shipped_file("h200")
+    assert shipped is not None
+    doc = json.loads(shipped.read_text())
+    have = {(e["kernel"], e["dtype"], json.dumps(e["bucket"], sort_keys=True)) for e in doc["entries"]}
+    lacking = [
+        b
+        for s in full.steps
+        for b in s.buckets
+        if (s.kernel, "bf16", json.dumps(b.shape.bucket(), sort_keys=True)) not in have
+    ]
+    assert 0 < len(lacking) < len(full.buckets())
+    args = ["tune-gpu", "--gpu", "h200", "--dry-run", "--budget", "30", "--no-bench"]
+    env = {"COLUMNS": "120", "TRITON_INTERPRET": "0"}  # the plan of the GPU, not the interpreter's tiny one
+    result = runner.invoke(app, [*args, "--missing"], env=env)
+    assert result.exit_code == 0, result.output
+    assert f"{len(lacking)} of {len(lacking)} buckets to tune" in " ".join(result.stdout.split())
+    full_run = runner.invoke(app, args, env=env)
+    assert f"{len(full.buckets())} of {len(full.buckets())} buckets to tune" in " ".join(full_run.stdout.split())

@@ -218,3 +218,16 @@ def test_a_config_file_is_validated_before_it_is_written(tmp_path: Path) -> None
         write_configs(doc, path, "h100")
     write_configs(doc, path, "h200")
     assert json.loads(path.read_text())["entries"][0]["config"] == {"BT": 32}
+
+
+def test_missing_from_drops_the_buckets_a_config_file_has_and_empty_steps() -> None:
+    plan = make_plan(["chunk_delta_rule"], {"chunk_delta_rule": "bf16"}, budget=30)
+    anchor, rest, packed = plan.steps
+    have = [anchor.buckets[0], *rest.buckets[:3], packed.buckets[0]]
+    doc = {"entries": [{"kernel": b.kernel, "dtype": "bf16", "bucket": b.shape.bucket()} for b in have]}
+    doc["entries"].append({"kernel": "chunk_delta_rule", "dtype": "fp32", "bucket": rest.buckets[3].shape.bucket()})
+    got = grid.missing_from(plan, doc)
+    assert [s.name for s in got.steps] == ["grid"]  # the anchor and the packed batch have entries
+    assert [b.key for b in got.steps[0].buckets] == [b.key for b in rest.buckets[3:]]  # an fp32 entry is no bf16 one
+    assert got.steps[0].seconds == rest.seconds
+    assert grid.missing_from(plan, None) == plan
