@@ -390,7 +390,9 @@ def main() -> None:
         all_cases = [tiny(c) for c in all_cases]
     print(f"{len(all_cases)} bucket(s) of {a.configs.name} ({table_.gpu}), OUT={out_dir()}", flush=True)
     rows: list[dict[str, Any]] = []
-    info: dict[str, Any] = {"configs": str(a.configs), "gpu": table_.gpu, "kernels": a.kernels}
+    path = a.configs.resolve()
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path  # no machine's checkout path in the record
+    info: dict[str, Any] = {"configs": str(shown), "gpu": table_.gpu, "kernels": a.kernels}
     with tempfile.TemporaryDirectory(prefix="dtune_loo_") as tmp:
         warming = start_warm(all_cases, 1 if a.interpret else a.jobs, a.interpret, Path(tmp))
         # timing wants a quiet GPU: wait for the compiles, leaving ~4 s a bucket for the timing itself

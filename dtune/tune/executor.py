@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +33,8 @@ class Evaluated:
 # How long abort lets the compiles in flight run on before it kills them (a chunk kernel's compile is 10-25 s on the
 # H200; killing one throws its work away and its worker's restart costs 5-10 s).
 COMPILE_GRACE_S = 15.0
+# ... and the trial being timed (a gate and its timing take 1-3 s; the next trial waits for the worker either way).
+TIMING_GRACE_S = 5.0
 # The outcome of a job that abort or close overtook (the caller has closed its trial already).
 CANCELLED = TrialOutcome(reason="cancelled", message="the search stopped before this trial finished")
 
@@ -77,7 +80,7 @@ class Evaluator:
         self._idle: queue.Queue[int] = queue.Queue()
         for i in range(len(self.timers)):
             self._idle.put(i)
-        self._busy: set[int] = set()
+        self._busy: dict[int, int] = {}  # timing worker index -> the generation of the job it runs
         self._lock = threading.Lock()
         self._generation = 0  # bumped by abort/close: a job started before it is over, whatever its worker says
         self._grace: list[threading.Timer] = []  # abort's deferred kills of the compiles it let run on
@@ -110,7 +113,7 @@ class Evaluator:
             built_ahead = ahead.built
         index = self._idle.get()
         with self._lock:
-            self._busy.add(index)
+            self._busy[index] = gen
         try:
             if stopped():
                 return Evaluated(CANCELLED, built_ahead)
@@ -119,7 +122,7 @@ class Evaluator:
             outcome = TrialOutcome(reason="crash", message=str(e))
         finally:
             with self._lock:
-                self._busy.discard(index)
+                self._busy.pop(index, None)
             self._idle.put(index)
         if stopped():  # its worker was killed by abort/close: no crash of the trial, and no sanitizer run
             return Evaluated(CANCELLED, built_ahead, self.devices[index])
@@ -131,22 +134,30 @@ class Evaluator:
 
     def abort(self) -> None:
         """Stop every job in flight now (their outcomes are discarded by the caller): kill the busy workers; each
-        restarts on its next job. Compiles in flight get :data:`COMPILE_GRACE_S` to finish first: Triton's cache keeps
+        restarts on its next job. A trial being timed gets :data:`TIMING_GRACE_S` to finish first (a timing worker's
+        restart costs a CUDA context and the imports), compiles in flight :data:`COMPILE_GRACE_S`: Triton's cache keeps
         what they build (the next bucket of the same head dims wants the same kernels: the sequence length is no
         specialisation), and their workers need no restart; jobs not yet started are not compiled."""
         with self._lock:
             self._generation += 1
             gen = self._generation - 1
         if self.pool is not None:
-            timer = threading.Timer(COMPILE_GRACE_S, self.pool.kill_busy, args=(gen,))
-            timer.daemon = True
-            timer.start()
-            self._grace.append(timer)
+            self._later(COMPILE_GRACE_S, self.pool.kill_busy, gen)
         sanitize.kill_running()
-        with self._lock:
-            busy = list(self._busy)
-        for index in busy:
-            self.timers[index].close()
+        self._later(TIMING_GRACE_S, self._kill_timers, gen)
+
+    def _later(self, seconds: float, fn: Callable[[int], None], gen: int) -> None:
+        timer = threading.Timer(seconds, fn, args=(gen,))
+        timer.daemon = True
+        timer.start()
+        self._grace.append(timer)
+
+    def _kill_timers(self, gen: int) -> None:
+        """Kill the timing workers still running a job of generation ``gen``."""
+        with self._lock:  # held while closing: a worker that moved on to a newer job is not hit
+            for index, tag in list(self._busy.items()):
+                if tag == gen:
+                    self.timers[index].close()
 
     def close(self) -> None:
         with self._lock:

@@ -291,9 +291,11 @@ def test_seeds_off_starts_from_the_default_and_transfer_seeds(tmp_path: Path) ->
     assert {p: rows.iloc[1][f"p.{p}"] for p in donor} == donor  # legal here (an illegal one would be dropped)
 
 
-@pytest.mark.parametrize("compile_ahead", [0, 2], ids=["in-turn", "compile-ahead"])
+@pytest.mark.parametrize(
+    ("compile_ahead", "strategy"), [(0, "pattern"), (2, "pattern"), (0, "tpe")], ids=["in-turn", "compile-ahead", "tpe"]
+)
 def test_a_short_budget_still_answers_the_transferred_configs_and_the_default(
-    tmp_path: Path, compile_ahead: int
+    tmp_path: Path, compile_ahead: int, strategy: str
 ) -> None:
     """Tuning by transfer on a budget shorter than one trial (tune-gpu's grid shares on a cold cache): each shape
     runs on until the default and every transferred config are answered, so the bucket's best is never a config
@@ -306,7 +308,7 @@ def test_a_short_budget_still_answers_the_transferred_configs_and_the_default(
     shapes = [Shape(2, 8, 2, 2, 32, 32), Shape(1, 12, 2, 2, 32, 32)]
     cfg = config(
         kernel, out, shapes=shapes, trials=None, timeout=0.01, seeds=False, transfer_from=(first,),
-        sampler="pattern", compile_ahead=compile_ahead,
+        sampler=strategy, compile_ahead=compile_ahead,
     )  # fmt: skip
     run_search(cfg)
     rows = pd.read_csv(out / "trials.csv")

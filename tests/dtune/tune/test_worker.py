@@ -104,3 +104,24 @@ def test_the_compile_pool_skips_jobs_it_is_told_to_and_kills_by_tag(fake: Module
         assert got.reason == "cancelled" and "not compiled" in got.message
     finally:
         pool.close()
+
+
+def test_an_aborted_search_lets_the_trial_being_timed_finish_and_keeps_its_worker(
+    fake: ModuleType, tmp_path: Path
+) -> None:
+    """A trial that ends within TIMING_GRACE_S of abort is discarded, not killed: the timing worker (a CUDA context
+    on a GPU) needs no restart for the next bucket's trials."""
+    ev = executor.Evaluator(worker_env(interpret=True), tmp_path, trial_timeout=60)
+    try:
+        assert ev.submit(job("ok")).result(timeout=120).outcome.ok  # the worker is up
+        (timer,) = ev.timers
+        fut = ev.submit(job("ok"))
+        t0 = time.monotonic()
+        while not ev._busy and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        ev.abort()
+        assert fut.result(timeout=20).outcome.reason == "cancelled"  # the search closed it already
+        assert ev.submit(job("ok")).result(timeout=60).outcome.ok
+        assert timer.restarts == 0
+    finally:
+        ev.close()
