@@ -225,7 +225,8 @@ class ShapeSearch:
                     for c in cands:
                         if self.stopping(should_stop):
                             break
-                        self.start(c, trials, in_flight, on_trial)
+                        if self.start(c, trials, in_flight, on_trial):
+                            self.answered(c)  # known, run by another process, pruned or a duplicate: no wait
                         if c.params is None or self.book.open:
                             trials = self.book.trials()
                 if not in_flight and not waiting:
@@ -251,29 +252,19 @@ class ShapeSearch:
     def stopping(self, should_stop: Callable[[], bool]) -> bool:
         return should_stop() or self.exhausted(self.finished())
 
+    def answered(self, c: Candidate) -> None:
+        if c.params is not None:
+            self.must_answer.discard(params_key({**self.baseline, **c.params}))
+
     def start(
         self,
         c: Candidate,
         trials: list[FrozenTrial],
         in_flight: dict[Future[Evaluated], Pending],
         on_trial: Callable[[], None],
-    ) -> None:
-        """Create the trial of ``c`` (or answer it from the study), check it, and submit it."""
-        if self.start_trial(c, trials, in_flight, on_trial):
-            self.answered(c)  # known, run by another process, pruned or a duplicate: nothing of it to wait for
-
-    def answered(self, c: Candidate) -> None:
-        if c.params is not None:
-            self.must_answer.discard(params_key({**self.baseline, **c.params}))
-
-    def start_trial(
-        self,
-        c: Candidate,
-        trials: list[FrozenTrial],
-        in_flight: dict[Future[Evaluated], Pending],
-        on_trial: Callable[[], None],
     ) -> bool:
-        """:meth:`start`'s work; True when ``c`` was answered without an evaluation of this process."""
+        """Create the trial of ``c`` (or answer it from the study), check it, and submit it; True when ``c`` was
+        answered without an evaluation of this process."""
         if c.params is not None:
             known = self.book.known(c, trials)
             if known is not None:
