@@ -243,7 +243,6 @@ class Intermediates:
     hbuf: Tensor | None = None  # chunk-start states [chunks, HV, K, V]
     vnew: Tensor | None = None  # V_new [tokens, HV, V]
     starts: Tensor | None = None  # sequence-parallel forward: the state entering each segment [NS, HV, K, V] float32
-    final: Tensor | None = None  # Gated DeltaNet: the final state [N, HV, K, V] (its gate's gradient: ⟨S_N, dS_N⟩)
 
     def tensors(self) -> dict[str, Tensor | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -256,14 +255,13 @@ class Tables:
     chunk_info: Tensor | None
     chunk_offsets: Tensor | None
     NC: int
-    chunk_seq: Tensor | None = None  # [NC] the sequence of each chunk (varlen only)
 
 
 def chunk_tables(B: int, T: int, BT: int, cu_seqlens: Tensor | None, device: torch.device) -> Tables:
     if cu_seqlens is None:
         return Tables(None, None, B * triton.cdiv(T, BT))
     t = build_tables(host_offsets(cu_seqlens), B, T, BT, 0, device)
-    return Tables(t.chunk_info, t.chunk_offsets, t.NC, t.chunk_seq)
+    return Tables(t.chunk_info, t.chunk_offsets, t.NC)
 
 
 def forward_intermediates(
@@ -441,7 +439,7 @@ def forward_for_training(
     save = bwd_config["SAVE"]
     if save == "none":
         o, ht = chunk_forward(q, k, v, gf, beta, gate, scale, initial_state, output_final_state, cu_seqlens, fwd_config)
-        return o, ht, Intermediates(final=ht if gate == "scalar" else None)
+        return o, ht, Intermediates()
     cfg = training_forward_config(fwd_config, bwd_config, gate)
     B, T = q.shape[:2]
     tables = chunk_tables(B, T, cfg["BT"], cu_seqlens, q.device)
@@ -456,7 +454,6 @@ def forward_for_training(
         inter.u = inter.starts = None  # the backward never reads U (nor, with the states kept, the segment starts)
     else:
         inter.hbuf = inter.vnew = None  # re-run in the backward (from the kept segment starts, if any)
-    inter.final = ht if gate == "scalar" else None  # (an output: saving it costs no memory)
     return out, ht, inter
 
 
@@ -564,7 +561,6 @@ def backward(
         # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------
         dg_out = dg if GATE == 2 else None
         dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
-        dg_tot = new_output(NK, HV, NC, dtype=torch.float32, device=dev) if GATE == 1 else None  # its chunk sums
         plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
         # dqk_TMA: its value-side and state tiles by TMA descriptors (fused; not where the key loop reads back the dVβ
         # it stores by pointers: TMA's async loads would need a proxy fence after those stores)
@@ -581,19 +577,15 @@ def backward(
             H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV,
             NV=triton.cdiv(V, dqk_BV), GATE=GATE, FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
             DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, num_warps=bwd_config["dqk_num_warps"],
-            num_stages=bwd_config["dqk_num_stages"], dg_tot=dg_tot, **tds,
+            num_stages=bwd_config["dqk_num_stages"], **tds,
         )  # fmt: skip
         inter.hbuf = inter.vnew = inter.ai = None
         del dh, dvn, dvb, daq, dak
 
         # ---- 5. dβ, Gated DeltaNet's dg ------------------------------------------------------------------------
-        # (Gated DeltaNet: each sequence's ⟨S_N, dS_N⟩, the end term of its gate's gradient)
-        pn = None
-        if GATE == 1 and dht is not None and saved.final is not None:
-            pn = (saved.final * dht).sum((-2, -1))  # [N, HV] float32
         chunk_bwd_finish_kernel[(NC, HV)](
-            g, dbeta_part, dg_part, dbeta, dg, dg_tot, pn, tables.chunk_seq, tables.chunk_info, T, ss,
-            HV=HV, BT=BT, NSLOT=nslot, NKG=NK, GATE=GATE, VARLEN=varlen, FLOOR=GATE_FLOOR, USE_PN=pn is not None,
+            g, dbeta_part, dg_part, dbeta, dg, tables.chunk_info, T, ss,
+            HV=HV, BT=BT, NSLOT=nslot, NKG=NK, GATE=GATE, VARLEN=varlen, FLOOR=GATE_FLOOR,
         )  # fmt: skip
     if grouped:
         G = HV // H

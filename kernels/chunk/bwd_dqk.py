@@ -148,7 +148,7 @@ def _v_contractions(
             b_dqt += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
             b_dkt += tl.dot(b_vn, tl.trans(b_x), input_precision=DOT_PREC)
             b_dkb -= tl.dot(b_dvb, tl.trans(b_h), input_precision=DOT_PREC)
-            if GATE == 2:  # (Gated DeltaNet's gate needs no Σ S_c ⊙ X_{c+1}: see bwd_finish)
+            if GATE != 0:
                 b_dec += tl.sum(b_h.to(tl.float32) * b_x.to(tl.float32), 1)
     return b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, b_dbv
 
@@ -169,7 +169,6 @@ def _key_tile(
     dq,
     dk,
     dg,
-    dg_tot,
     dbeta_part,
     b_Tt,
     b_daq,
@@ -243,7 +242,6 @@ def _key_tile(
         tl.store(dg + off_hk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
     elif GATE == 1:
         tl.store(dg + SS.to(tl.int64) * i_k + row + o_t * HV, b_dg, mask=m_t)  # partial over this key tile
-        tl.store(dg_tot + (i_k * HV + i_hv) * tl.num_programs(0) + i_c, tl.sum(b_dg, 0))  # its sum (rows >= L: 0)
     tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + off_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     tl.store(dbeta_part + (SLOT + i_k).to(tl.int64) * SS + row + o_t * HV, b_db, mask=m_t)
@@ -335,7 +333,6 @@ def chunk_bwd_dqk_kernel(
     v_td=None,
     h_td=None,
     x_td=None,
-    dg_tot=None,
 ):
     i_c, i_kp, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -396,16 +393,15 @@ def chunk_bwd_dqk_kernel(
         for i_k in range(NK):
             r0 = (i_k * L) // (NK * L + 1)  # zero (i_k < NK), not provably loop-invariant: see kda_pairwise
             _key_tile(
-                q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dg_tot, dbeta_part, b_Tt, b_daq, b_dak,
-                a_b, ak_b, b_beta, i_k, i_c, i_h, i_hv, bos, row, r0 + o_t, m_t, L, L, scale, r0, SLOT, SS,
+                q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
+                b_beta, i_k, i_c, i_h, i_hv, bos, row, r0 + o_t, m_t, L, L, scale, r0, SLOT, SS,
                 H, HV, K, V, BT, BC, BK, BV, NV, GATE, False, True, DT, DOT_PREC, FLOOR,
                 TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td,
             )  # fmt: skip
     else:  # one program per key tile: each does the value side (key tile 0 stores dv and dβ's v part)
         _key_tile(
-            q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dg_tot, dbeta_part, b_Tt, b_daq, b_dak,
-            a_b, ak_b, b_beta, i_kp, i_c, i_h, i_hv, bos, row, o_t, m_t, L, tl.where(i_kp == 0, L, 0), scale,
-            0, SLOT, SS,
+            q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
+            b_beta, i_kp, i_c, i_h, i_hv, bos, row, o_t, m_t, L, tl.where(i_kp == 0, L, 0), scale, 0, SLOT, SS,
             H, HV, K, V, BT, BC, BK, BV, NV, GATE, FUSED, DVB_GIVEN or not FUSED, DT, DOT_PREC, FLOOR,
             TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td,
         )  # fmt: skip

@@ -13,10 +13,8 @@ folded into ``dA_qk``; KDA's by pointers to memory, read by blocks in :mod:`.bwd
   ``dk_col += (dA_qk ⊙ D)ᵀ q + (β ⊙ dA_kk ⊙ D)ᵀ k``, ``R = (dA_kk ⊙ D) k``, ``dk_row += β R``, ``dβ += Σ_d k ⊙ R``;
   KDA's per-channel terms by blocks of ``BC`` rows (:mod:`.bwd_pairwise`);
 * the gate: ``dγ = q ⊙ dq + k ⊙ (dk_row − dk_col)``, plus ``dγ_C = Σ_i k̃_i ⊙ dk̃_i + e^{γ_C} d(e^{γ_C})`` on the
-  chunk's last row. That last-row term is ``⟨S_{c+1}, X_{c+1}⟩``, the chunk-end state against its adjoint. KDA:
-  ``dg_t = Σ_{i >= t} dγ_i`` (zero where the gate was below the floor: the clamp's gradient). Gated DeltaNet: ``dγ``
-  summed over these key channels without the last-row term (:mod:`.bwd_finish` forms it from the later chunks'
-  sums, the caller sums over key tiles, then the reverse cumsum).
+  chunk's last row. KDA: ``dg_t = Σ_{i >= t} dγ_i`` (zero where the gate was below the floor: the clamp's gradient);
+  Gated DeltaNet: ``dγ`` summed over these key channels (the caller sums over key tiles, then the reverse cumsum).
 """
 
 from __future__ import annotations
@@ -64,7 +62,7 @@ def chunk_local_grads(
 ):
     """``(dq, dk, dβ, dg)`` of one chunk and key tile (see the module): ``dq``, ``dk`` ``[BT, BK]`` float32, ``dβ``
     ``[BT]`` (the k side; the caller adds ``Σ_v dVβ ⊙ v``), ``dg``: KDA ``[BT, BK]`` (final), Gated DeltaNet
-    ``[BT]`` (``dγ`` of these key channels, without the last-row term), DeltaNet ``dβ`` again (unused).
+    ``[BT]`` (``dγ`` of these key channels), DeltaNet ``dβ`` again (unused).
 
     ``b_daq``/``b_dak``: both dA in registers, ``DT`` (DeltaNet, Gated DeltaNet); KDA reads them from ``a_b``/``ak_b``
     (the chunk's first row, row stride ``SA``). ``q_b``, ``k_b``: the chunk's first row of q and k (``[tokens, H, K]``,
@@ -96,8 +94,7 @@ def chunk_local_grads(
     b_dkrow = b_beta[:, None] * b_e * b_dkb
     b_dkcol = b_ekc * b_dkt
     b_db = tl.sum(b_dkb * (b_k * b_e), 1)
-    if GATE == 2:
-        b_dgc = tl.sum(b_k * b_dkcol, 0)  # Σ_i k̃_i ⊙ dk̃_i  [BK] (the gate's last-row term)
+    b_dgc = tl.sum(b_k * b_dkcol, 0)  # Σ_i k̃_i ⊙ dk̃_i  [BK] (the gate's last-row term)
 
     # ---- pairwise terms -----------------------------------------------------------------------------------------
     if GATE == 2:  # KDA's per-channel pairwise terms, by blocks of BC rows, accumulated in place
@@ -125,12 +122,14 @@ def chunk_local_grads(
     b_dg = b_db
     if GATE != 0:
         b_dgam = b_q * b_dq + b_k * (b_dkrow - b_dkcol)
+        last = (o_t == L - 1)[:, None]
         if GATE == 2:
             b_dgc += tl.exp(b_gC) * b_dec
-            b_dgam += tl.where((o_t == L - 1)[:, None], b_dgc[None, :], 0.0)
+            b_dgam += tl.where(last, b_dgc[None, :], 0.0)
             b_dg = tl.cumsum(b_dgam, 0, reverse=True)
             b_graw = tl.load(g_b + off_g, mask=m_tk, other=0).to(tl.float32)
             b_dg = tl.where(b_graw < FLOOR, 0.0, b_dg)
         else:
-            b_dg = tl.sum(b_dgam, 1)
+            b_dgc1 = tl.sum(b_dgc, 0) + tl.exp(b_gC1) * tl.sum(b_dec, 0)
+            b_dg = tl.sum(b_dgam, 1) + tl.where(o_t == L - 1, b_dgc1, 0.0)
     return b_dq, b_dkrow + b_dkcol, b_db, b_dg

@@ -2,7 +2,7 @@
 
 Chunks: every sequence starts its own chunks of ``BT`` tokens at its own offset; chunk ``c`` of the whole batch
 covers tokens ``[chunk_info[c, 0], min(chunk_info[c, 0] + BT, chunk_info[c, 1]))``; sequence ``n`` owns chunks
-``chunk_offsets[n] .. chunk_offsets[n + 1] - 1`` (``chunk_seq[c]`` is ``n``). A fixed-length ``[B, T]`` batch needs no chunk table (the kernels
+``chunk_offsets[n] .. chunk_offsets[n + 1] - 1``. A fixed-length ``[B, T]`` batch needs no chunk table (the kernels
 compute the same numbering), a varlen one (``cu_seqlens``) does.
 
 Segments (the sequence-parallel state pass, ``SEG_CHUNKS > 0``): each sequence is cut into runs of ``SEG_CHUNKS``
@@ -46,7 +46,6 @@ class ChunkTables:
     seq_bounds: Tensor | None  # [N + 1] int32: cu_seqlens on the device (varlen only)
     chunk_info: Tensor | None  # [NC, 2] int32 (first token, sequence end) (varlen only)
     chunk_offsets: Tensor | None  # [N + 1] int32 first chunk of each sequence (varlen only)
-    chunk_seq: Tensor | None  # [NC] int32 the sequence of each chunk (varlen only)
     segments: SegmentTable | None  # None: SEG_CHUNKS = 0, or no sequence has more than one segment
 
 
@@ -129,7 +128,6 @@ def _build_cached(
         parts["seq_bounds"] = offs
         parts["chunk_info"] = torch.stack([offs[seq] + idx * BT, offs[seq + 1]], 1).reshape(-1)
         parts["chunk_offsets"] = chunk_offsets
-        parts["chunk_seq"] = seq
     n_segs = (counts + seg_chunks - 1) // seg_chunks if seg_chunks > 0 else counts.clamp(max=1)
     use_segments = seg_chunks > 0 and bool((n_segs > 1).any())
     NS = int(n_segs.sum())
@@ -152,9 +150,7 @@ def _build_cached(
         segments = SegmentTable(
             NS, seg_chunks, inner_tokens, dev["seg_bounds"], dev["seg_chunks"], dev["seg_last"], dev["seq_segments"]
         )
-    return ChunkTables(
-        NC, dev.get("seq_bounds"), dev.get("chunk_info"), dev.get("chunk_offsets"), dev.get("chunk_seq"), segments
-    )
+    return ChunkTables(NC, dev.get("seq_bounds"), dev.get("chunk_info"), dev.get("chunk_offsets"), segments)
 
 
 def _upload(parts: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:

@@ -107,7 +107,6 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     dqk |= {"DVB_GIVEN": rev_dv}
     dqk |= {"daq": p, "dak": p} if G == 2 or not fused else {}
     dqk |= {"dg": f32} if G else {}
-    dqk |= {"dg_tot": f32} if G == 1 else {}
     dqk |= dict(BC=cfg.get("dqk_BC", BC), BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
     dqk |= dict(FUSED=fused, KLOOP=bool(cfg["dqk_KLOOP"]) and NK > 1, NK=NK)
     kloop_stores = dqk["KLOOP"] and not rev_dv
@@ -131,8 +130,7 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     out.append(("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]))
     fin = dict(HV=4, BT=BT, VARLEN=varlen, T="i32", SS="i32", dbeta_part=f32, dbeta=p, NSLOT=3, NKG=NK, GATE=G)
     fin |= table | {"FLOOR": GATE_FLOOR}
-    fin |= {"g": f32, "dg_part": f32, "dg": f32, "dg_tot": f32, "pn": f32, "USE_PN": True} if G == 1 else {}
-    fin |= {"chunk_seq": "*i32"} if G == 1 and varlen else {}
+    fin |= {"g": f32, "dg_part": f32, "dg": f32} if G == 1 else {}
     out.append(("finish", chunk_bwd_finish_kernel, fin, 4, 1))
     if cfg["SAVE"] == "all":  # the forward under autograd: the fused state pass storing the chunk states too
         fwd = dict(common, q=p, k=p, w=p, u=p, aqk=p, h0=f32, ht=f32, hbuf=p, vnew=p, o=p)
