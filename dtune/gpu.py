@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
@@ -128,6 +129,35 @@ def detect(index: int = 0) -> str | None:
     """The profile key of the CUDA GPU present, or None (no GPU, or a model without a profile)."""
     name = device_name(index)
     return None if name is None else key_for_name(name)
+
+
+def kin(key: str, candidates: Iterable[str]) -> str | None:
+    """The GPU among ``candidates`` (profile keys, e.g. those with shipped tuned configs) whose tuned configs serve
+    ``key`` best when ``key`` has none of its own: the same compute capability, shared memory per block and registers
+    per SM (the limits the search spaces' constraints read, so every config of one is legal and fits on the other),
+    then the nearest SM count and memory bandwidth. None when no candidate is of the same kind (another architecture:
+    the templates' defaults serve it)."""
+    mine = _table().get(key.lower())
+    if mine is None or key.lower() == CPU_KEY:
+        return None
+    p = mine[0]
+    same = [
+        c
+        for c in candidates
+        if c.lower() != key.lower()
+        and c.lower() in _table()
+        and ((q := _table()[c.lower()][0]).cc_major, q.cc_minor) == (p.cc_major, p.cc_minor)
+        and q.smem_per_block == p.smem_per_block
+        and q.regs_per_sm == p.regs_per_sm
+    ]
+    if not same:
+        return None
+
+    def gap(c: str) -> tuple[int, float]:
+        q = _table()[c.lower()][0]
+        return abs(q.sm_count - p.sm_count), abs(q.hbm_gbs - p.hbm_gbs)
+
+    return min(sorted(same), key=gap)
 
 
 def resolve_gpu(key: str, allow_mismatch: bool = False, interpret: bool = False) -> GpuProfile:

@@ -1,17 +1,18 @@
 """Tuned-config store and run-time dispatch: which config an op launches when the caller passes none.
 
-:func:`tuned_config` runs on every op call (decode steps included), so after the first call for a given
-(kernel, shape, dtype, device) it is one dict lookup; the only device query is the GPU's name, cached.
-Sources, first match wins: a file loaded with :func:`load_configs`; the file named by ``DTUNE_CONFIG``; the
-configs shipped for this GPU in ``dtune/configs/<gpu>.json``. Within a file the entries of the call's kernel and
-dtype are candidates: the call's own bucket (:meth:`dtune.shape.Shape.lookup_bucket`) is used verbatim
+:func:`tuned_config` runs on every op call (decode steps included), so after the first call for a given (kernel,
+shape, dtype, device) it is one dict lookup; the only device query is the GPU's name, cached. Sources, first match
+wins: a file loaded with :func:`load_configs`; the file named by ``DTUNE_CONFIG``; the configs shipped for this GPU in
+``dtune/configs/<gpu>.json``, or, with none shipped for it, those of a GPU of its kind (:func:`kin_gpu`: same
+architecture, shared memory and registers; an H100 reads the H200's). Within a file the entries of the call's kernel
+and dtype are candidates: the call's own bucket (:meth:`dtune.shape.Shape.lookup_bucket`) is used verbatim
 (``exact``); else the config is built from the nearest tuned buckets and adjusted to the shape (``borrowed``:
-:mod:`dtune.borrow` — the same head dims first, then the nearest sequence length, with the sequence-parallel
-segment length for the call's sequences and tiles fitted to its head dims); with no entry for the kernel and dtype,
-None (the template's default). :func:`tuned_choice` says which it was and what was changed. Every config is
-re-checked against the template's legal values when the file is read. A corrupt or mismatched file is an error when
-loaded explicitly and a warning (the defaults are used) from ``DTUNE_CONFIG`` or the shipped folder: never a wrong
-kernel. On the CPU (Triton's interpreter) there is no tuned config: None.
+:mod:`dtune.borrow` — the same head dims first, then the nearest sequence length, with the sequence-parallel segment
+length for the call's sequences and tiles fitted to its head dims); with no entry for the kernel and dtype, None (the
+template's default). :func:`tuned_choice` says which it was and what was changed. Every config is re-checked against
+the template's legal values when the file is read. A corrupt or mismatched file is an error when loaded explicitly and
+a warning (the defaults are used) from ``DTUNE_CONFIG`` or the shipped folder: never a wrong kernel. On the CPU
+(Triton's interpreter) there is no tuned config: None.
 """
 
 from __future__ import annotations
@@ -230,14 +231,34 @@ def _configs_for(gpu: str) -> TunedConfigs | None:
     else:
         env = os.environ.get(ENV)
         ref = resources.files("dtune.configs").joinpath(f"{gpu}.json")
+        key = gpu
+        if not env and not ref.is_file() and (other := kin_gpu(gpu)) is not None:
+            key, ref = other, resources.files("dtune.configs").joinpath(f"{other}.json")
         source = env if env else (str(ref) if ref.is_file() else None)
         if source is not None:
             try:
-                found = read_configs(source, gpu)
+                found = read_configs(source, key)
             except ConfigFileError as e:
                 warnings.warn(f"dtune: {e}; using default configs", RuntimeWarning, stacklevel=4)
     _loaded[gpu] = found
     return found
+
+
+def shipped_gpus() -> list[str]:
+    """The GPU keys with a shipped tuned-config file (``dtune/configs/<gpu>.json``)."""
+    return sorted(
+        r.name[: -len(".json")] for r in resources.files("dtune.configs").iterdir() if r.name.endswith(".json")
+    )
+
+
+def kin_gpu(gpu: str) -> str | None:
+    """The GPU whose shipped configs the ops read on ``gpu`` when none are shipped for it: one of the same kind
+    (:func:`dtune.gpu.kin`: same compute capability, shared memory and registers, so its configs are legal here; an
+    H100 reads the H200's). None when ``gpu`` has its own file, or no shipped file is of its kind."""
+    from dtune.gpu import kin
+
+    have = shipped_gpus()
+    return None if gpu in have else kin(gpu, have)
 
 
 def gpu_key(device: torch.device) -> str | None:
@@ -261,6 +282,7 @@ class SourceStatus:
     entries: int = 0
     error: str | None = None  # why it cannot be used (corrupt, unreadable, another GPU)
     active: bool = False  # the file the ops read on this machine's GPU
+    kin: str | None = None  # active for this GPU although tuned on another of its kind (kin_gpu)
 
 
 def config_status(gpu: str | None) -> list[SourceStatus]:
@@ -290,10 +312,12 @@ def config_status(gpu: str | None) -> list[SourceStatus]:
                 except ConfigFileError as e:
                     out.append(SourceStatus("shipped", str(ref), error=str(e)))
     if gpu is not None and not (out and out[0].origin == "load_configs()"):
-        # The first usable file for this GPU is in force (DTUNE_CONFIG hides the shipped files, as at run time).
+        # The first usable file for this GPU is in force (DTUNE_CONFIG hides the shipped files, as at run time); with
+        # none shipped for it, the shipped file of a GPU of its kind (kin_gpu).
+        kin = None if env else kin_gpu(gpu)
         for i, st in enumerate(out):
-            if st.error is None and st.gpu == gpu:
-                out[i] = SourceStatus(st.origin, st.path, st.gpu, st.entries, None, True)
+            if st.error is None and (st.gpu == gpu or (st.origin == "shipped" and st.gpu == kin)):
+                out[i] = SourceStatus(st.origin, st.path, st.gpu, st.entries, None, True, st.gpu if kin else None)
                 break
     return out
 

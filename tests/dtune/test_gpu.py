@@ -80,3 +80,18 @@ def test_unprofiled_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(GpuError, match="does not match"):
         resolve_gpu("l40s")
     assert resolve_gpu("l40s", allow_mismatch=True).key == "l40s"
+
+
+@pytest.mark.parametrize(
+    ("key", "candidates", "expected"),
+    [
+        ("h100", ["h200"], "h200"),  # the same die: every H200 config is legal and fits on an H100
+        ("h100", ["a100", "b200", "h200"], "h200"),  # other architectures never serve
+        ("h200", ["h200"], None),  # a GPU is not its own kin
+        ("a100", ["h200", "b200"], None),  # nothing of its kind: the templates' defaults
+        ("cpu", ["h200"], None),
+        ("nope", ["h200"], None),
+    ],
+)
+def test_kin_is_a_gpu_of_the_same_kind(key: str, candidates: list[str], expected: str | None) -> None:
+    assert gpu.kin(key, candidates) == expected

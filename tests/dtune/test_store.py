@@ -163,3 +163,26 @@ def test_corrupt_env_file_is_a_warning(tmp_path: Path, on_h100: None, monkeypatc
     store.reset()
     monkeypatch.setenv(store.ENV, str(write(tmp_path, doc(), "good.json")))
     assert tuned_config(KDA, problem(1, 1), torch.bfloat16, CUDA) == {"BV": 8, "num_warps": 4, "num_stages": 1}
+
+
+GDN = "chunk_gated_delta_rule"
+
+
+def test_a_gpu_without_shipped_configs_reads_those_of_its_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H100 (no h100.json shipped) runs the H200's tuned configs, not the templates' defaults; an A100 (no GPU of
+    its kind ships configs) the defaults; dtune list names the file in force and why."""
+    monkeypatch.delenv(store.ENV, raising=False)
+    store.reset()
+    assert "h100" not in store.shipped_gpus() and "h200" in store.shipped_gpus()
+    h200 = read_configs(Path(str(store.resources.files("dtune.configs").joinpath("h200.json"))))
+    anchor = next(e for e in h200.entries if e.kernel == GDN and e.bucket["T"] == 4096 and e.bucket["B"] == 8)
+    p = Shape(B=8, T=4096, H=16, HV=16, K=128, V=128, N=8, gate=Gate.SCALAR)
+    monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "h100")
+    assert tuned_config(GDN, p, torch.bfloat16, CUDA) == anchor.config
+    (active,) = [st for st in store.config_status("h100") if st.active]
+    assert (active.gpu, active.kin) == ("h200", "h200")
+    store.reset()
+    monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "a100")
+    assert tuned_config(GDN, p, torch.bfloat16, CUDA) is None
+    assert not any(st.active for st in store.config_status("a100"))
+    store.reset()
