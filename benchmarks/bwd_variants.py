@@ -118,6 +118,13 @@ VARIANTS: list[Variant] = [
     ("no w", {**SHIP_B1, **_NO_W}, ("b1",), DN_GDN),
     # Gated DeltaNet B8 without W, W rebuilt off the reverse pass's chain (2.498 against 2.440)
     ("w rebuilt", {**SHIP_GDN_B8, "fh_W": "rebuilt", **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
+    # the reverse pass by value tiles of 64 at 8 warps: Gated DeltaNet's compiles without spills (sm_90a, Triton 3.6;
+    # 156 bytes at dh_BV = 128, where ncu on an H100 finds its L1TEX stalls on local memory 46% of the cycles), two
+    # programs per sequence and head (two waves at B = 8)
+    ("dh-bv64", {**SHIP_GDN_B8, "dh_BV": 64}, ("b8",), (Gate.SCALAR,)),
+    ("dh-bv64 tma s2", {**SHIP_GDN_B8, "dh_BV": 64, **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
+    ("dh-bv64", {**SHIP_DN_B8, "dh_BV": 64}, ("b8",), (Gate.NONE,)),
+    ("dh-bv64", {**SHIP_B1, "dh_BV": 64}, ("b1",), DN_GDN),
 ]
 
 
