@@ -101,7 +101,10 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # DeltaNet's dq/dk stage at 4 warps, KDA's dq/dk pipeline 3 deep, no U alone, no A_qk alone, stage 1 storing T alone
 # at B1 and for Gated DeltaNet, W rebuilt in the reverse pass, the reverse pass by TMA single buffered, and the dq/dk
 # stage by TMA on top of it. Shipped from that run: the reverse pass by TMA double buffered (DeltaNet B8 and B1, Gated
-# DeltaNet B1, KDA B8) and KDA's B1 dq/dk stage by value tiles of 128.
+# DeltaNet B1, KDA B8) and KDA's B1 dq/dk stage by value tiles of 128. Timed on an H100 at commit 7825555 and slower
+# (reports/h100/training/bwd_variants*.csv): the B8 reverse pass by value tiles of 64 at 8 warps, which compiles
+# without spills for Gated DeltaNet but runs two waves of programs (its launch 0.922 ms, 0.796 by TMA double
+# buffered, against the shipped 0.723; DeltaNet's step 2.422 ms against 2.069).
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
     # Gated DeltaNet's B8 reverse pass double buffered by pointer loads, and by TMA (2.443 against 2.440 at bf1f65d)
@@ -118,13 +121,6 @@ VARIANTS: list[Variant] = [
     ("no w", {**SHIP_B1, **_NO_W}, ("b1",), DN_GDN),
     # Gated DeltaNet B8 without W, W rebuilt off the reverse pass's chain (2.498 against 2.440)
     ("w rebuilt", {**SHIP_GDN_B8, "fh_W": "rebuilt", **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
-    # the reverse pass by value tiles of 64 at 8 warps: Gated DeltaNet's compiles without spills (sm_90a, Triton 3.6;
-    # 156 bytes at dh_BV = 128, where ncu on an H100 finds its L1TEX stalls on local memory 46% of the cycles), two
-    # programs per sequence and head (two waves at B = 8)
-    ("dh-bv64", {**SHIP_GDN_B8, "dh_BV": 64}, ("b8",), (Gate.SCALAR,)),
-    ("dh-bv64 tma s2", {**SHIP_GDN_B8, "dh_BV": 64, **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
-    ("dh-bv64", {**SHIP_DN_B8, "dh_BV": 64}, ("b8",), (Gate.NONE,)),
-    ("dh-bv64", {**SHIP_B1, "dh_BV": 64}, ("b1",), DN_GDN),
 ]
 
 
