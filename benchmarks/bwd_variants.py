@@ -121,6 +121,13 @@ VARIANTS: list[Variant] = [
     ("no w", {**SHIP_B1, **_NO_W}, ("b1",), DN_GDN),
     # Gated DeltaNet B8 without W, W rebuilt off the reverse pass's chain (2.498 against 2.440)
     ("w rebuilt", {**SHIP_GDN_B8, "fh_W": "rebuilt", **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
+    # the reverse pass's last chain product accumulated by the dot (dh_ACC) in the form the gate does not default to
+    # (on for Gated DeltaNet; H100 at 9a6c704, both forms interleaved in one process: Gated DeltaNet 2.619 -> 2.601 and
+    # 3.622 -> 3.402 ms with it, DeltaNet 2.095 -> 2.142 and 2.969 -> 2.944, KDA 4.545 -> 4.542 and 5.558 -> 5.572)
+    ("dh-acc off", {**SHIP_GDN_B8, "dh_ACC": False}, ("b8",), (Gate.SCALAR,)),
+    ("dh-acc off", {**SHIP_B1, "dh_ACC": False}, ("b1",), (Gate.SCALAR,)),
+    ("dh-acc on", {**SHIP_DN_B8, "dh_ACC": True}, ("b8",), (Gate.NONE,)),
+    ("dh-acc on", {**SHIP_B1, "dh_ACC": True}, ("b1",), (Gate.NONE,)),
 ]
 
 

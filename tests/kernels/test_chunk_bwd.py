@@ -254,6 +254,16 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add("fhW-dhTMA-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT32, **wr, **TMA_DH, "SAVE": "all"},
         seq_lens=[1, 40, 0, 20])  # fmt: skip
 
+# The reverse pass's last chain product accumulated by the dot, an operand negated (dh_ACC), in the form that is not the
+# gate's default (on for Gated DeltaNet, whose other cases run it): W read, kv and vk, odd T with strong decays, K != V,
+# grouped heads, the segmented pass (phase 1's transitions too) with REVERSE_DV; W formed from K (fh_W) transposed
+for gate in Gate:
+    flip = {"dh_ACC": gate != Gate.SCALAR}
+    add("dhACC-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **flip}, scale=0.3, gate_min=-60.0)
+    add("dhACC-vk-revdv-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **flip, **VK, **rdv, "dh_SEG_CHUNKS": 2})
+    if gate != Gate.CHANNEL:
+        add("dhACC-fhW-vk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **wr, **VK, **flip}, gate_min=-60.0)
+
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
 def test_gradients_match_loop(

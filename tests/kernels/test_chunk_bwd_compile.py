@@ -88,6 +88,7 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     # stage 1 storing T alone (fh_W: Wᵀ dV_new from K and dVβ) and no A_qk (fh_AQK: formed from q and k)
     w_rec, qk_rec = cfg.get("fh_W", "stored") != "stored", cfg.get("fh_AQK") == "recomputed"
     state |= dict(W_FROM_K=cfg.get("fh_W") == "recomputed", W_REBUILD=cfg.get("fh_W") == "rebuilt", QK_RE=qk_rec)
+    state |= dict(X_ACC=cfg["dh_ACC"])
     if cfg.get("dh_TMA") and state["BK"] == K and V % dh_BV == 0:  # its tiles by TMA descriptors
         td = {"do_td": dh_BV, "q_td": K, "k_td": K} | ({} if w_rec else {"w_td": K}) | ({} if qk_rec else {"a_td": BT})
         td |= {"t_td": BT, "v_td": dh_BV} if rev_dv else {}
