@@ -42,6 +42,17 @@ for gate in Gate:
     CASES[f"{tag}-B1-T5000-H2-HV4-K128-seg"] = (
         Shape(1, 5000, 2, 4, 128, 128, 1, gate), None, {**vk, "dh_SEG_CHUNKS": 16}, SEG_FWD,
     )  # fmt: skip
+    # the reverse pass's last chain product in the form that is not the gate's default (dh_ACC; on for Gated DeltaNet),
+    # with W read, and (DeltaNet, Gated DeltaNet) formed from K as the shipped B8 entries do (fh_W)
+    flip = {"dh_ACC": gate is not Gate.SCALAR}
+    CASES[f"{tag}-B2-T1000-H4-HV8-K128-vk128-acc"] = (
+        Shape(2, 1000, 4, 8, 128, 128, 2, gate), None, {**vk, **flip}, None,
+    )  # fmt: skip
+    if gate is not Gate.CHANNEL:
+        nw = {"REVERSE_DV": True, "fh_U": "recomputed", "fh_W": "recomputed", "SAVE": "all"}
+        CASES[f"{tag}-B2-T777-H2-K128-fhW-acc"] = (
+            Shape(2, 777, 2, 2, 128, 128, 2, gate), None, {**vk, **nw, **flip}, None,
+        )  # fmt: skip
     CASES[f"{tag}-varlen-K96-V64-seg"] = (
         Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64], {**vk, "dh_BV": 64, "dh_SEG_CHUNKS": 8},
         SEG_FWD,
