@@ -291,19 +291,26 @@ def test_seeds_off_starts_from_the_default_and_transfer_seeds(tmp_path: Path) ->
     assert {p: rows.iloc[1][f"p.{p}"] for p in donor} == donor  # legal here (an illegal one would be dropped)
 
 
+@pytest.fixture(scope="module")
+def donor_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of three buckets (read only by the tests that transfer from it)."""
+    first = tmp_path_factory.mktemp("donors")
+    donors = [Shape(2, 4, 2, 2, 32, 32), Shape(2, 16, 2, 2, 32, 32), Shape(1, 32, 2, 2, 32, 32)]
+    run_search(config("fused_recurrent_delta_rule", first, shapes=donors, trials=3, sampler="random", seed=5))
+    return first
+
+
 @pytest.mark.parametrize(
     ("compile_ahead", "strategy"), [(0, "pattern"), (2, "pattern"), (0, "tpe")], ids=["in-turn", "compile-ahead", "tpe"]
 )
 def test_a_short_budget_still_answers_the_transferred_configs_and_the_default(
-    tmp_path: Path, compile_ahead: int, strategy: str
+    tmp_path: Path, donor_run: Path, compile_ahead: int, strategy: str
 ) -> None:
     """Tuning by transfer on a budget shorter than one trial (tune-gpu's grid shares on a cold cache): each shape
     runs on until the default and every transferred config are answered, so the bucket's best is never a config
     slower than the donors it started from."""
     kernel = "fused_recurrent_delta_rule"
-    first = tmp_path / "first"
-    donors = [Shape(2, 4, 2, 2, 32, 32), Shape(2, 16, 2, 2, 32, 32), Shape(1, 32, 2, 2, 32, 32)]
-    run_search(config(kernel, first, shapes=donors, trials=3, sampler="random", seed=5))
+    first = donor_run
     out = tmp_path / "short"
     shapes = [Shape(2, 8, 2, 2, 32, 32), Shape(1, 12, 2, 2, 32, 32)]
     cfg = config(
