@@ -277,10 +277,15 @@ def chunk_bwd_state_kernel(
             tl.store(dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t)  # this V tile's slot
         elif SEG != 1:
             tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
+        # the chain's last product Wᵀ dV_new, from its operands: the dV side (b_l) and the K side (b_r); with X_ACC one
+        # of them negated, X the dot's accumulator
         if W_FROM_K:  # Wᵀ dV_new = (β e^γ ⊙ K)ᵀ Tᵀ dV_new = (β e^γ ⊙ K)ᵀ dVβ: no W read
             b_rk = b_beta * tl.exp(b_gam) if GATE == 1 else b_beta
-            b_kb = (b_k * (-b_rk if X_ACC else b_rk)[:, None]).to(DT)  # (X_ACC: negated, X the dot's accumulator)
-            b_dvbc = b_dvb.to(DT)
+            b_r = (b_k * (-b_rk if X_ACC else b_rk)[:, None]).to(DT)
+            b_l = b_dvb.to(DT)
+        else:
+            b_r = b_w
+            b_l = -b_dvc if X_ACC else b_dvc
 
         if GATE == 2:
             b_x *= b_dec[None, :] if TRANS else b_dec[:, None]
@@ -288,24 +293,16 @@ def chunk_bwd_state_kernel(
             b_x *= tl.exp(b_gC)
         if TRANS:
             b_x += tl.dot(b_do, b_qg, input_precision=DOT_PREC)
-            if W_FROM_K and X_ACC:
-                b_x = tl.dot(b_dvbc, b_kb, b_x, input_precision=DOT_PREC)
-            elif W_FROM_K:
-                b_x -= tl.dot(b_dvbc, b_kb, input_precision=DOT_PREC)
-            elif X_ACC:
-                b_x = tl.dot(-b_dvc, b_w, b_x, input_precision=DOT_PREC)
+            if X_ACC:
+                b_x = tl.dot(b_l, b_r, b_x, input_precision=DOT_PREC)
             else:
-                b_x -= tl.dot(b_dvc, b_w, input_precision=DOT_PREC)
+                b_x -= tl.dot(b_l, b_r, input_precision=DOT_PREC)
         else:
             b_x += tl.dot(tl.trans(b_qg), b_do, input_precision=DOT_PREC)
-            if W_FROM_K and X_ACC:
-                b_x = tl.dot(tl.trans(b_kb), b_dvbc, b_x, input_precision=DOT_PREC)
-            elif W_FROM_K:
-                b_x -= tl.dot(tl.trans(b_kb), b_dvbc, input_precision=DOT_PREC)
-            elif X_ACC:
-                b_x = tl.dot(tl.trans(b_w), -b_dvc, b_x, input_precision=DOT_PREC)
+            if X_ACC:
+                b_x = tl.dot(tl.trans(b_r), b_l, b_x, input_precision=DOT_PREC)
             else:
-                b_x -= tl.dot(tl.trans(b_w), b_dvc, input_precision=DOT_PREC)
+                b_x -= tl.dot(tl.trans(b_r), b_l, input_precision=DOT_PREC)
 
     if SEG == 1:
         # the extended adjoint [K, V + K] of this segment: R_seg in columns :V, P_seg in columns V:
