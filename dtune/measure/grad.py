@@ -122,6 +122,35 @@ def op_step(
     return step_call(forward, x)
 
 
+def op_step_stages(kernel: str, x: dict[str, Any], bwd_config: dict[str, Any] | None) -> list[Any]:
+    """The launches of :func:`op_step`'s step as named stages (:func:`dtune.kernels.chunk.backward.plan_step`: the
+    forward under autograd, then each backward launch), each runnable alone once all ran in order, for the stage-wise
+    search to time one stage by itself. The forward config is the op's (tuned for the shape, else the default) and
+    ``bwd_config`` is completed as the op completes it; ``x`` holds the output gradients (:func:`with_output_grads`)."""
+    from dtune.inputs import check_inputs
+    from dtune.kernels import get_kernel
+    from dtune.kernels.chunk.backward import plan_step
+    from dtune.ops import GATES
+    from dtune.store import tuned_config
+
+    spec = get_kernel(kernel)
+    if not spec.backward:
+        raise ValueError(f"{kernel} is no backward kernel (its stages are its plan's: dtune.measure.harness.op_stages)")
+    fwd_spec = get_kernel(spec.forward_kernel)
+    q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
+    h0, cu = x.get("initial_state"), x.get("cu_seqlens")
+    problem = check_inputs(q, k, v, g, beta, GATES[fwd_spec.gate], x.get("scale"), h0, cu, False)
+    fwd = fwd_spec.check_config(problem.K, problem.V, tuned_config(fwd_spec.name, problem, v.dtype, v.device))
+    if bwd_config is None:
+        bwd_config = tuned_config(kernel, problem, v.dtype, v.device)
+    bwd = spec.check_config(problem.K, problem.V, bwd_config)
+    scale = problem.K**-0.5 if x.get("scale") is None else float(x["scale"])
+    do, dht = (x["do"], x.get("dht")) if "do" in x else output_grads(x)
+    final = bool(x.get("output_final_state", False))
+    stages, _ = plan_step(q, k, v, g, beta, fwd_spec.gate, scale, h0, final, cu, fwd, bwd, do, dht)
+    return stages
+
+
 def reference_bytes(p: Any) -> float:
     """Rough float64 bytes of autograd through the chunked reference on shape ``p`` (a :class:`dtune.shape.Shape`):
     ~3 saved states per chunk and ~16 token-sized tensors."""

@@ -108,12 +108,17 @@ def op_stages(run: OpRun, config: dict[str, Any]) -> list[Stage]:
     A template family that has ``plan(q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens,
     config)`` (the chunk pipeline) gives its named stages, which allocate their buffers once: run them in order once
     before timing any one alone. Any other kernel is one stage named after it. Stage names are the family's data
-    (a search space maps them to its stages); nothing here knows them. A backward kernel is one stage: its step.
+    (a search space maps them to its stages); nothing here knows them. A backward kernel's stages are its training
+    step's (:func:`dtune.measure.grad.op_step_stages`).
     """
     from dtune.kernels import get_kernel
 
     spec = get_kernel(run.kernel)
-    plan = None if spec.backward else getattr(spec.module, "plan", None)  # a backward kernel: its training step
+    if spec.backward:  # its training step: the forward under autograd, then each backward launch
+        from dtune.measure.grad import op_step_stages
+
+        return op_step_stages(run.kernel, run.inputs, config)
+    plan = getattr(spec.module, "plan", None)
     if plan is None:
         return [OpStage(run.kernel, run.call(config), run.work.flops, run.work.bytes)]
     x = run.inputs

@@ -54,7 +54,9 @@ under autograd ``fh_*`` (its loads by TMA: ``fh_TMA``), stage 1's ``fi_*``; KDA'
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -74,6 +76,7 @@ from .call import tile as _tile
 from .intra_blocks import chunk_intra_blocks_kernel
 from .intra_kda import chunk_intra_onepass_kernel
 from .output import launch_output
+from .pipeline import Stage
 from .pipeline import forward as chunk_forward
 from .segments import launch_segment_starts
 from .state import launch_state, launch_transitions
@@ -441,27 +444,311 @@ def forward_for_training(
     bwd_config: Config,
 ) -> tuple[Tensor, Tensor | None, Intermediates]:
     """The forward under autograd: ``(o, final state or None, what to save for the backward)`` by ``SAVE``."""
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    gf = None if g is None else g.contiguous()  # the forward's kernels clamp it at load (GATE_FLOOR)
-    save = bwd_config["SAVE"]
-    if save == "none":
-        o, ht = chunk_forward(q, k, v, gf, beta, gate, scale, initial_state, output_final_state, cu_seqlens, fwd_config)
-        return o, ht, Intermediates()
-    cfg = training_forward_config(fwd_config, bwd_config, gate)
-    B, T = q.shape[:2]
-    tables = chunk_tables(B, T, cfg["BT"], cu_seqlens, q.device)
-    # "intra" runs the state pass as the forward config says (fused output, or states kept for the output stage)
-    states = "keep" if save == "all" or not cfg["FUSE_OUTPUT"] else "fused"
-    inter, out, ht = forward_intermediates(
-        q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg, states=states, output=True,
-        final_state=output_final_state, store_w=bwd_config.get("fh_W", "stored") == "stored",
-    )  # fmt: skip
-    assert out is not None
-    if save == "all":
-        inter.u = inter.starts = None  # the backward never reads U (nor, with the states kept, the segment starts)
-    else:
-        inter.hbuf = inter.vnew = None  # re-run in the backward (from the kept segment starts, if any)
-    return out, ht, inter
+    fwd = TrainingForward(
+        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, fwd_config, bwd_config
+    )
+    for _, launch in fwd.stages():
+        launch()
+    return fwd.result()
+
+
+class TrainingForward:
+    """The forward under autograd as named stages, run in order (:meth:`stages`): ``fwd-intra`` (stage 1, storing
+    ``T``) then ``fwd-state`` (the state pass, with its segment phases and the output), or with ``SAVE = "none"``
+    the plain forward as one stage ``forward``. Each stage allocates what it writes, so that once all ran in order any
+    one can run again alone (a plan's stage, timed by itself); :meth:`result` is what the backward gets."""
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor | None,
+        beta: Tensor,
+        gate: str,
+        scale: float,
+        initial_state: Tensor | None,
+        output_final_state: bool,
+        cu_seqlens: Tensor | None,
+        fwd_config: Config,
+        bwd_config: Config,
+    ) -> None:
+        self.q, self.k, self.v, self.beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+        self.g = None if g is None else g.contiguous()  # the forward's kernels clamp it at load (GATE_FLOOR)
+        self.gate, self.scale, self.h0, self.final = gate, scale, initial_state, output_final_state
+        self.cu_seqlens, self.fwd_config, self.save = cu_seqlens, fwd_config, bwd_config["SAVE"]
+        self.store_w = bwd_config.get("fh_W", "stored") == "stored"
+        self.cfg = training_forward_config(fwd_config, bwd_config, gate)
+        B, T = q.shape[:2]
+        self.tables = chunk_tables(B, T, self.cfg["BT"], cu_seqlens, q.device) if self.save != "none" else None
+        # "intra" runs the state pass as the forward config says (fused output, or states kept for the output stage)
+        self.states = "keep" if self.save == "all" or not self.cfg["FUSE_OUTPUT"] else "fused"
+        self.inter = Intermediates()
+        self.o: Tensor | None = None
+        self.ht: Tensor | None = None
+
+    def stages(self) -> list[tuple[str, Callable[[], None]]]:
+        if self.save == "none":
+            return [("forward", self.forward)]
+        return [("fwd-intra", self.intra), ("fwd-state", self.state)]
+
+    def forward(self) -> None:
+        self.o, self.ht = chunk_forward(
+            self.q, self.k, self.v, self.g, self.beta, self.gate, self.scale, self.h0, self.final, self.cu_seqlens,
+            self.fwd_config,
+        )  # fmt: skip
+
+    def intra(self) -> None:
+        assert self.tables is not None
+        self.inter, _, _ = forward_intermediates(
+            self.q, self.k, self.v, self.g, self.beta, self.gate, self.scale, self.h0, self.cu_seqlens, self.tables,
+            self.cfg, states="skip", store_w=self.store_w,
+        )  # fmt: skip
+
+    def state(self) -> None:
+        assert self.tables is not None
+        self.inter.starts = None  # (the forward computes the segments' entering states: phases 1 and 2 too)
+        self.inter.hbuf = self.inter.vnew = None
+        _, self.o, self.ht = forward_intermediates(
+            self.q, self.k, self.v, self.g, self.beta, self.gate, self.scale, self.h0, self.cu_seqlens, self.tables,
+            self.cfg, inter=self.inter, states=self.states, output=True, final_state=self.final,
+            store_w=self.store_w,
+        )  # fmt: skip
+
+    def result(self) -> tuple[Tensor, Tensor | None, Intermediates]:
+        """``(o, final state or None, what to save)``: a copy of the intermediates without what the backward never
+        reads (U; with the states kept the segment starts, else the states, re-run in the backward)."""
+        assert self.o is not None
+        saved = replace(self.inter)
+        if self.save == "all":
+            saved.u = saved.starts = None
+        else:
+            saved.hbuf = saved.vnew = None
+        return self.o, self.ht, saved
+
+
+class BackwardPass:
+    """The backward's launches on one call as named stages, run in order (:meth:`stages`): ``re-intra`` (``SAVE =
+    "none"``) and ``re-state`` (``"none"``, ``"intra"``): the forward's intermediates again; ``reverse`` (the reverse
+    state pass, its segment phases too); ``dv`` (without ``FUSE_DV``); ``dqk``; ``finish``; ``group-sum``
+    (grouped value heads: dq, dk summed over each group). Without ``keep`` each buffer is allocated by the stage that
+    writes it first and dropped after its last reader (a lower peak). With ``keep`` (a plan: once all ran in order,
+    any one runs again alone, timed by itself) nothing is released and the buffers are allocated once (with
+    ``dqk_KLOOP`` not split off by ``REVERSE_DV`` the dq/dk stage writes dVβ over the dV_new it reads: a second run
+    alone computes other numbers, in the same time). :meth:`grads` returns the gradients."""
+
+    def __init__(
+        self,
+        do: Tensor,
+        dht: Tensor | None,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor | None,
+        beta: Tensor,
+        gate: str,
+        scale: float,
+        initial_state: Tensor | None,
+        cu_seqlens: Tensor | None,
+        fwd_config: Config,
+        bwd_config: Config,
+        saved: Intermediates,
+        keep: bool = False,
+    ) -> None:
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        self.B, self.T, self.H, self.HV, self.K, self.V = B, T, H, HV, K, V
+        self.cfg = cfg = training_forward_config(fwd_config, bwd_config, gate)
+        self.bwd_config, self.gate, self.scale, self.keep = bwd_config, gate, scale, keep
+        self.BT, self.GATE, self.save = cfg["BT"], GATE_CODES[gate], bwd_config["SAVE"]
+        self.dev, self.tokens = q.device, B * T
+        self.N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+        self.dt = torch.promote_types(q.dtype, v.dtype)
+        self.dot_prec = bwd_config["F32_DOT"] if self.dt == torch.float32 else "tf32"
+        self.varlen = cu_seqlens is not None
+        self.q, self.k, self.v, self.beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+        self.do = do.contiguous()
+        self.dht = None if dht is None else dht.contiguous()
+        self.g = None if g is None else g.contiguous()
+        self.h0, self.cu_seqlens = initial_state, cu_seqlens
+        self.tables = chunk_tables(B, T, self.BT, cu_seqlens, self.dev)
+        self.offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
+        self.inter = saved
+        self.store_w = bwd_config.get("fh_W", "stored") == "stored"
+        self.fused = bool(bwd_config["FUSE_DV"])
+        self.rev_dv = bool(bwd_config["REVERSE_DV"]) and self.fused
+        self.dqk_BK, self.dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
+        self.NK = triton.cdiv(K, self.dqk_BK)
+        self.kloop = bool(bwd_config["dqk_KLOOP"]) and self.NK > 1  # the key tiles in one program (dVβ over dV_new)
+        n_v = triton.cdiv(V, _tile(bwd_config["dh_BV"], V)) if self.rev_dv else 1  # dβ's v-part slots
+        self.n_v, self.nslot, self.ss = n_v, n_v + self.NK, self.tokens * HV
+        # what the stages write (allocated by the stage that writes it first)
+        self.dbeta_part: Tensor | None = None
+        self.dv: Tensor | None = None
+        self.dh: Tensor | None = None
+        self.dvn: Tensor | None = None  # dV_new (REVERSE_DV: dVβ)
+        self.dh0: Tensor | None = None
+        # unfused: the dv stage's dVβ and both dA; KDA fused: the dA scratch copies
+        self.dvb: Tensor | None = None
+        self.daq: Tensor | None = None
+        self.dak: Tensor | None = None
+        self.dq: Tensor | None = None
+        self.dk: Tensor | None = None
+        self.dbeta: Tensor | None = None
+        self.dg: Tensor | None = None
+        self.dg_part: Tensor | None = None
+        self.dq_sum: Tensor | None = None  # grouped value heads: dq, dk summed over each group
+        self.dk_sum: Tensor | None = None
+
+    def stages(self) -> list[tuple[str, Callable[[], None]]]:
+        out: list[tuple[str, Any]] = []
+        if self.save == "none":
+            out.append(("re-intra", self.rerun_intra))
+        if self.save != "all":
+            out.append(("re-state", self.rerun_state))
+        out.append(("reverse", self.reverse))
+        if self.tables.NC > 0:
+            if not self.fused:
+                out.append(("dv", self.dv_stage))
+            out += [("dqk", self.dqk), ("finish", self.finish)]
+        if self.HV != self.H:
+            out.append(("group-sum", self.group_sum))
+        return out
+
+    def _new(self, have: Tensor | None, *shape: int, dtype: torch.dtype | None = None) -> Tensor:
+        """A new output buffer (the intermediates' dtype unless ``dtype``); with ``keep``, ``have`` once allocated."""
+        if self.keep and have is not None:
+            return have
+        return new_output(*shape, dtype=self.dt if dtype is None else dtype, device=self.dev)
+
+    # ---- the forward's intermediates again (SAVE "intra": the state pass; "none": stage 1 too) ------------------
+    def rerun_intra(self) -> None:
+        self.inter, _, _ = forward_intermediates(
+            self.q, self.k, self.v, self.g, self.beta, self.gate, self.scale, self.h0, self.cu_seqlens, self.tables,
+            self.cfg, states="skip", store_w=self.store_w,
+        )  # fmt: skip
+
+    def rerun_state(self) -> None:
+        if self.save == "none":
+            self.inter.starts = None  # (no forward kept them: phases 1 and 2 too)
+        forward_intermediates(
+            self.q, self.k, self.v, None, self.beta, self.gate, self.scale, self.h0, self.cu_seqlens, self.tables,
+            self.cfg, inter=self.inter, store_w=self.store_w,
+        )  # fmt: skip
+        if not self.keep:
+            self.inter.u = None
+
+    # ---- 1. reverse state pass (sequence-parallel with dh_SEG_CHUNKS; REVERSE_DV: dVβ, dv and dβ's v part too) ----
+    def reverse(self) -> None:
+        inter, HV, K, V = self.inter, self.HV, self.K, self.V
+        self.dbeta_part = self._new(self.dbeta_part, self.nslot, self.tokens, HV, dtype=torch.float32)
+        self.dv = self._new(self.dv, self.B, self.T, HV, V, dtype=self.v.dtype)
+        self.dh = self._new(self.dh, max(self.tables.NC, 1), HV, K, V)
+        self.dvn = self._new(self.dvn, self.tokens, HV, V)
+        self.dh0 = self._new(self.dh0, self.N, HV, K, V, dtype=torch.float32) if self.h0 is not None else None
+        dv_work = None
+        if self.rev_dv:
+            assert inter.ai is not None
+            dv_work = (inter.ai, self.v, self.beta, self.dv, self.dbeta_part)
+        # (fh_W, fh_AQK: not stored, formed by the pass: W's product from K and dVβ, or W itself; A_qk from q and k)
+        no_w, qk_re = inter.w is None, inter.aqk is None
+        w_rebuild = no_w and self.bwd_config.get("fh_W") == "rebuilt"
+        assert inter.ai is not None or not (no_w or qk_re)
+        launch_reverse(
+            self.q, self.k, inter.ai if no_w else inter.w, inter.ai if qk_re else inter.aqk, inter.qg, inter.kg,
+            inter.gout, self.do, self.dht, self.dh0, self.dh, self.dvn, self.cu_seqlens, self.tables.chunk_offsets,
+            self.offsets, self.scale, self.B, self.T, self.H, HV, K, V, self.N, self.BT, self.GATE, self.dot_prec,
+            self.bwd_config, dv_work, w_from_k=no_w and not w_rebuild, qk_re=qk_re, w_rebuild=w_rebuild,
+        )  # fmt: skip
+        if not self.keep:
+            inter.w = inter.qg = inter.kg = None
+
+    # ---- 2. (unfused) dA_qk, dVβ (dv), dA_kk ------------------------------------------------------------------------
+    def dv_stage(self) -> None:
+        inter, cfg, V = self.inter, self.bwd_config, self.V
+        dv_BV = _tile(cfg["dv_BV"], V)
+        self.dvb = self._new(self.dvb, self.tokens, self.HV, V)
+        self.daq = self._new(self.daq, self.tokens, self.HV, self.BT)
+        self.dak = self._new(self.dak, self.tokens, self.HV, self.BT)
+        chunk_bwd_dv_kernel[(self.tables.NC, self.HV)](
+            self.v, self.beta, inter.ai, inter.vnew, self.dvn, self.do, self.dv, self.dvb, self.daq, self.dak,
+            self.dbeta_part, self.tables.chunk_info, self.scale, self.T,
+            HV=self.HV, V=V, BT=self.BT, BV=dv_BV, NV=triton.cdiv(V, dv_BV), VARLEN=self.varlen,
+            DOT_PREC=self.dot_prec, num_warps=cfg["dv_num_warps"], num_stages=cfg["dv_num_stages"],
+        )  # fmt: skip
+        if not self.keep:  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
+            inter.ai = None
+            self.dvn = None
+
+    # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------------
+    def _grad_outputs(self) -> None:
+        B, T, HV, K = self.B, self.T, self.HV, self.K
+        g, grouped = self.g, HV != self.H
+        self.dbeta = self._new(self.dbeta, B, T, HV, dtype=self.beta.dtype)
+        self.dg = None if g is None else self._new(self.dg, *g.shape, dtype=g.dtype)
+        self.dq = self._new(self.dq, self.tokens, HV, K, dtype=torch.float32 if grouped else self.q.dtype)
+        self.dk = self._new(self.dk, self.tokens, HV, K, dtype=torch.float32 if grouped else self.k.dtype)
+
+    def dqk(self) -> None:
+        inter, cfg, HV, K, V, BT, GATE = self.inter, self.bwd_config, self.HV, self.K, self.V, self.BT, self.GATE
+        self._grad_outputs()
+        fused, rev_dv, kloop, NK = self.fused, self.rev_dv, self.kloop, self.NK
+        if fused and GATE == 2:  # KDA's pairwise terms read dA by blocks: each key tile's program keeps a copy
+            self.daq = self._new(self.daq, 1 if kloop else NK, self.tokens, HV, BT)
+            self.dak = self._new(self.dak, 1 if kloop else NK, self.tokens, HV, BT)
+        self.dg_part = self._new(self.dg_part, NK, self.tokens, HV, dtype=torch.float32) if GATE == 1 else None
+        plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
+        v = self.v if plain else None
+        # dqk_TMA: its value-side and state tiles by TMA descriptors (fused; not where the key loop reads back the dVβ
+        # it stores by pointers: TMA's async loads would need a proxy fence after those stores)
+        tds: dict[str, Any] = {}
+        if cfg["dqk_TMA"] and fused and not (kloop and not rev_dv):
+            assert inter.hbuf is not None and inter.vnew is not None and self.dvn is not None and self.dh is not None
+            tds = dqk_descriptors(
+                self.do, inter.vnew, self.dvn, v, inter.hbuf, self.dh, HV, K, V, BT, self.dqk_BK, self.dqk_BV, True
+            )  # fmt: skip
+        chunk_bwd_dqk_kernel[(self.tables.NC, 1 if kloop else NK, HV)](
+            self.q, self.k, self.g, self.beta, inter.hbuf, self.dh, self.do, inter.vnew,
+            self.dvn if fused else self.dvb, self.daq, self.dak, inter.ai if plain else None, v,
+            self.dv if plain else None, self.dq, self.dk, self.dg if GATE == 2 else self.dg_part, self.dbeta_part,
+            self.tables.chunk_info, self.scale, self.T, self.n_v, self.ss,
+            H=self.H, HV=HV, K=K, V=V, BT=BT, BC=cfg.get("dqk_BC", self.cfg["BC"]), BK=self.dqk_BK, BV=self.dqk_BV,
+            NV=triton.cdiv(V, self.dqk_BV), GATE=GATE, FUSED=fused, VARLEN=self.varlen, DOT_PREC=self.dot_prec,
+            FLOOR=GATE_FLOOR, DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, num_warps=cfg["dqk_num_warps"],
+            num_stages=cfg["dqk_num_stages"], **tds,
+        )  # fmt: skip
+        if not self.keep:
+            inter.hbuf = inter.vnew = inter.ai = None
+            self.dh = self.dvn = self.dvb = self.daq = self.dak = None
+
+    # ---- 4. dβ, Gated DeltaNet's dg ----------------------------------------------------------------------------
+    def finish(self) -> None:
+        chunk_bwd_finish_kernel[(self.tables.NC, self.HV)](
+            self.g, self.dbeta_part, self.dg_part, self.dbeta, self.dg, self.tables.chunk_info, self.T, self.ss,
+            HV=self.HV, BT=self.BT, NSLOT=self.nslot, NKG=self.NK, GATE=self.GATE, VARLEN=self.varlen,
+            FLOOR=GATE_FLOOR,
+        )  # fmt: skip
+
+    def group_sum(self) -> None:
+        """Grouped value heads: dq, dk per value head (float32) summed over each group, in the inputs' dtypes."""
+        if self.dq is None:  # (no chunk: nothing launched)
+            self._grad_outputs()
+        assert self.dq is not None and self.dk is not None
+        B, T, H, K = self.B, self.T, self.H, self.K
+        self.dq_sum = self.dq.view(B, T, H, self.HV // H, K).sum(3).to(self.q.dtype)
+        self.dk_sum = self.dk.view(B, T, H, self.HV // H, K).sum(3).to(self.k.dtype)
+
+    def grads(self) -> dict[str, Tensor | None]:
+        """Gradients ``{"q", "k", "v", "g", "beta", "initial_state"}`` after every stage ran."""
+        if self.dq is None:  # (no chunk: nothing launched)
+            self._grad_outputs()
+        dq, dk = (self.dq_sum, self.dk_sum) if self.HV != self.H else (self.dq, self.dk)
+        assert dq is not None and dk is not None
+        B, T, H, K = self.B, self.T, self.H, self.K
+        return {
+            "initial_state": self.dh0, "q": dq.view(B, T, H, K), "k": dk.view(B, T, H, K), "v": self.dv,
+            "beta": self.dbeta, "g": self.dg,
+        }  # fmt: skip
 
 
 def backward(
@@ -482,126 +769,58 @@ def backward(
 ) -> dict[str, Tensor | None]:
     """Gradients ``{"q", "k", "v", "g", "beta", "initial_state"}`` (inputs' dtypes; the initial state's float32,
     ``None`` without one; ``g`` ``None`` for DeltaNet) of ``<o, do> + <final_state, dht>``."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    cfg = training_forward_config(fwd_config, bwd_config, gate)
-    BT, GATE, save = cfg["BT"], GATE_CODES[gate], bwd_config["SAVE"]
-    dev, tokens = q.device, B * T
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    dt = torch.promote_types(q.dtype, v.dtype)
-    dot_prec = bwd_config["F32_DOT"] if dt == torch.float32 else "tf32"
-    varlen = cu_seqlens is not None
-    q, k, v, beta, do = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), do.contiguous()
-    g = None if g is None else g.contiguous()
-    tables = chunk_tables(B, T, BT, cu_seqlens, dev)
-    NC = tables.NC
+    bp = BackwardPass(do, dht, q, k, v, g, beta, gate, scale, initial_state, cu_seqlens, fwd_config, bwd_config, saved)
+    for _, launch in bp.stages():
+        launch()
+    return bp.grads()
 
-    # ---- the forward's intermediates ----------------------------------------------------------------------------
-    if save == "all":
-        inter = saved
-    else:  # "intra": the state pass again; "none": stage 1 too (the only reader of the gate)
-        gf = g if save == "none" else None
-        inter, _, _ = forward_intermediates(
-            q, k, v, gf, beta, gate, scale, initial_state, cu_seqlens, tables, cfg,
-            inter=saved if save == "intra" else None, store_w=bwd_config.get("fh_W", "stored") == "stored",
-        )  # fmt: skip
-    inter.u = None
 
-    # ---- 1. reverse state pass (sequence-parallel with dh_SEG_CHUNKS; REVERSE_DV: dVβ, dv and dβ's v part too) -----
-    fused = bool(bwd_config["FUSE_DV"])
-    rev_dv = bool(bwd_config["REVERSE_DV"]) and fused
-    dqk_BK, dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
-    NK = triton.cdiv(K, dqk_BK)
-    kloop = bool(bwd_config["dqk_KLOOP"]) and NK > 1  # the key tiles in one program (overwrites dV_new with dVβ)
-    n_v = triton.cdiv(V, _tile(bwd_config["dh_BV"], V)) if rev_dv else 1  # dβ's v-part slots
-    nslot = n_v + NK
-    ss = tokens * HV
-    dbeta_part = new_output(nslot, tokens, HV, dtype=torch.float32, device=dev)
-    dv = new_output(B, T, HV, V, dtype=v.dtype, device=dev)
-    dh = new_output(max(NC, 1), HV, K, V, dtype=dt, device=dev)
-    dvn_buf = new_output(tokens, HV, V, dtype=dt, device=dev)  # dV_new (REVERSE_DV: dVβ)
-    dh0 = new_output(N, HV, K, V, dtype=torch.float32, device=dev) if initial_state is not None else None
-    offsets = None if cu_seqlens is None else host_offsets(cu_seqlens)
-    dv_work = None
-    if rev_dv:
-        assert inter.ai is not None
-        dv_work = (inter.ai, v, beta, dv, dbeta_part)
-    # (fh_W, fh_AQK: not stored, formed by the pass: W's product from K and dVβ, or W itself; A_qk from q and k)
-    no_w, qk_re = inter.w is None, inter.aqk is None
-    w_rebuild = no_w and bwd_config.get("fh_W") == "rebuilt"
-    assert inter.ai is not None or not (no_w or qk_re)
-    launch_reverse(
-        q, k, inter.ai if no_w else inter.w, inter.ai if qk_re else inter.aqk, inter.qg, inter.kg, inter.gout, do,
-        None if dht is None else dht.contiguous(), dh0, dh, dvn_buf, cu_seqlens, tables.chunk_offsets, offsets, scale,
-        B, T, H, HV, K, V, N, BT, GATE, dot_prec, bwd_config, dv_work, w_from_k=no_w and not w_rebuild, qk_re=qk_re,
-        w_rebuild=w_rebuild,
+def plan_step(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    gate: str,
+    scale: float,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    fwd_config: Config,
+    bwd_config: Config,
+    do: Tensor,
+    dht: Tensor | None,
+) -> tuple[list[Stage], Callable[[], tuple[Tensor, Tensor | None, dict[str, Tensor | None]]]]:
+    """The training step's launches as named stages (:class:`~.pipeline.Stage`; floors zero: the step's floors are
+    :func:`dtune.measure.work.backward_stages`'), :class:`TrainingForward`'s then :class:`BackwardPass`'s, nothing
+    released, and a call returning what the last runs computed: ``(o, final state or None, gradients)``.
+
+    Run the stages in order once (each allocates its outputs; the backward's first stage takes what the forward's
+    stages saved, once); then any one runs again alone, on the buffers of the last run of the stages it reads from
+    (the backward keeps the forward's first intermediates). Full, checked configs; ``dht`` unused without
+    ``output_final_state``."""
+    fwd = TrainingForward(
+        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, fwd_config, bwd_config
+    )
+    bp = BackwardPass(
+        do, dht if output_final_state else None, q, k, v, g, beta, gate, scale, initial_state, cu_seqlens, fwd_config,
+        bwd_config, Intermediates(), keep=True,
     )  # fmt: skip
-    dvn: Tensor | None = dvn_buf
-    del dvn_buf, dv_work
-    inter.w = inter.qg = inter.kg = None
+    handed: list[bool] = []
 
-    grads: dict[str, Tensor | None] = {"initial_state": dh0}
-    dbeta = new_output(B, T, HV, dtype=beta.dtype, device=dev)
-    dg = None if g is None else new_output(*g.shape, dtype=g.dtype, device=dev)
-    grouped = HV != H
-    dq = new_output(tokens, HV, K, dtype=torch.float32 if grouped else q.dtype, device=dev)
-    dk = new_output(tokens, HV, K, dtype=torch.float32 if grouped else k.dtype, device=dev)
-    if NC > 0:
-        dvb = daq = dak = None
-        if not fused:
-            # ---- 2. dA_qk, dVβ (dv), dA_kk ----------------------------------------------------------------------
-            dv_BV = _tile(bwd_config["dv_BV"], V)
-            dvb = new_output(tokens, HV, V, dtype=dt, device=dev)
-            daq = new_output(tokens, HV, BT, dtype=dt, device=dev)
-            dak = new_output(tokens, HV, BT, dtype=dt, device=dev)
-            chunk_bwd_dv_kernel[(NC, HV)](
-                v, beta, inter.ai, inter.vnew, dvn, do, dv, dvb, daq, dak, dbeta_part, tables.chunk_info, scale, T,
-                HV=HV, V=V, BT=BT, BV=dv_BV, NV=triton.cdiv(V, dv_BV), VARLEN=varlen, DOT_PREC=dot_prec,
-                num_warps=bwd_config["dv_num_warps"], num_stages=bwd_config["dv_num_stages"],
-            )  # fmt: skip
-            inter.ai = None
-            dvn = None  # (buffers are dropped after their last reader: a lower peak, the allocator reuses them)
-        elif GATE == 2:  # KDA's pairwise terms read dA by blocks: each key tile's program keeps a copy (scratch)
-            daq = new_output(1 if kloop else NK, tokens, HV, BT, dtype=dt, device=dev)
-            dak = new_output(1 if kloop else NK, tokens, HV, BT, dtype=dt, device=dev)
+    def backward_stage(launch: Callable[[], None]) -> None:
+        if not handed:  # what the forward's stages saved, as the autograd Function hands it over
+            _, _, bp.inter = fwd.result()
+            handed.append(True)
+        launch()
 
-        # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------
-        dg_out = dg if GATE == 2 else None
-        dg_part = new_output(NK, tokens, HV, dtype=torch.float32, device=dev) if GATE == 1 else None
-        plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
-        # dqk_TMA: its value-side and state tiles by TMA descriptors (fused; not where the key loop reads back the dVβ
-        # it stores by pointers: TMA's async loads would need a proxy fence after those stores)
-        tds: dict[str, Any] = {}
-        if bwd_config["dqk_TMA"] and fused and not (kloop and not rev_dv):
-            assert inter.hbuf is not None and inter.vnew is not None and dvn is not None
-            tds = dqk_descriptors(
-                do, inter.vnew, dvn, v if plain else None, inter.hbuf, dh, HV, K, V, BT, dqk_BK, dqk_BV, True
-            )  # fmt: skip
-        chunk_bwd_dqk_kernel[(NC, 1 if kloop else NK, HV)](
-            q, k, g, beta, inter.hbuf, dh, do, inter.vnew, dvn if fused else dvb, daq, dak,
-            inter.ai if plain else None, v if plain else None, dv if plain else None, dq, dk,
-            dg_out if GATE == 2 else dg_part, dbeta_part, tables.chunk_info, scale, T, n_v, ss,
-            H=H, HV=HV, K=K, V=V, BT=BT, BC=bwd_config.get("dqk_BC", cfg["BC"]), BK=dqk_BK, BV=dqk_BV,
-            NV=triton.cdiv(V, dqk_BV), GATE=GATE, FUSED=fused, VARLEN=varlen, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
-            DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, num_warps=bwd_config["dqk_num_warps"],
-            num_stages=bwd_config["dqk_num_stages"], **tds,
-        )  # fmt: skip
-        inter.hbuf = inter.vnew = inter.ai = None
-        del dh, dvn, dvb, daq, dak
+    def outputs() -> tuple[Tensor, Tensor | None, dict[str, Tensor | None]]:
+        o, ht, _ = fwd.result()
+        return o, ht, bp.grads()
 
-        # ---- 5. dβ, Gated DeltaNet's dg ------------------------------------------------------------------------
-        chunk_bwd_finish_kernel[(NC, HV)](
-            g, dbeta_part, dg_part, dbeta, dg, tables.chunk_info, T, ss,
-            HV=HV, BT=BT, NSLOT=nslot, NKG=NK, GATE=GATE, VARLEN=varlen, FLOOR=GATE_FLOOR,
-        )  # fmt: skip
-    if grouped:
-        G = HV // H
-        dq = dq.view(B, T, H, G, K).sum(3).to(q.dtype)
-        dk = dk.view(B, T, H, G, K).sum(3).to(k.dtype)
-    grads.update(
-        q=dq.view(B, T, H, K), k=dk.view(B, T, H, K), v=dv, beta=dbeta, g=dg,
-    )  # fmt: skip
-    return grads
+    stages = [Stage(name, launch, 0.0, 0.0) for name, launch in fwd.stages()]
+    stages += [Stage(name, partial(backward_stage, launch), 0.0, 0.0) for name, launch in bp.stages()]
+    return stages, outputs
 
 
 __all__ = [
@@ -613,4 +832,5 @@ __all__ = [
     "forward_for_training",
     "forward_intermediates",
     "legal_params",
+    "plan_step",
 ]

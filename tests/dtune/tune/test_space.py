@@ -203,6 +203,23 @@ def test_chunk_spaces_map_every_stage(kernel: str) -> None:
     assert load_space("fused_recurrent_kda").stages.names() == []  # one launch: no stage map
 
 
+@pytest.mark.parametrize("kernel", [k + "_bwd" for k in CHUNK])
+def test_backward_spaces_map_the_training_step(kernel: str) -> None:
+    """The backward's stages are the training step's launches (plan_step): the forward under autograd's two, the
+    reverse pass, the dv stage, the dq/dk stage with the launches it shapes; what changes what is saved couples."""
+    space = load_space(kernel)
+    assert space.stages.names() == ["intra", "state", "reverse", "dv", "dqk"]
+    assert space.stages.coupling(space.params)[:5] == ["BT", "BC", "SAVE", "FUSE_DV", "REVERSE_DV"]
+    assert space.stages.stage_of("dh_SEG_CHUNKS") == "reverse" and space.stages.stage_of("fh_TMA") == "state"
+    assert space.stages.stage_of("fi_num_warps") == "intra" and space.stages.stage_of("dqk_BK") == "dqk"
+    assert space.stages.group(["fwd-intra", "fwd-state", "re-state", "reverse", "dqk", "finish"]) == {
+        "intra": ["fwd-intra"],
+        "state": ["fwd-state", "re-state"],
+        "reverse": ["reverse"],
+        "dqk": ["dqk", "finish"],
+    }
+
+
 STAGED = (
     GOOD
     + """
