@@ -380,7 +380,7 @@ def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[
         tds |= {"v_td": desc(call.v, HV * V, BV), "t_td": desc(inter.ai, HV * BT, BT)}
     else:
         tds |= {"w_td": desc(inter.w, HV * K, K), "u_td": desc(inter.u, HV * V, BV)}
-    if not call.recompute_qk:
+    if o is not None and not call.recompute_qk:  # (A_qk only serves the output)
         tds["a_td"] = desc(inter.aqk, HV * BT, BT)
     return tds
 

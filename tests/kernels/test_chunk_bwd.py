@@ -238,6 +238,8 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add("fhW-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **wr, "dh_BV": 16}, scale=0.3, gate_min=-60.0)
     add("fhW-AQK-vk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **wr, **qr, **VK}, gate_min=-60.0)
     add("fhAQK-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **qr}, scale=0.3, gate_min=-60.0)
+    # ... by TMA, the backward's re-run of the state pass too (SAVE "intra": a pass without the output reads no A_qk)
+    add("fhAQK-tma-intra", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **qr, **tma}, gate_min=-60.0)
     add("fhW-AQK-BT64-tma-all", Shape(1, 70, 1, 2, 16, 32, 1, gate),
         {"BT": 64, "BC": 16, **wr, **qr, **tma, "SAVE": "all"})  # fmt: skip
     add("fhW-AQK-varlen-none", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), {**BT16, **wr, **qr, "SAVE": "none"},
