@@ -1,7 +1,10 @@
 """Pattern search, stage by stage: local search for ~10-50 compiles per shape (``--strategy pattern``).
 
-Start from the template's default, the space's seeds and configs transferred from tuned buckets (all timed as a
-whole); from the best (then the next best distinct start, ``copies``), repeat:
+Start from the template's default, configs transferred from tuned buckets and the space's first ``seed_wave``
+seeds (all timed as a whole); from the best, repeat the two levels below; then time the other seeds and descend again
+from the best start not yet descended from (``copies`` descents in all). A short budget so goes to the descent from
+the best known start rather than to seeds written for other shapes (the backward's step takes seconds a trial: the
+H100's first stage-wise backward searches spent half their budget, KDA's all of it, on 17-23 seeds). Repeat:
 
 1. **Inner level, per stage** (when the space has a ``[stages]`` map): every one-step move of one stage's own
    parameters (:func:`dtune.tune.strategy.neighbours`: the next smaller and larger tile or warp count, every other
@@ -60,6 +63,7 @@ class PatternSearch:
         *,
         min_gain: float = 0.005,
         copies: int = 2,
+        seed_wave: int = 4,
         outer_top: int = 2,
         outer_margin: float = 1.10,
         max_rounds: int = 50,
@@ -70,7 +74,8 @@ class PatternSearch:
         self.starts = starts
         self.stages = stages
         self.legal = legal
-        self.min_gain, self.copies, self.outer_top = min_gain, copies, outer_top
+        self.min_gain, self.copies, self.outer_top = min_gain, max(1, copies), outer_top
+        self.seed_wave = seed_wave
         self.outer_margin, self.max_rounds = outer_margin, max_rounds
         self.whole: dict[Key, Result] = {}  # whole measurements (ok or not)
         self.stage_ms: dict[tuple[str, Key], float] = {}  # a stage's time by (stage, its own + coupling params)
@@ -168,13 +173,18 @@ class PatternSearch:
 
     # ---- the search -----------------------------------------------------------------------------------------
     def _search(self) -> Batch:
-        results = yield from self._run(self.starts)
-        ok = sorted((r for r in results if r.ok and r.value is not None), key=lambda r: r.value or math.inf)
-        firsts: list[Result] = []
-        for r in ok:
-            if key(r.params) not in {key(f.params) for f in firsts}:
-                firsts.append(r)
-        for start in firsts[: self.copies]:
+        later = [c for c in self.starts if c.source == "seed"][self.seed_wave :]
+        first = [c for c in self.starts if not any(c is x for x in later)]
+        results = yield from self._run(first)
+        descended: set[Key] = set()
+        for copy in range(self.copies):
+            if copy == 1 and later:  # the other seeds: after the first descent, before the next
+                results += yield from self._run(later)
+            ok = [r for r in results if r.ok and r.value is not None and key(r.params) not in descended]
+            if not ok:
+                return
+            start = min(ok, key=lambda r: r.value or math.inf)
+            descended.add(key(start.params))
             yield from self._descend(start)
 
     def _descend(self, x: Result) -> Batch:

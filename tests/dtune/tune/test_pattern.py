@@ -135,6 +135,30 @@ def test_a_good_start_converges_in_fewer_evaluations() -> None:
     assert reach <= reach_cold / 3
 
 
+def test_seeds_past_the_first_wave_wait_for_the_first_descent() -> None:
+    """The default, the transferred configs and the first ``seed_wave`` seeds are timed first; the search descends from
+    the best of them before it times the other seeds (a short budget goes to the descent), then descends again from
+    the best start not yet descended from."""
+    # seeds no descent from the default visits (a_tile 128, b_warps 1: away from the optimum's 64 and 4)
+    far = [{**DEFAULT, "a_tile": 128, "b_warps": 1, "a_warps": w, "b_tile": t} for w in (1, 2, 4, 8) for t in (16, 64)]
+    cands = [Candidate(dict(DEFAULT), source="default", is_default=True)]
+    cands += [Candidate(dict(p), source="seed") for p in far[:3]]
+    cands += [Candidate({**DEFAULT, "a_tile": 32}, source="transfer:shipped")]  # listed after seeds: first wave too
+    cands += [Candidate(dict(p), source="seed") for p in far[3:]]
+    results = drive(PatternSearch(CHOICES, cands, STAGES, lambda p: True, seed_wave=4), stage_times)
+    sources = [r.candidate.source for r in results]
+    first_move = sources.index("stage")
+    assert sources[:first_move].count("seed") == 4 and "transfer:shipped" in sources[:first_move]
+    late = [i for i, r in enumerate(results) if r.candidate.source == "seed"][4:]
+    assert len(late) == 4 and min(late) > first_move
+    assert sources[min(late) - 1] != "seed"  # the first descent ran to its end in between
+    assert "stage" in sources[max(late) :]  # ... and a second one after the late seeds
+    assert min(r.value or 1e9 for r in results if r.candidate.kind == "whole") == pytest.approx(OPTIMUM)
+    # with every seed in the first wave, all are timed before the first move
+    results = drive(PatternSearch(CHOICES, cands, STAGES, lambda p: True, seed_wave=100), stage_times)
+    assert [r.candidate.source for r in results].index("stage") == len(cands)
+
+
 def test_failed_and_cancelled_moves() -> None:
     """A failing config is never proposed again; a cancelled one (never ran to its end) may be."""
     search = make()
