@@ -3,9 +3,10 @@
 :func:`tuned_config` runs on every op call (decode steps included), so after the first call for a given (kernel,
 shape, dtype, device) it is one dict lookup; the only device query is the GPU's name, cached. Sources, first match
 wins: a file loaded with :func:`load_configs`; the file named by ``DTUNE_CONFIG``; the configs shipped for this GPU in
-``dtune/configs/<gpu>.json``, or, with none shipped for it, those of a GPU of its kind (:func:`kin_gpu`: same
-architecture, shared memory and registers; an H100 reads the H200's). Within a file the entries of the call's kernel
-and dtype are candidates: the call's own bucket (:meth:`dtune.shape.Shape.lookup_bucket`) is used verbatim
+``dtune/configs/<gpu>.json`` over those of a GPU of its kind (:func:`kin_gpu`: same architecture, shared memory and
+registers; an H100 reads the H200's): its own entry of a bucket wins, the kin's fill the buckets its file lacks
+(:func:`overlay`; so a GPU tuned in part runs its own configs where it has them). Within a file the entries of the
+call's kernel and dtype are candidates: the call's own bucket (:meth:`dtune.shape.Shape.lookup_bucket`) is used verbatim
 (``exact``); else the config is built from the nearest tuned buckets and adjusted to the shape (``borrowed``:
 :mod:`dtune.borrow` — the same head dims first, then the nearest sequence length, with the sequence-parallel segment
 length for the call's sequences and tiles fitted to its head dims); with no entry for the kernel and dtype, None (the
@@ -61,6 +62,8 @@ class TunedConfigs:
     gpu_name: str
     source: str
     entries: list[Entry]
+    # the file of each entry that came from another (:func:`overlay`), by (kernel, dtype, bucket); the rest: source's
+    origins: dict[tuple[str, str, tuple[tuple[str, int], ...]], str] = field(default_factory=dict)
     _index: dict[tuple[str, str], list[Entry]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -88,7 +91,9 @@ class TunedConfigs:
         """The config for ``shape`` and where it came from (see the module's docstring), or None (the default)."""
         candidates = self._index.get((kernel, dtype))
         choice = borrow(candidates, kernel, dtype, shape, self.sm_count) if candidates else None
-        return replace(choice, source=self._name) if choice is not None else None
+        if choice is None:
+            return None
+        return replace(choice, source=self.origins.get((kernel, dtype, _bucket_key(choice.bucket)), self._name))
 
     def lookup(self, kernel: str, dtype: str, shape: Shape) -> dict[str, Any] | None:
         """The config of :meth:`choose`, or None."""
@@ -98,7 +103,7 @@ class TunedConfigs:
     def without(self, kernel: str, dtype: str, bucket: dict[str, int]) -> TunedConfigs:
         """This file with one bucket's entry hidden (the leave-one-out check)."""
         kept = [e for e in self.entries if (e.kernel, e.dtype, e.bucket) != (kernel, dtype, bucket)]
-        return TunedConfigs(self.gpu, self.gpu_name, self.source, kept)
+        return TunedConfigs(self.gpu, self.gpu_name, self.source, kept, dict(self.origins))
 
     def shapes(self, kernel: str, dtype: str, gate: Gate = Gate.NONE) -> list[Shape]:
         """The buckets tuned for ``kernel`` and ``dtype``, as shapes (each once), by head dim, T, B, H."""
@@ -107,6 +112,21 @@ class TunedConfigs:
         }
         shapes = [Shape.from_dict(dict(zip(BUCKET_KEYS, b)), gate) for b in buckets]
         return sorted(shapes, key=lambda s: (s.K, s.T, s.B, s.H))
+
+
+def _bucket_key(bucket: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(bucket.items()))
+
+
+def overlay(own: TunedConfigs, kin: TunedConfigs) -> TunedConfigs:
+    """``own``'s entries, and ``kin``'s (a GPU of its kind: its configs are legal here) for every (kernel, dtype,
+    bucket) that ``own`` lacks: one set for the lookup, exact and borrowed alike; each entry keeps its file's name
+    (:attr:`TunedConfigs.origins`, what :meth:`TunedConfigs.choose` reports)."""
+    have = {(e.kernel, e.dtype, _bucket_key(e.bucket)) for e in own.entries}
+    extra = [e for e in kin.entries if (e.kernel, e.dtype, _bucket_key(e.bucket)) not in have]
+    origins = dict(own.origins)
+    origins.update({(e.kernel, e.dtype, _bucket_key(e.bucket)): Path(kin.source).name for e in extra})
+    return TunedConfigs(own.gpu, own.gpu_name, own.source, own.entries + extra, origins)
 
 
 def _fail(source: str, message: str) -> ConfigFileError:
@@ -228,18 +248,25 @@ def _configs_for(gpu: str) -> TunedConfigs | None:
                 RuntimeWarning,
                 stacklevel=4,
             )
-    else:
-        env = os.environ.get(ENV)
-        ref = resources.files("dtune.configs").joinpath(f"{gpu}.json")
-        key = gpu
-        if not env and not ref.is_file() and (other := kin_gpu(gpu)) is not None:
-            key, ref = other, resources.files("dtune.configs").joinpath(f"{other}.json")
-        source = env if env else (str(ref) if ref.is_file() else None)
-        if source is not None:
+    elif env := os.environ.get(ENV):
+        try:
+            found = read_configs(env, gpu)
+        except ConfigFileError as e:
+            warnings.warn(f"dtune: {e}; using default configs", RuntimeWarning, stacklevel=4)
+    else:  # this GPU's shipped file over its kin's (either may be missing; a corrupt one is left out, with a warning)
+        files: list[TunedConfigs] = []
+        for key in (gpu, kin_gpu(gpu)):
+            ref = resources.files("dtune.configs").joinpath(f"{key}.json") if key else None
+            if ref is None or not ref.is_file():
+                continue
             try:
-                found = read_configs(source, key)
+                files.append(read_configs(str(ref), key))
             except ConfigFileError as e:
-                warnings.warn(f"dtune: {e}; using default configs", RuntimeWarning, stacklevel=4)
+                warnings.warn(f"dtune: {e}; left out", RuntimeWarning, stacklevel=4)
+        if len(files) == 2 and files[0].gpu == gpu:
+            found = overlay(files[0], files[1])
+        elif files:
+            found = files[0]
     _loaded[gpu] = found
     return found
 
@@ -252,13 +279,13 @@ def shipped_gpus() -> list[str]:
 
 
 def kin_gpu(gpu: str) -> str | None:
-    """The GPU whose shipped configs the ops read on ``gpu`` when none are shipped for it: one of the same kind
-    (:func:`dtune.gpu.kin`: same compute capability, shared memory and registers, so its configs are legal here; an
-    H100 reads the H200's). None when ``gpu`` has its own file, or no shipped file is of its kind."""
+    """The GPU whose shipped configs the ops read on ``gpu`` for the buckets its own shipped file lacks (all of them
+    when it has none): another of the same kind (:func:`dtune.gpu.kin`: same compute capability, shared memory and
+    registers, so its configs are legal here; an H100 reads the H200's). None when no other shipped file is of its
+    kind."""
     from dtune.gpu import kin
 
-    have = shipped_gpus()
-    return None if gpu in have else kin(gpu, have)
+    return kin(gpu, [g for g in shipped_gpus() if g != gpu])
 
 
 def gpu_key(device: torch.device) -> str | None:
@@ -283,6 +310,7 @@ class SourceStatus:
     error: str | None = None  # why it cannot be used (corrupt, unreadable, another GPU)
     active: bool = False  # the file the ops read on this machine's GPU
     kin: str | None = None  # active for this GPU although tuned on another of its kind (kin_gpu)
+    under: str | None = None  # active, under this GPU's own file (which wins where both have a bucket)
 
 
 def config_status(gpu: str | None) -> list[SourceStatus]:
@@ -312,13 +340,16 @@ def config_status(gpu: str | None) -> list[SourceStatus]:
                 except ConfigFileError as e:
                     out.append(SourceStatus("shipped", str(ref), error=str(e)))
     if gpu is not None and not (out and out[0].origin == "load_configs()"):
-        # The first usable file for this GPU is in force (DTUNE_CONFIG hides the shipped files, as at run time); with
-        # none shipped for it, the shipped file of a GPU of its kind (kin_gpu).
+        # The first usable file for this GPU is in force (DTUNE_CONFIG hides the shipped files, as at run time); the
+        # shipped file of a GPU of its kind (kin_gpu) too, under this GPU's own, or alone where none is shipped for it.
         kin = None if env else kin_gpu(gpu)
-        for i, st in enumerate(out):
-            if st.error is None and (st.gpu == gpu or (st.origin == "shipped" and st.gpu == kin)):
-                out[i] = SourceStatus(st.origin, st.path, st.gpu, st.entries, None, True, st.gpu if kin else None)
-                break
+        own = next((i for i, st in enumerate(out) if st.error is None and st.gpu == gpu), None)
+        if own is not None:
+            out[own] = replace(out[own], active=True)
+        if own is None or out[own].origin == "shipped":
+            for i, st in enumerate(out):
+                if st.error is None and st.origin == "shipped" and kin is not None and st.gpu == kin:
+                    out[i] = replace(st, active=True, kin=kin, under=gpu if own is not None else None)
     return out
 
 

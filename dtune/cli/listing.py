@@ -75,6 +75,8 @@ def _source_line(st: dict[str, Any]) -> str:
     loaded = f"loaded, {st['gpu']}, {st['entries']} entr{'y' if st['entries'] == 1 else 'ies'}"
     if st["error"]:
         return f"{where}: {loaded}, but NOT used: {st['error']}"
+    if st.get("kin") and st.get("under"):
+        return f"{where}: {loaded} (in force where {st['under']}.json has no entry: {st['kin']} is of its kind)"
     if st.get("kin"):
         return f"{where}: {loaded} (in force: none is shipped for this GPU, and {st['kin']} is of its kind)"
     return f"{where}: {loaded}" + (" (in force)" if st["active"] else "")

@@ -186,3 +186,52 @@ def test_a_gpu_without_shipped_configs_reads_those_of_its_kind(monkeypatch: pyte
     assert tuned_config(GDN, p, torch.bfloat16, CUDA) is None
     assert not any(st.active for st in store.config_status("a100"))
     store.reset()
+
+
+class _Shipped:
+    """Stands in for ``importlib.resources`` in :mod:`dtune.store`: the shipped folder is ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def files(self, package: str) -> Path:
+        return self.folder
+
+
+def test_a_gpu_tuned_in_part_reads_its_kins_configs_where_it_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An H100 with an h100.json of a few entries runs them, and the H200's (of its kind) for every bucket its file
+    lacks, exact or borrowed, each named after its file; dtune list says both are in force and which wins; a corrupt
+    h100.json leaves the H200's in force, with a warning."""
+    real = Path(str(store.resources.files("dtune.configs")))
+    h200 = read_configs(real / "h200.json")
+    (tmp_path / "h200.json").write_text((real / "h200.json").read_text())
+    bwd = GDN + "_bwd"
+    b8 = next(e for e in h200.entries if e.kernel == bwd and e.bucket["T"] == 4096 and e.bucket["B"] == 8)
+    b1 = next(e for e in h200.entries if e.kernel == bwd and e.bucket["T"] == 32768 and e.bucket["B"] == 1)
+    fwd = next(e for e in h200.entries if e.kernel == GDN and e.bucket["T"] == 4096 and e.bucket["B"] == 8)
+    mine = {**b8.config, "dqk_num_stages": 3}
+    own = {"kernel": bwd, "dtype": "bf16", "bucket": b8.bucket, "config": mine, "time_ms": 2.43}
+    write(tmp_path, doc([own], gpu="h100"), "h100.json")
+    monkeypatch.setattr(store, "resources", _Shipped(tmp_path))
+    monkeypatch.delenv(store.ENV, raising=False)
+    monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "h100")
+    store.reset()
+    assert store.kin_gpu("h100") == "h200" and store.kin_gpu("h200") == "h100" and store.kin_gpu("a100") is None
+    p8 = Shape(B=8, T=4096, H=16, HV=16, K=128, V=128, N=8, gate=Gate.SCALAR)
+    p1 = Shape(B=1, T=32768, H=16, HV=16, K=128, V=128, N=1, gate=Gate.SCALAR)
+    assert tuned_config(bwd, p8, torch.bfloat16, CUDA) == mine  # its own entry wins
+    assert tuned_config(bwd, p1, torch.bfloat16, CUDA) == b1.config  # the kin's, where it has none
+    assert tuned_config(GDN, p8, torch.bfloat16, CUDA) == fwd.config  # ... of any kernel
+    assert store.tuned_choice(bwd, p8, torch.bfloat16, CUDA).source == "h100.json"  # type: ignore[union-attr]
+    assert store.tuned_choice(bwd, p1, torch.bfloat16, CUDA).source == "h200.json"  # type: ignore[union-attr]
+    status = {Path(st.path).name: st for st in store.config_status("h100")}
+    assert status["h100.json"].active and status["h100.json"].kin is None
+    assert status["h200.json"].active and (status["h200.json"].kin, status["h200.json"].under) == ("h200", "h100")
+    # a corrupt own file: left out (warned), the kin's in force alone
+    write(tmp_path, "{not json", "h100.json")
+    store.reset()
+    with pytest.warns(RuntimeWarning, match="h100.json"):
+        assert tuned_config(bwd, p8, torch.bfloat16, CUDA) == b8.config
+    store.reset()
