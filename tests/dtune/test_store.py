@@ -168,13 +168,26 @@ def test_corrupt_env_file_is_a_warning(tmp_path: Path, on_h100: None, monkeypatc
 GDN = "chunk_gated_delta_rule"
 
 
-def test_a_gpu_without_shipped_configs_reads_those_of_its_kind(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An H100 (no h100.json shipped) runs the H200's tuned configs, not the templates' defaults; an A100 (no GPU of
-    its kind ships configs) the defaults; dtune list names the file in force and why."""
+class _Shipped:
+    """Stands in for ``importlib.resources`` in :mod:`dtune.store`: the shipped folder is ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def files(self, package: str) -> Path:
+        return self.folder
+
+
+def test_a_gpu_without_shipped_configs_reads_those_of_its_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H100 with no h100.json shipped runs the H200's tuned configs, not the templates' defaults; an A100 (no GPU
+    of its kind ships configs) the defaults; dtune list names the file in force and why."""
+    real = Path(str(store.resources.files("dtune.configs")))
+    (tmp_path / "h200.json").write_text((real / "h200.json").read_text())
+    monkeypatch.setattr(store, "resources", _Shipped(tmp_path))  # the shipped folder without h100.json
     monkeypatch.delenv(store.ENV, raising=False)
     store.reset()
-    assert "h100" not in store.shipped_gpus() and "h200" in store.shipped_gpus()
-    h200 = read_configs(Path(str(store.resources.files("dtune.configs").joinpath("h200.json"))))
+    assert store.shipped_gpus() == ["h200"]
+    h200 = read_configs(tmp_path / "h200.json")
     anchor = next(e for e in h200.entries if e.kernel == GDN and e.bucket["T"] == 4096 and e.bucket["B"] == 8)
     p = Shape(B=8, T=4096, H=16, HV=16, K=128, V=128, N=8, gate=Gate.SCALAR)
     monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "h100")
@@ -186,16 +199,6 @@ def test_a_gpu_without_shipped_configs_reads_those_of_its_kind(monkeypatch: pyte
     assert tuned_config(GDN, p, torch.bfloat16, CUDA) is None
     assert not any(st.active for st in store.config_status("a100"))
     store.reset()
-
-
-class _Shipped:
-    """Stands in for ``importlib.resources`` in :mod:`dtune.store`: the shipped folder is ``folder``."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def files(self, package: str) -> Path:
-        return self.folder
 
 
 def test_a_gpu_tuned_in_part_reads_its_kins_configs_where_it_has_none(
