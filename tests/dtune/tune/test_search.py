@@ -18,7 +18,10 @@ from dtune.kernels import get_kernel
 
 import dtune
 import dtune.tune.storage
+import dtune.tune.trials
 from dtune.gpu import get_profile
+from dtune.measure.harness import OpRun
+from dtune.plugins import ENV as PLUGINS_ENV
 from dtune.shape import Shape
 from dtune.tune import transfer
 from dtune.tune.executor import Evaluator
@@ -26,6 +29,7 @@ from dtune.tune.search import INTERPRET_SHAPES, SearchConfig, run_search
 from dtune.tune.space import _parse_text, load_space
 from dtune.tune.storage import open_storage
 
+NONDEFAULT_PLUGIN = Path(__file__).parent.parent / "nondefault_timing.py"
 CSV_COLUMNS = [
     "study", "kernel", "gpu", "dtype", "shape_key", "B", "T", "H", "HV", "K", "V", "number", "state", "reason",
     "message", "time_ms", "default_time_ms", "error_o", "error_s", "registers", "spills", "shared_mem", "gbs",
@@ -293,10 +297,18 @@ def test_seeds_off_starts_from_the_default_and_transfer_seeds(tmp_path: Path) ->
 
 @pytest.fixture(scope="module")
 def donor_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished run of three buckets (read only by the tests that transfer from it)."""
+    """A finished run of three buckets (read only by the tests that transfer from it), each won by a config that is
+    not the default (a timing plugin favours those: under the interpreter's host-clock times the default won every
+    bucket now and then, and a transferred default is no transfer)."""
     first = tmp_path_factory.mktemp("donors")
     donors = [Shape(2, 4, 2, 2, 32, 32), Shape(2, 16, 2, 2, 32, 32), Shape(1, 32, 2, 2, 32, 32)]
-    run_search(config("fused_recurrent_delta_rule", first, shapes=donors, trials=3, sampler="random", seed=5))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(PLUGINS_ENV, str(NONDEFAULT_PLUGIN))
+        mp.setattr(OpRun, "call", OpRun.call)  # restored after the run: the plugin patches them here too
+        mp.setattr(dtune.tune.trials, "time_call", dtune.tune.trials.time_call)
+        run_search(config("fused_recurrent_delta_rule", first, shapes=donors, trials=3, sampler="random", seed=5))
+    default = get_kernel("fused_recurrent_delta_rule").default_config(32, 32)
+    assert all({**default, **d.config} != default for d in transfer.run_donors(first))
     return first
 
 
