@@ -214,7 +214,22 @@ class TrialBook:
         return self.result_of(item.candidate, earlier, reused=True)
 
     def finish(self, item: Pending, ev: Evaluated) -> Result:
-        """Record the evaluation on the trial and tell the study: COMPLETE with its value, or FAIL."""
+        """Record the evaluation on the trial and tell the study: COMPLETE with its value, or FAIL. A trial that another
+        process sharing the study has already failed as stale (this process sent no heartbeat for the grace period:
+        a long compile on a loaded host) keeps that verdict: its result is not recorded, the config is retried on
+        ``--resume`` as an interrupted one, and this search goes on."""
+        try:
+            return self._finish(item, ev)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.open.pop(item.trial.number, None)
+            self.evaluated += 1
+            logging.getLogger(__name__).warning(
+                "trial %d was failed as stale by another process sharing the study; its result is not recorded",
+                item.trial.number,
+            )
+            return Result(item.candidate, dict(item.trial.params), False, reason="interrupted")
+
+    def _finish(self, item: Pending, ev: Evaluated) -> Result:
         outcome, trial, c = ev.outcome, item.trial, item.candidate
         record(trial, outcome)
         trial.set_user_attr("built_ahead", ev.built_ahead)
