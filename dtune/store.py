@@ -263,10 +263,7 @@ def _configs_for(gpu: str) -> TunedConfigs | None:
                 files.append(read_configs(str(ref), key))
             except ConfigFileError as e:
                 warnings.warn(f"dtune: {e}; left out", RuntimeWarning, stacklevel=4)
-        if len(files) == 2 and files[0].gpu == gpu:
-            found = overlay(files[0], files[1])
-        elif files:
-            found = files[0]
+        found = overlay(*files) if len(files) == 2 else (files[0] if files else None)
     _loaded[gpu] = found
     return found
 

@@ -508,7 +508,6 @@ class TrainingForward:
     def state(self) -> None:
         assert self.tables is not None
         self.inter.starts = None  # (the forward computes the segments' entering states: phases 1 and 2 too)
-        self.inter.hbuf = self.inter.vnew = None
         _, self.o, self.ht = forward_intermediates(
             self.q, self.k, self.v, self.g, self.beta, self.gate, self.scale, self.h0, self.cu_seqlens, self.tables,
             self.cfg, inter=self.inter, states=self.states, output=True, final_state=self.final,
