@@ -105,29 +105,19 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # (reports/h100/training/bwd_variants*.csv): the B8 reverse pass by value tiles of 64 at 8 warps, which compiles
 # without spills for Gated DeltaNet but runs two waves of programs (its launch 0.922 ms, 0.796 by TMA double
 # buffered, against the shipped 0.723; DeltaNet's step 2.422 ms against 2.069).
+# The variants this list held before (the reverse pass double buffered, the dq/dk stage by TMA, no W at B1, W rebuilt,
+# dh_ACC in both forms), with their measured times in the comments, are in this file's history.
+_DQK = {"REVERSE_DQK": True, "dh_num_stages": 1}  # (two stages of the fused pass need 262 KB of shared memory)
 VARIANTS: list[Variant] = [
-    ("shipped", None, ("b8", "b1"), ALL),
-    # Gated DeltaNet's B8 reverse pass double buffered by pointer loads, and by TMA (2.443 against 2.440 at bf1f65d)
-    ("dh-s2", {**SHIP_GDN_B8, "dh_num_stages": 2}, ("b8",), (Gate.SCALAR,)),
-    ("dh-tma s2", {**SHIP_GDN_B8, **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
-    # the dq/dk stage's tiles by TMA on the double-buffered TMA reverse pass
-    ("dqk-tma", {**SHIP_DN_B8, "dqk_TMA": True}, ("b8",), (Gate.NONE,)),
-    ("dqk-tma", {**SHIP_B1, "dqk_TMA": True}, ("b1",), DN_GDN),
-    ("dqk-tma", {**SHIP_KDA_B8, "dqk_TMA": True}, ("b8",), (Gate.CHANNEL,)),
-    # KDA's B1 reverse pass by TMA, double buffered (B8 ships it)
-    ("dh-tma s2", {**SHIP_KDA_B1, **_DH_TMA2}, ("b1",), (Gate.CHANNEL,)),
-    # stage 1 under autograd storing less at B1, with the reverse pass as shipped there (no W: 2.905 and 3.444 ms at
-    # bf1f65d against 2.819 and 3.341 before the TMA reverse pass shipped)
-    ("no w", {**SHIP_B1, **_NO_W}, ("b1",), DN_GDN),
-    # Gated DeltaNet B8 without W, W rebuilt off the reverse pass's chain (2.498 against 2.440)
-    ("w rebuilt", {**SHIP_GDN_B8, "fh_W": "rebuilt", **_DH_TMA2}, ("b8",), (Gate.SCALAR,)),
-    # the reverse pass's last chain product accumulated by the dot (dh_ACC) in the form the gate does not default to
-    # (on for Gated DeltaNet; H100 at 9a6c704, both forms interleaved in one process: Gated DeltaNet 2.619 -> 2.601 and
-    # 3.622 -> 3.402 ms with it, DeltaNet 2.095 -> 2.142 and 2.969 -> 2.944, KDA 4.545 -> 4.542 and 5.558 -> 5.572)
-    ("dh-acc off", {**SHIP_GDN_B8, "dh_ACC": False}, ("b8",), (Gate.SCALAR,)),
-    ("dh-acc off", {**SHIP_B1, "dh_ACC": False}, ("b1",), (Gate.SCALAR,)),
-    ("dh-acc on", {**SHIP_DN_B8, "dh_ACC": True}, ("b8",), (Gate.NONE,)),
-    ("dh-acc on", {**SHIP_B1, "dh_ACC": True}, ("b1",), (Gate.NONE,)),
+    ("shipped", None, ("b8", "b1"), DN_GDN),
+    # the chunk-parallel stages' work inside the reverse pass (REVERSE_DQK: no adjoints or dVβ stored, no dq/dk or
+    # finish launch; sm_90a, Triton 3.6, K = V = 128, 8 warps: 255 registers, 0.9-3 KB of spills at BT 64, 0.6-1 KB
+    # at 32), at the chunk of 64 and 32, and in phase 3 of the segmented pass
+    ("rev-dqk", {**SHIP_GDN_B8, **_DQK}, ("b8",), (Gate.SCALAR,)),
+    ("rev-dqk", {**SHIP_DN_B8, **_DQK}, ("b8",), (Gate.NONE,)),
+    ("rev-dqk BT32", {**SHIP_GDN_B8, **_DQK, "BT": 32}, ("b8",), (Gate.SCALAR,)),
+    ("rev-dqk BT32", {**SHIP_DN_B8, **_DQK, "BT": 32}, ("b8",), (Gate.NONE,)),
+    ("rev-dqk", {**SHIP_B1, **_DQK}, ("b1",), DN_GDN),
 ]
 
 

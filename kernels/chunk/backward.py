@@ -146,6 +146,11 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
     # (the forward's AQK = "recomputed") and by the reverse pass ("recomputed", off both chains: one [BT, K] x [K, BT]
     # product and BT² exponentials per chunk instead of a [tokens, BT] store and two loads)
     "fh_AQK": ("stored", "recomputed"),
+    # the chunk-parallel stages (dq/dk, finish) apart (False), or their work done per chunk inside the reverse state
+    # pass on the whole state (True, needs REVERSE_DV; :mod:`.bwd_reverse_dqk`): the adjoints X_{c+1} and dVβ never
+    # stored or read back, the dq/dk stage's loads of the chunk states, V_new and dO gone with its launch, more work
+    # on the pass's sequential programs
+    "REVERSE_DQK": (False, True),
 }
 
 
@@ -215,6 +220,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["fh_U"] = "stored"
         cfg["fh_W"] = "stored"
         cfg["fh_AQK"] = "stored"
+        cfg["REVERSE_DQK"] = False
     return cfg
 
 
@@ -223,6 +229,8 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
     full = _check(name, legal_params(gate), default_config(K, V, gate), config)
     if full["REVERSE_DV"] and not full["FUSE_DV"]:
         raise ValueError(f"config for {name}: REVERSE_DV needs FUSE_DV (the dv stage does that work otherwise)")
+    if full.get("REVERSE_DQK") and not full["REVERSE_DV"]:
+        raise ValueError(f"config for {name}: REVERSE_DQK needs REVERSE_DV (the reverse pass's dVβ, dv and dβ's v part)")
     for bc in ("BC", "dqk_BC"):
         if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
             raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")
@@ -576,6 +584,8 @@ class BackwardPass:
         self.store_w = bwd_config.get("fh_W", "stored") == "stored"
         self.fused = bool(bwd_config["FUSE_DV"])
         self.rev_dv = bool(bwd_config["REVERSE_DV"]) and self.fused
+        # (REVERSE_DQK: the chunk-parallel stages' work inside the reverse pass, no dq/dk or finish stage)
+        self.rev_dqk = bool(bwd_config.get("REVERSE_DQK", False)) and self.rev_dv
         self.dqk_BK, self.dqk_BV = _tile(bwd_config["dqk_BK"], K), _tile(bwd_config["dqk_BV"], V)
         self.NK = triton.cdiv(K, self.dqk_BK)
         self.kloop = bool(bwd_config["dqk_KLOOP"]) and self.NK > 1  # the key tiles in one program (dVβ over dV_new)
@@ -606,7 +616,7 @@ class BackwardPass:
         if self.save != "all":
             out.append(("re-state", self.rerun_state))
         out.append(("reverse", self.reverse))
-        if self.tables.NC > 0:
+        if self.tables.NC > 0 and not self.rev_dqk:
             if not self.fused:
                 out.append(("dv", self.dv_stage))
             out += [("dqk", self.dqk), ("finish", self.finish)]
@@ -640,11 +650,20 @@ class BackwardPass:
     # ---- 1. reverse state pass (sequence-parallel with dh_SEG_CHUNKS; REVERSE_DV: dVβ, dv and dβ's v part too) ----
     def reverse(self) -> None:
         inter, HV, K, V = self.inter, self.HV, self.K, self.V
-        self.dbeta_part = self._new(self.dbeta_part, self.nslot, self.tokens, HV, dtype=torch.float32)
         self.dv = self._new(self.dv, self.B, self.T, HV, V, dtype=self.v.dtype)
-        self.dh = self._new(self.dh, max(self.tables.NC, 1), HV, K, V)
-        self.dvn = self._new(self.dvn, self.tokens, HV, V)
         self.dh0 = self._new(self.dh0, self.N, HV, K, V, dtype=torch.float32) if self.h0 is not None else None
+        dqk_work = None
+        if self.rev_dqk:  # the gradients written by the pass: no adjoints, dV_new or dβ partials stored
+            self._grad_outputs()
+            assert inter.hbuf is not None and inter.vnew is not None and self.dq is not None and self.dk is not None
+            assert self.dbeta is not None
+            dqk_work = (inter.hbuf, inter.vnew, self.g, self.dq, self.dk, self.dg, self.dbeta)
+            self.dbeta_part = self.dv.new_empty(1, 0, HV, dtype=torch.float32)  # (unused by the pass)
+            self.dh = self.dvn = self.dv  # (unused by the pass)
+        else:
+            self.dbeta_part = self._new(self.dbeta_part, self.nslot, self.tokens, HV, dtype=torch.float32)
+            self.dh = self._new(self.dh, max(self.tables.NC, 1), HV, K, V)
+            self.dvn = self._new(self.dvn, self.tokens, HV, V)
         dv_work = None
         if self.rev_dv:
             assert inter.ai is not None
@@ -658,9 +677,13 @@ class BackwardPass:
             inter.gout, self.do, self.dht, self.dh0, self.dh, self.dvn, self.cu_seqlens, self.tables.chunk_offsets,
             self.offsets, self.scale, self.B, self.T, self.H, HV, K, V, self.N, self.BT, self.GATE, self.dot_prec,
             self.bwd_config, dv_work, w_from_k=no_w and not w_rebuild, qk_re=qk_re, w_rebuild=w_rebuild,
+            dqk_work=dqk_work,
         )  # fmt: skip
         if not self.keep:
             inter.w = inter.qg = inter.kg = None
+            if self.rev_dqk:
+                inter.hbuf = inter.vnew = inter.ai = None
+                self.dh = self.dvn = None
 
     # ---- 2. (unfused) dA_qk, dVβ (dv), dA_kk ------------------------------------------------------------------------
     def dv_stage(self) -> None:

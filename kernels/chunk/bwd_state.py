@@ -60,7 +60,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..config import Config, next_power_of_2
+from ..config import GATE_FLOOR, Config, next_power_of_2
+from .bwd_reverse_dqk import reverse_chunk_grads
 from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
 from .call import tile
 from .state import _tile
@@ -135,6 +136,15 @@ def chunk_bwd_state_kernel(
     t_td=None,
     v_td=None,
     X_ACC: tl.constexpr = False,
+    DQK: tl.constexpr = False,
+    hbuf=None,
+    vnew=None,
+    graw=None,
+    dq=None,
+    dk=None,
+    dg=None,
+    dbeta=None,
+    FLOOR: tl.constexpr = 0.0,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -153,6 +163,7 @@ def chunk_bwd_state_kernel(
     NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
     DT = w.dtype.element_ty  # (without W stored the launcher passes T's buffer: the intermediates' dtype)
     tl.static_assert(not (W_FROM_K or W_REBUILD or QK_RE) or GATE != 2, "W, A_qk from k, q: DeltaNet, Gated DeltaNet")
+    tl.static_assert(not DQK or (DV and GATE != 2 and BV >= V and BK >= K), "REVERSE_DQK: REVERSE_DV, whole state")
     W_READ: tl.constexpr = not (W_FROM_K or W_REBUILD)
     USE_TMA: tl.constexpr = TMA and SEG != 1  # (phase 1's P columns have no dO to load)
     c_v = (i_hv * V + i_v * BV).to(tl.int32)  # descriptor columns: this value tile, ...
@@ -209,7 +220,7 @@ def chunk_bwd_state_kernel(
         row_h = t0 * H + i_h
         r0 = t0.to(tl.int32)  # descriptor row
         b_xc = b_x.to(DT)
-        if SEG != 1:
+        if SEG != 1 and not DQK:  # (DQK: the chunk's gradients are formed here, X_{c+1} never stored)
             tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
 
         b_do = _load(do + row_hv * V, off_v, m_to, do_td, r0, c_v, m_t, USE_TMA, TRANS).to(DT)
@@ -273,8 +284,9 @@ def chunk_bwd_state_kernel(
             else:
                 tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
                 b_dbv = tl.sum(b_dvb * b_v, 1)
-            tl.store(dvn + row_hv * V + off_v, b_dvb.to(dvn.dtype.element_ty), mask=m_tv)
-            tl.store(dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t)  # this V tile's slot
+            if not DQK:  # (DQK: dVβ and the v part used here)
+                tl.store(dvn + row_hv * V + off_v, b_dvb.to(dvn.dtype.element_ty), mask=m_tv)
+                tl.store(dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t)  # this tile's slot
         elif SEG != 1:
             tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
         # the chain's last product Wᵀ dV_new, from its operands: the dV side (b_l) and the K side (b_r); with X_ACC one
@@ -303,6 +315,13 @@ def chunk_bwd_state_kernel(
                 b_x = tl.dot(tl.trans(b_r), b_l, b_x, input_precision=DOT_PREC)
             else:
                 b_x -= tl.dot(tl.trans(b_r), b_l, input_precision=DOT_PREC)
+        if DQK and SEG != 1:  # the chunk's dq, dk, dβ, dg from X_{c+1} (b_xc), off the chain
+            reverse_chunk_grads(
+                b_do, b_dvb.to(DT), b_dbv, b_xc, b_beta, hbuf, vnew, q, k, graw, beta, dq, dk, dg, dbeta,
+                ((c0 + i_t) * HV + i_hv) * K * V, off_h, m_h, off_v, m_tv, row_hv, row_h, o_t, m_t,
+                tl.minimum(eos - t0, BT).to(tl.int32), scale,
+                H, HV, K, V, BT, BK, GATE, TRANS, DT, DOT_PREC, FLOOR,
+            )  # fmt: skip
 
     if SEG == 1:
         # the extended adjoint [K, V + K] of this segment: R_seg in columns :V, P_seg in columns V:
@@ -352,6 +371,7 @@ def launch_reverse(
     w_from_k: bool = False,
     qk_re: bool = False,
     w_rebuild: bool = False,
+    dqk_work: tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, Tensor] | None = None,
 ) -> None:
     """The reverse state pass of one call: fills ``dh`` (``X_{c+1}`` per chunk), ``dvn`` (``dV_new``) and ``dh0``
     (the initial state's gradient, when given), per sequence or, with ``dh_SEG_CHUNKS`` and a sequence of more than
@@ -360,8 +380,11 @@ def launch_reverse(
     is written and slot ``i`` of ``dbeta_part`` gets dβ's ``v`` part of value tile ``i``. ``w_from_k`` (needs
     ``dv_work``; ``w`` may then be any tensor of the intermediates' dtype): ``Wᵀ dV_new`` as ``(β e^γ ⊙ K)ᵀ dVβ``, W
     never read; ``w_rebuild`` (needs ``dv_work`` too): W formed per chunk as ``T (β e^γ ⊙ K)``, off the chain;
-    ``qk_re``: ``A_qk`` formed from q and k per chunk (``aqk`` unread, any such tensor)."""
-    BV = tile(config["dh_BV"], V)
+    ``qk_re``: ``A_qk`` formed from q and k per chunk (``aqk`` unread, any such tensor). ``dqk_work``
+    (``REVERSE_DQK``, needs ``dv_work``; DeltaNet, Gated DeltaNet): ``(S_c, V_new, g, dq, dk, dg, dβ)``: the pass also
+    forms every chunk's ``dq``, ``dk``, ``dβ`` and ``dg`` (:mod:`.bwd_reverse_dqk`) on the whole value width (one value
+    tile, ``dh_BV`` unused), and stores neither ``dh`` nor ``dvn`` nor ``dv_work``'s ``dbeta_part``."""
+    BV = tile(next_power_of_2(V) if dqk_work is not None else config["dh_BV"], V)
     BK = tile(next_power_of_2(K), K)
     common = dict(
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, GATE=GATE, DOT_PREC=dot_prec, TRANS=config["dh_LAYOUT"] == "vk",
@@ -375,6 +398,14 @@ def launch_reverse(
     if dv_work is not None:
         ai, v, beta, dv, dbeta_part = dv_work
         extra = dict(DV=True, ai=ai, v=v, beta=beta, dv=dv, dbeta_part=dbeta_part, SS=dbeta_part.shape[1] * HV)
+    if dqk_work is not None:
+        if dv_work is None or GATE == 2:
+            raise ValueError("REVERSE_DQK needs dv_work (REVERSE_DV) and a scalar gate or none (DeltaNet, Gated DeltaNet)")
+        hbuf, vnew, graw, dq, dk, dg, dbeta = dqk_work
+        extra |= dict(
+            DQK=True, hbuf=hbuf, vnew=vnew, graw=dbeta if graw is None else graw, dq=dq, dk=dk,
+            dg=dbeta if dg is None else dg, dbeta=dbeta, FLOOR=GATE_FLOOR,
+        )  # fmt: skip
     tds = descriptors(q, k, w, aqk, qg, kg, do, dv_work, w_from_k or w_rebuild, qk_re, H, HV, K, V, BT, BK, BV, config)
     extra |= tds  # (the plain pass and phase 3; phase 1 loads by pointers)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)

@@ -266,6 +266,22 @@ for gate in Gate:
     if gate != Gate.CHANNEL:
         add("dhACC-fhW-vk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **wr, **VK, **flip}, gate_min=-60.0)
 
+# The chunk-parallel stages' work inside the reverse pass (REVERSE_DQK; DeltaNet, Gated DeltaNet): odd T with strong
+# decays, K != V and grouped heads, kv and vk; −inf gates; varlen with an empty sequence and partial chunks re-running
+# the state pass (SAVE "intra") by TMA; the segmented pass (phase 3 forms the gradients) with no W or A_qk stored and
+# no initial or final state; T = 1; padded dims (K = 24, V = 20) at BT 64
+DQK = {**rdv, "REVERSE_DQK": True}
+for gate in (Gate.NONE, Gate.SCALAR):
+    add("dqk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **DQK}, scale=0.3, gate_min=-60.0)
+    add("dqk-vk-odd", Shape(2, 37, 2, 4, 32, 16, 2, gate), {**BT32, **DQK, **VK, "SAVE": "all"}, gate_min=-60.0)
+    add("dqk-tma-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **DQK, **TMA_DH, "SAVE": "intra"},
+        seq_lens=[1, 17, 0, 40])  # fmt: skip
+    add("dqk-seg-fhW-noh0", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **DQK, **wr, **qr, "dh_SEG_CHUNKS": 2},
+        h0=False, final=False)  # fmt: skip
+    add("dqk-T1", Shape(2, 1, 2, 4, 16, 32, 2, gate), {**BT16, **DQK, "SAVE": "none"})
+    add("dqk-BT64-pad", Shape(1, 70, 2, 4, 24, 20, 1, gate), {"BT": 64, "BC": 16, **DQK, **VK, "SAVE": "all"})
+add("dqk-inf", Shape(1, 50, 2, 4, 16, 16, 1, Gate.SCALAR), {**BT32, **DQK}, inf=True)
+
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))
 def test_gradients_match_loop(

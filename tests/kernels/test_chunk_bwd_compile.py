@@ -79,7 +79,8 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     state |= {"qg": p, "kg": p} if G == 2 else {}
     state |= {"gout": f32} if G else {}
     state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
-    dh_BV = _tile(cfg["dh_BV"], V)
+    rev_dqk = bool(cfg.get("REVERSE_DQK")) and cfg["REVERSE_DV"] and cfg["FUSE_DV"]
+    dh_BV = _tile(triton.next_power_of_2(V) if rev_dqk else cfg["dh_BV"], V)
     state |= dict(BK=_tile(triton.next_power_of_2(K), K), BV=dh_BV, GATE=G, USE_DHT=True)
     state |= dict(STORE_DH0=True, TRANS=cfg["dh_LAYOUT"] == "vk")
     rev_dv = cfg["REVERSE_DV"] and cfg["FUSE_DV"]
@@ -89,6 +90,9 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     w_rec, qk_rec = cfg.get("fh_W", "stored") != "stored", cfg.get("fh_AQK") == "recomputed"
     state |= dict(W_FROM_K=cfg.get("fh_W") == "recomputed", W_REBUILD=cfg.get("fh_W") == "rebuilt", QK_RE=qk_rec)
     state |= dict(X_ACC=cfg["dh_ACC"])
+    if rev_dqk:  # dq, dk (per value head: float32, HV = 2H), dβ and the gate's gradient formed in the pass
+        state |= dict(DQK=True, hbuf=p, vnew=p, graw=f32 if G else p, dq=f32, dk=f32, dg=f32 if G else p, dbeta=p)
+        state |= {"FLOOR": GATE_FLOOR}
     if cfg.get("dh_TMA") and state["BK"] == K and V % dh_BV == 0:  # its tiles by TMA descriptors
         td = {"do_td": dh_BV, "q_td": K, "k_td": K} | ({} if w_rec else {"w_td": K}) | ({} if qk_rec else {"a_td": BT})
         td |= {"t_td": BT, "v_td": dh_BV} if rev_dv else {}
@@ -128,22 +132,31 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
         out.append(("segment-ends", chunk_bwd_segment_ends_kernel, ends, *ENDS_LAUNCH.values()))
     if not fused:
         out.append(("dv", chunk_bwd_dv_kernel, dv, cfg["dv_num_warps"], cfg["dv_num_stages"]))
+    if rev_dqk:  # (no chunk-parallel stage)
+        return out + _forward_stage(cfg, common, state["BK"], G, p, f32, varlen, qk_rec)
     out.append(("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]))
     fin = dict(HV=4, BT=BT, VARLEN=varlen, T="i32", SS="i32", dbeta_part=f32, dbeta=p, NSLOT=3, NKG=NK, GATE=G)
     fin |= table | {"FLOOR": GATE_FLOOR}
     fin |= {"g": f32, "dg_part": f32, "dg": f32} if G == 1 else {}
     out.append(("finish", chunk_bwd_finish_kernel, fin, 4, 1))
-    if cfg["SAVE"] == "all":  # the forward under autograd: the fused state pass storing the chunk states too
-        fwd = dict(common, q=p, k=p, w=p, u=p, aqk=p, h0=f32, ht=f32, hbuf=p, vnew=p, o=p)
-        fwd |= {"qg": p, "kg": p} if G == 2 else {}
-        fwd |= {"gout": f32} if G else {}
-        fwd |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen else {}
-        fwd |= dict(BK=state["BK"], BV=_tile(cfg["fh_BV"] or 64, V), GATE=G, USE_H0=True, STORE_HT=True)
-        fwd |= dict(FUSE_OUTPUT=True, TRANS=True, STORE_STATES=True)
-        if cfg.get("fh_U") == "recomputed":  # V_new from T (and with fh_AQK, A_qk from q and k)
-            fwd |= dict(RECOMPUTE=True, QK_RECOMPUTE=qk_rec, v=p, beta=p, ai=p)
-        out.append(("fwd state+output", chunk_state_kernel, fwd, cfg["fh_num_warps"] or 4, cfg["fh_num_stages"] or 2))
-    return out
+    return out + _forward_stage(cfg, common, state["BK"], G, p, f32, varlen, qk_rec)
+
+
+def _forward_stage(
+    cfg: dict[str, Any], common: dict[str, Any], BK: int, G: int, p: str, f32: str, varlen: bool, qk_rec: bool
+) -> list[tuple]:
+    """With ``SAVE = "all"`` the forward under autograd: the fused state pass storing the chunk states too."""
+    if cfg["SAVE"] != "all":
+        return []
+    fwd = dict(common, q=p, k=p, w=p, u=p, aqk=p, h0=f32, ht=f32, hbuf=p, vnew=p, o=p)
+    fwd |= {"qg": p, "kg": p} if G == 2 else {}
+    fwd |= {"gout": f32} if G else {}
+    fwd |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen else {}
+    fwd |= dict(BK=BK, BV=_tile(cfg["fh_BV"] or 64, common["V"]), GATE=G, USE_H0=True, STORE_HT=True)
+    fwd |= dict(FUSE_OUTPUT=True, TRANS=True, STORE_STATES=True)
+    if cfg.get("fh_U") == "recomputed":  # V_new from T (and with fh_AQK, A_qk from q and k)
+        fwd |= dict(RECOMPUTE=True, QK_RECOMPUTE=qk_rec, v=p, beta=p, ai=p)
+    return [("fwd state+output", chunk_state_kernel, fwd, cfg["fh_num_warps"] or 4, cfg["fh_num_stages"] or 2)]
 
 
 # the shipped B = 8 entries' reverse pass and dq/dk stage (DeltaNet, Gated DeltaNet)
