@@ -345,10 +345,18 @@ def backward_stages(
             rev_in_inner + ext)  # fmt: skip
         add("bwd segment ends", "chunk_bwd_segment_ends_kernel", NS * p.HV * 2 * K * K * V, ext + 2 * xend)
         rev_bytes += xend
-    add("bwd reverse state pass", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
     pair_flops = ta * 2 * 4 * C * K
-    gate_io = {Gate.NONE: 0, Gate.SCALAR: ta * f * (1 + NK), Gate.CHANNEL: 2 * ta * K * f}[gate]
     grads_qk = 2 * ta * K * (f if p.HV != p.H else e)
+    if rev_dv and bool(bwd_config.get("REVERSE_DQK", False)):
+        # the dq/dk and finish stages' work in the pass: S and V_new read, q and k again (the local terms), dq, dk,
+        # dβ and the gate's gradient written; no adjoints X, dVβ or dβ partials stored (nor read back)
+        rev_bytes += S + ta * V * e + qk + grads_qk + ta * e + (ta * f if gate is Gate.SCALAR else 0)
+        rev_bytes -= S + ta * V * e + n_v * ta * f
+        rev_flops += ta * 2 * (3 * K * V + 2 * C * V) + pair_flops
+        add("bwd reverse state pass + dq/dk", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
+        return out
+    add("bwd reverse state pass", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
+    gate_io = {Gate.NONE: 0, Gate.SCALAR: ta * f * (1 + NK), Gate.CHANNEL: 2 * ta * K * f}[gate]
     if bwd_config["FUSE_DV"] and rev_dv:  # dVβ read instead of dV_new; no T, v, dv, v part
         dqk_bytes = qk + ta * e + 2 * S + ta * 3 * V * e + grads_qk + gate_io + NK * ta * f
         dqk_bytes += 2 * NVS * ta * C * e if kda else 0

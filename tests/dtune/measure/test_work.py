@@ -163,3 +163,27 @@ def test_stage_one_storing_less_moves_fewer_bytes() -> None:
     assert no_w[intra].bytes - t_only[intra].bytes == ta * C * e  # A_qk not written ...
     assert no_w[rev].bytes - t_only[rev].bytes == ta * C * e  # ... nor read by the reverse pass
     assert t_only[rev].flops - no_w[rev].flops == ta * 2 * C * K  # ... formed there instead
+
+
+def test_dq_dk_in_the_reverse_pass_moves_fewer_bytes() -> None:
+    """REVERSE_DQK: no dq/dk or finish stage; the step moves at least the adjoints' round trip (X stored, then read)
+    and the dq/dk stage's re-reads of dO, V_new and dVβ less, and does the same FLOPs."""
+    from dtune.kernels import chunk
+    from dtune.kernels.chunk import backward as chunk_bwd
+
+    p = prob(8, 4096, 16, 128, Gate.SCALAR)
+    fwd = chunk.default_config(128, 128, "scalar")
+    base = {"BT": 64, "BC": 16, "SAVE": "all", "REVERSE_DV": True, "dqk_BK": 128, "dh_BV": 128}
+
+    def stages(**over: object) -> dict[str, roofline.Work]:
+        cfg = chunk_bwd.check_config(128, 128, "scalar", {**base, **over})
+        return {s.name: s.work for s in roofline.backward_stages(p, torch.bfloat16, fwd, cfg)}
+
+    staged, fused = stages(), stages(REVERSE_DQK=True)
+    assert "bwd dq/dk (dVβ given)" in staged and "bwd finish (dβ)" in staged
+    assert [n for n in fused if n not in staged] == ["bwd reverse state pass + dq/dk"]
+    assert not {"bwd dq/dk (dVβ given)", "bwd finish (dβ)", "bwd reverse state pass"} & set(fused)
+    ta, e, S = 8 * 4096 * 16, 2, 8 * 64 * 16 * 128 * 128 * 2
+    saved = sum(w.bytes for w in staged.values()) - sum(w.bytes for w in fused.values())
+    assert saved >= 2 * S + 3 * ta * 128 * e
+    assert sum(w.flops for w in fused.values()) == sum(w.flops for w in staged.values())
