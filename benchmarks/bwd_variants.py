@@ -115,6 +115,8 @@ VARIANTS: list[Variant] = [
     # at 32), at the chunk of 64 and 32, and in phase 3 of the segmented pass
     ("rev-dqk", {**SHIP_GDN_B8, **_DQK}, ("b8",), (Gate.SCALAR,)),
     ("rev-dqk", {**SHIP_DN_B8, **_DQK}, ("b8",), (Gate.NONE,)),
+    ("rev-dqk tma", {**SHIP_GDN_B8, **_DQK, "dh_TMA": True}, ("b8",), (Gate.SCALAR,)),
+    ("rev-dqk ptr", {**SHIP_DN_B8, **_DQK, "dh_TMA": False}, ("b8",), (Gate.NONE,)),
     ("rev-dqk BT32", {**SHIP_GDN_B8, **_DQK, "BT": 32}, ("b8",), (Gate.SCALAR,)),
     ("rev-dqk BT32", {**SHIP_DN_B8, **_DQK, "BT": 32}, ("b8",), (Gate.NONE,)),
     ("rev-dqk", {**SHIP_B1, **_DQK}, ("b1",), DN_GDN),

@@ -32,9 +32,9 @@ def reverse_chunk_grads(
     b_dvb,
     b_dbv,
     b_xc,
+    b_h,
+    b_vn,
     b_beta,
-    hbuf,
-    vnew,
     q,
     k,
     g,
@@ -43,11 +43,6 @@ def reverse_chunk_grads(
     dk,
     dg,
     dbeta,
-    h_off,
-    off_h,
-    m_h,
-    off_v,
-    m_tv,
     row_hv,
     row_h,
     o_t,
@@ -90,7 +85,7 @@ def reverse_chunk_grads(
         b_D = tl.full([BT, BT], 1.0, dtype=tl.float32)
     # ---- both dA (V contractions), masked, scale folded into dA_qk, rounded to the intermediates' dtype, then
     # times the decay (as the chunk-parallel stage keeps and uses them) ---------------------------------------------
-    b_vn = tl.load(vnew + row_hv * V + off_v, mask=m_tv, other=0).to(DT)
+    b_vn = b_vn.to(DT)
     if TRANS:  # [V, BT] token tiles, [V, K] state tiles
         b_daq = tl.dot(tl.trans(b_do), b_vn, input_precision=DOT_PREC)
         b_dak = -tl.dot(tl.trans(b_dvb), b_vn, input_precision=DOT_PREC)
@@ -106,7 +101,7 @@ def reverse_chunk_grads(
     b_q = tl.load(q + off_q, mask=m_tk, other=0).to(DT)
     # ---- dq = scale e^γ dO S_cᵀ + (dA_qk ⊙ D) k; then dk's row part β (e^γ dKβ + R), R = (dA_kk ⊙ D) k, with
     # dβ = Σ_d k ⊙ (e^γ dKβ + R): each accumulator consumed before the next is formed ----------------------------
-    b_h = tl.load(hbuf + h_off + off_h, mask=m_h, other=0).to(DT)
+    b_h = b_h.to(DT)
     if TRANS:
         b_dq = tl.dot(tl.trans(b_do), b_h, input_precision=DOT_PREC)
     else:

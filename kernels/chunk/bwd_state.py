@@ -145,6 +145,8 @@ def chunk_bwd_state_kernel(
     dg=None,
     dbeta=None,
     FLOOR: tl.constexpr = 0.0,
+    h_td=None,
+    vn_td=None,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -316,10 +318,17 @@ def chunk_bwd_state_kernel(
             else:
                 b_x -= tl.dot(tl.trans(b_r), b_l, input_precision=DOT_PREC)
         if DQK and SEG != 1:  # the chunk's dq, dk, dβ, dg from X_{c+1} (b_xc), off the chain
+            h_row = ((c0 + i_t) * HV + i_hv) * K  # the chunk's state: rows of the [chunks·HV·K, V] view
+            if USE_TMA:
+                b_h = h_td.load([h_row.to(tl.int32), 0])
+                if TRANS:
+                    b_h = tl.trans(b_h)
+            else:
+                b_h = tl.load(hbuf + h_row * V + off_h, mask=m_h, other=0)
+            b_vn = _load(vnew + row_hv * V, off_v, m_tv, vn_td, r0, c_v, m_t, USE_TMA, TRANS)
             reverse_chunk_grads(
-                b_do, b_dvb.to(DT), b_dbv, b_xc, b_beta, hbuf, vnew, q, k, graw, beta, dq, dk, dg, dbeta,
-                ((c0 + i_t) * HV + i_hv) * K * V, off_h, m_h, off_v, m_tv, row_hv, row_h, o_t, m_t,
-                tl.minimum(eos - t0, BT).to(tl.int32), scale,
+                b_do, b_dvb.to(DT), b_dbv, b_xc, b_h, b_vn, b_beta, q, k, graw, beta, dq, dk, dg, dbeta, row_hv,
+                row_h, o_t, m_t, tl.minimum(eos - t0, BT).to(tl.int32), scale,
                 H, HV, K, V, BT, BK, GATE, TRANS, DT, DOT_PREC, FLOOR,
             )  # fmt: skip
 
@@ -406,7 +415,9 @@ def launch_reverse(
             DQK=True, hbuf=hbuf, vnew=vnew, graw=dbeta if graw is None else graw, dq=dq, dk=dk,
             dg=dbeta if dg is None else dg, dbeta=dbeta, FLOOR=GATE_FLOOR,
         )  # fmt: skip
-    tds = descriptors(q, k, w, aqk, qg, kg, do, dv_work, w_from_k or w_rebuild, qk_re, H, HV, K, V, BT, BK, BV, config)
+    tds = descriptors(
+        q, k, w, aqk, qg, kg, do, dv_work, w_from_k or w_rebuild, qk_re, H, HV, K, V, BT, BK, BV, config, dqk_work
+    )  # fmt: skip
     extra |= tds  # (the plain pass and phase 3; phase 1 loads by pointers)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
     if seg is None:
@@ -455,15 +466,17 @@ def descriptors(
     BK: int,
     BV: int,
     config: Config,
+    dqk_work: tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, Tensor] | None = None,
 ) -> dict[str, Any]:
     """``dh_TMA``: TMA descriptors of the reverse pass's tiles (2-D token-major views, one chunk of rows by one head's
-    columns or ``BV`` of them): dO, q and k (KDA: q̃, k̃), W and A_qk where read, T and v with ``dv_work``; with the
-    constexpr ``TMA``. Empty (pointer loads) without ``dh_TMA`` or where a tile would cross a head (K not a power of
+    columns or ``BV`` of them): dO, q and k (KDA: q̃, k̃), W and A_qk where read, T and v with ``dv_work``, the chunk
+    states (``[BK, BV]`` blocks of their ``[chunks·HV·K, V]`` view) and V_new with ``dqk_work``; with the constexpr
+    ``TMA``. Empty (pointer loads) without ``dh_TMA`` or where a tile would cross a head (K not a power of
     two, ``BV`` not dividing V) or an input does not start 16-byte aligned."""
     tokens = do.shape[0] * do.shape[1]
     if not config.get("dh_TMA", False) or K != BK or V % BV or not tokens:
         return {}
-    loads = [q, k, do] + ([dv_work[1]] if dv_work is not None else [])
+    loads = [q, k, do] + ([dv_work[1]] if dv_work is not None else []) + (list(dqk_work[:2]) if dqk_work else [])
     if any(t.data_ptr() % 16 for t in loads):
         return {}
 
@@ -481,4 +494,9 @@ def descriptors(
         tds["a_td"] = desc(aqk, HV * BT, BT)
     if dv_work is not None:
         tds |= {"t_td": desc(dv_work[0], HV * BT, BT), "v_td": desc(dv_work[1], HV * V, BV)}
+    if dqk_work is not None:
+        hbuf, vnew = dqk_work[0], dqk_work[1]
+        rows = hbuf.numel() // V
+        tds |= {"h_td": TensorDescriptor(hbuf.view(rows, V), [rows, V], [V, 1], [BK, BV])}
+        tds |= {"vn_td": desc(vnew, HV * V, BV)}
     return tds

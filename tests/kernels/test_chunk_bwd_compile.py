@@ -97,6 +97,8 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
         td = {"do_td": dh_BV, "q_td": K, "k_td": K} | ({} if w_rec else {"w_td": K}) | ({} if qk_rec else {"a_td": BT})
         td |= {"t_td": BT, "v_td": dh_BV} if rev_dv else {}
         state |= {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in td.items()} | {"TMA": True}
+        if rev_dqk:  # V_new and the chunk states too
+            state |= {"vn_td": f"tensordesc<{dtype}[{BT},{dh_BV}]>", "h_td": f"tensordesc<{dtype}[{K},{dh_BV}]>"}
     seg = cfg["dh_SEG_CHUNKS"] > 0
     if seg:  # the sequence-parallel pass: phase 3 over the segment table (phase 1 and 2 below)
         state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32", "first": "*i32", "xend": f32}
