@@ -8,7 +8,9 @@ state ``S_c`` and ``V_new`` (the forward's, kept or re-run) and ``X_{c+1}``:
 
 * the contractions over V: ``dq̃ = dO S_cᵀ``, ``dk̃ = V_new X_{c+1}ᵀ``, ``dKβ = −dVβ S_cᵀ``,
   ``d(e^{γ_C}) = Σ_v S_c ⊙ X_{c+1}``, ``dA_qk = scale · causal(dO V_newᵀ)``, ``dA_kk = strictly_lower(−dVβ V_newᵀ)``;
-* the chunk-local terms (:func:`.bwd_local.chunk_local_grads`, the same formulas as the chunk-parallel stage);
+* the chunk-local terms (the formulas of :func:`.bwd_local.chunk_local_grads`, written out in an order that consumes
+  each ``[BT, K]`` accumulator before the next is formed: ``dq`` first, then ``dk``'s row part with ``dβ``, then its
+  column part with the gate's terms);
 * the per-row results: ``dq``, ``dk`` (per value head), ``dβ`` (its ``v`` part from the pass), Gated DeltaNet's
   ``dg_t = Σ_{i >= t} dγ_i`` inside the chunk (zero where the gate was below the floor).
 
@@ -16,6 +18,12 @@ Operand dtypes as in the stages it replaces: ``S_c``, ``V_new`` and ``dVβ`` in 
 rounded to it (the stage reads the stored adjoint), so the results are those of the staged backward to rounding.
 With ``TRANS`` (the pass's ``"vk"`` layout) the pass's tiles are transposed: ``[V, BT]`` token tiles and ``[V, K]``
 state tiles; the products are formed from their transposes.
+
+Registers (sm_90a, Triton 3.6, 8 warps, ``"vk"``): the whole fp32 adjoint, its rounded copy, ``S_c`` and three
+``[BT, K]`` accumulators exceed the register file at K = V = 128: 255 registers with 0.9 (DeltaNet) to 3 KB (Gated
+DeltaNet) of spills per thread at ``BT = 64``, 0.6-1 KB at 32; at K = V = 64 and ``BT = 64`` 0.35-0.55 KB (the
+pass alone: none). 16 warps spill more; block pointers for q, k, dq, dk and the states and ``V_new`` by TMA did not
+reduce them.
 """
 
 from __future__ import annotations
