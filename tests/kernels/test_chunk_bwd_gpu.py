@@ -53,6 +53,15 @@ for gate in Gate:
         CASES[f"{tag}-B2-T777-H2-K128-fhW-acc"] = (
             Shape(2, 777, 2, 2, 128, 128, 2, gate), None, {**vk, **nw, **flip}, None,
         )  # fmt: skip
+    if gate is not Gate.CHANNEL:  # the dq/dk work inside the reverse pass (REVERSE_DQK), plain and segmented, varlen
+        dqk = {"REVERSE_DV": True, "REVERSE_DQK": True}
+        CASES[f"{tag}-B2-T1000-H4-HV8-K128-revdqk"] = (
+            Shape(2, 1000, 4, 8, 128, 128, 2, gate), None, {**vk, **dqk, "SAVE": "all"}, None,
+        )  # fmt: skip
+        CASES[f"{tag}-varlen-K96-V64-revdqk-seg"] = (
+            Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64],
+            {**vk, **dqk, "dh_BV": 64, "dh_SEG_CHUNKS": 8}, SEG_FWD,
+        )  # fmt: skip
     CASES[f"{tag}-varlen-K96-V64-seg"] = (
         Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64], {**vk, "dh_BV": 64, "dh_SEG_CHUNKS": 8},
         SEG_FWD,
