@@ -2,7 +2,7 @@
 
 Every gradient (q, k, v, g, beta, initial state) is compared by relative RMS error, from a random output gradient
 and a random final-state gradient. Buffers are NaN-poisoned (tests/conftest.py): an element a stage fails to
-write fails the test. Gates are strong (per-step log decay down to −5) unless a case says otherwise. Every case has
+write fails the test. Gates are strong (per-step log decay down to −5) unless a case says otherwise. Most cases have
 grouped value heads with more than one key head (H = 2, HV = 4): with H = 1 a wrong mapping of value heads to key
 heads (``hv % H`` for ``hv // (HV // H)``, or the group sum over the wrong axis) computes the right gradients.
 """
@@ -269,7 +269,7 @@ for gate in Gate:
 # The chunk-parallel stages' work inside the reverse pass (REVERSE_DQK; DeltaNet, Gated DeltaNet): odd T with strong
 # decays, K != V and grouped heads, kv and vk; −inf gates; varlen with an empty sequence and partial chunks re-running
 # the state pass (SAVE "intra") by TMA; the segmented pass (phase 3 forms the gradients) with no W or A_qk stored and
-# no initial or final state; T = 1; padded dims (K = 24, V = 20) at BT 64
+# no initial or final state; T = 1; no grouped heads (dq, dk stored directly); padded dims (K = 24, V = 20) at BT 64
 DQK = {**rdv, "REVERSE_DQK": True}
 for gate in (Gate.NONE, Gate.SCALAR):
     add("dqk-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **DQK}, scale=0.3, gate_min=-60.0)
@@ -279,6 +279,7 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add("dqk-seg-fhW-noh0", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **DQK, **wr, **qr, "dh_SEG_CHUNKS": 2},
         h0=False, final=False)  # fmt: skip
     add("dqk-T1", Shape(2, 1, 2, 4, 16, 32, 2, gate), {**BT16, **DQK, "SAVE": "none"})
+    add("dqk-HVeqH", Shape(2, 37, 2, 2, 32, 32, 2, gate), {**BT32, **DQK, **VK})  # dq, dk stored in q's dtype
     add("dqk-BT64-pad", Shape(1, 70, 2, 4, 24, 20, 1, gate), {"BT": 64, "BC": 16, **DQK, **VK, "SAVE": "all"})
 add("dqk-inf", Shape(1, 50, 2, 4, 16, 16, 1, Gate.SCALAR), {**BT32, **DQK}, inf=True)
 
