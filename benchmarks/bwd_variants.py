@@ -92,6 +92,12 @@ _KDA = {**VK32, "dqk_BC": 32, "SAVE": "intra", **ONEPASS, "fh_TMA": True, "dqk_B
 SHIP_KDA_B8 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128, **_DH_TMA2}
 SHIP_KDA_B1 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128, "dh_SEG_CHUNKS": 128}
 
+
+class OnShipped(dict[str, Any]):
+    """A variant given as parameters changed on the shipped lookup of its shape (the GPU's own entry, else its kin's;
+    the template's default where there is none)."""
+
+
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
 Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
 ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
@@ -107,19 +113,24 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # buffered, against the shipped 0.723; DeltaNet's step 2.422 ms against 2.069).
 # The variants this list held before (the reverse pass double buffered, the dq/dk stage by TMA, no W at B1, W rebuilt,
 # dh_ACC in both forms), with their measured times in the comments, are in this file's history.
-_DQK = {"REVERSE_DQK": True, "dh_num_stages": 1}  # (two stages of the fused pass need 262 KB of shared memory)
+# (one pipeline stage: two of the fused pass need 262 KB of shared memory)
+_DQK = {"REVERSE_DV": True, "REVERSE_DQK": True, "dh_num_stages": 1}
+_DQK_W4 = {"dqk_BK": 64, "dqk_BV": 32, "dqk_num_warps": 4, "dqk_num_stages": 2}
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), DN_GDN),
     # the chunk-parallel stages' work inside the reverse pass (REVERSE_DQK: no adjoints or dVβ stored, no dq/dk or
     # finish launch; sm_90a, Triton 3.6, K = V = 128, 8 warps: 255 registers, 0.9-3 KB of spills at BT 64, 0.6-1 KB
     # at 32), at the chunk of 64 and 32, and in phase 3 of the segmented pass
-    ("rev-dqk", {**SHIP_GDN_B8, **_DQK}, ("b8",), (Gate.SCALAR,)),
-    ("rev-dqk", {**SHIP_DN_B8, **_DQK}, ("b8",), (Gate.NONE,)),
-    ("rev-dqk tma", {**SHIP_GDN_B8, **_DQK, "dh_TMA": True}, ("b8",), (Gate.SCALAR,)),
-    ("rev-dqk ptr", {**SHIP_DN_B8, **_DQK, "dh_TMA": False}, ("b8",), (Gate.NONE,)),
-    ("rev-dqk BT32", {**SHIP_GDN_B8, **_DQK, "BT": 32}, ("b8",), (Gate.SCALAR,)),
-    ("rev-dqk BT32", {**SHIP_DN_B8, **_DQK, "BT": 32}, ("b8",), (Gate.NONE,)),
-    ("rev-dqk", {**SHIP_B1, **_DQK}, ("b1",), DN_GDN),
+    ("rev-dqk", OnShipped(_DQK), ("b8", "b1"), DN_GDN),
+    ("rev-dqk tma", OnShipped(_DQK, dh_TMA=True), ("b8",), DN_GDN),
+    ("rev-dqk ptr", OnShipped(_DQK, dh_TMA=False), ("b8",), DN_GDN),
+    ("rev-dqk BT32", OnShipped(_DQK, BT=32), ("b8",), DN_GDN),
+    # the dq/dk stage at 4 warps by key tiles of 64 (two programs per SM, spilling 0-192 bytes), and its key tiles in a
+    # loop (the dA once per chunk): at 8 warps by 64 (no spills), at 4 by 32 (DeltaNet: no spills, 190 registers)
+    ("dqk w4", OnShipped(_DQK_W4), ("b8", "b1"), DN_GDN),
+    ("dqk w4 bv64", OnShipped(_DQK_W4, dqk_BV=64), ("b8",), DN_GDN),
+    ("dqk kloop", OnShipped(_DQK_W4, dqk_BV=64, dqk_num_warps=8, dqk_KLOOP=True), ("b8", "b1"), DN_GDN),
+    ("dqk kloop w4", OnShipped(_DQK_W4, dqk_BK=32, dqk_BV=64, dqk_KLOOP=True), ("b8",), DN_GDN),
 ]
 
 
@@ -164,8 +175,15 @@ def shape(gate: Gate, name: str, interpret: bool, errors: bool = False) -> Shape
     return Shape(1, 8192 if errors else 32768, 16, 16, 128, 128, 1, gate)
 
 
-def variant_config(cfg: dict[str, Any] | None, interpret: bool) -> dict[str, Any] | None:
-    """The variant's backward config; under the interpreter scaled to its tiny shapes (chunks of 16, segments of 2)."""
+def variant_config(
+    cfg: dict[str, Any] | None, interpret: bool, op: str, p: Shape, dtype: torch.dtype, dev: str | torch.device
+) -> dict[str, Any] | None:
+    """The variant's backward config for ``op`` at ``p``; under the interpreter scaled to its tiny shapes (chunks of
+    16, segments of 2)."""
+    if isinstance(cfg, OnShipped):
+        from dtune.store import tuned_config
+
+        cfg = {**(tuned_config(op + "_bwd", p, dtype, torch.device(dev)) or {}), **cfg}
     if cfg is None or not interpret:
         return cfg
     small = {**cfg, "BT": 16, "BC": 16}
@@ -235,7 +253,8 @@ def warm(what: str, interpret: bool) -> None:
     label, cfg, _, _ = variants_of(gate, name)[index]
     x = step_inputs(shape(gate, name, interpret), dtype, dev)
     with compile_without_launch():
-        op_step(OPS[gate], x, variant_config(cfg, interpret))()
+        p = shape(gate, name, interpret)
+        op_step(OPS[gate], x, variant_config(cfg, interpret, OPS[gate], p, dtype, dev))()
     print(f"warm {OPS[gate]} {name} {label}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
@@ -319,7 +338,8 @@ def errors(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget
             rows.append({"op": op, "shape": name, "impl": "reference", "note": "failed"})
             continue
         impls: list[tuple[str, Callable[[], StepResult] | None, str]] = [
-            (label, op_step(op, x, variant_config(cfg, interpret)), "") for label, cfg, _, _ in variants_of(gate, name)
+            (label, op_step(op, x, variant_config(cfg, interpret, op, shape(gate, name, interpret), dtype, dev)), "")
+            for label, cfg, _, _ in variants_of(gate, name)  # (the config of the timed shape)
         ]
         if not interpret:
             fla, note = fla_step(gate, x)
@@ -363,8 +383,9 @@ def timing(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget
             impls: list[tuple[str, Callable[[], StepResult], str]] = []
             configs = {"fla": ""}
             for label, cfg, _, _ in variants_of(gate, name):
-                impls.append((label, op_step(op, x, variant_config(cfg, interpret)), ""))
-                configs[label] = "(shipped lookup)" if cfg is None else json.dumps(cfg, sort_keys=True)
+                impls.append((label, op_step(op, x, variant_config(cfg, interpret, op, p, dtype, dev)), ""))
+                shown = "(shipped lookup)" if cfg is None else json.dumps(cfg, sort_keys=True)
+                configs[label] = f"(shipped lookup) + {shown}" if isinstance(cfg, OnShipped) else shown
             if not interpret:
                 fla, note = fla_step(gate, x)
                 if fla is not None:
@@ -431,10 +452,14 @@ def launches(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budg
                 if budget.left() < 10:
                     print(f"budget: skipping the launches of {op} {name} {label}", flush=True)
                     continue
-                bcfg = variant_config(cfg, interpret)
+                bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
                 if bcfg is None:
                     bcfg = tuned_config(op + "_bwd", p, dtype, dev)
-                bwd = get_kernel(op + "_bwd").check_config(p.K, p.V, bcfg)
+                try:
+                    bwd = get_kernel(op + "_bwd").check_config(p.K, p.V, bcfg)
+                except (TypeError, ValueError) as exc:
+                    rows.append({"op": op, "shape": name, "impl": label, "kernel": "(config)", "note": first_line(exc)})
+                    continue
                 floors: dict[str, list[Any]] = {}
                 for st in backward_stages(p, dtype, fwd, bwd):
                     floors.setdefault(st.kernel, []).append(st)
