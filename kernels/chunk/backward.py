@@ -230,7 +230,9 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
     if full["REVERSE_DV"] and not full["FUSE_DV"]:
         raise ValueError(f"config for {name}: REVERSE_DV needs FUSE_DV (the dv stage does that work otherwise)")
     if full.get("REVERSE_DQK") and not full["REVERSE_DV"]:
-        raise ValueError(f"config for {name}: REVERSE_DQK needs REVERSE_DV (the reverse pass's dVβ, dv and dβ's v part)")
+        raise ValueError(
+            f"config for {name}: REVERSE_DQK needs REVERSE_DV (the reverse pass's dVβ, dv and dβ's v part)"
+        )
     for bc in ("BC", "dqk_BC"):
         if bc in full and not full[bc] <= full["BT"] <= 4 * full[bc]:
             raise ValueError(f"config for {name}: needs {bc} <= BT <= 4 * {bc}, got BT={full['BT']}, {bc}={full[bc]}")

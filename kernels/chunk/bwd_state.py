@@ -409,7 +409,9 @@ def launch_reverse(
         extra = dict(DV=True, ai=ai, v=v, beta=beta, dv=dv, dbeta_part=dbeta_part, SS=dbeta_part.shape[1] * HV)
     if dqk_work is not None:
         if dv_work is None or GATE == 2:
-            raise ValueError("REVERSE_DQK needs dv_work (REVERSE_DV) and a scalar gate or none (DeltaNet, Gated DeltaNet)")
+            raise ValueError(
+                "REVERSE_DQK needs dv_work (REVERSE_DV) and a scalar gate or none (DeltaNet, Gated DeltaNet)"
+            )
         hbuf, vnew, graw, dq, dk, dg, dbeta = dqk_work
         extra |= dict(
             DQK=True, hbuf=hbuf, vnew=vnew, graw=dbeta if graw is None else graw, dq=dq, dk=dk,
