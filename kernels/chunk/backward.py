@@ -17,6 +17,10 @@ token-by-token loop). Pipeline, after the forward's intermediates (saved by the 
    and stores them (``dVβ``, ``dA_qk``, ``dA_kk`` through memory), then :mod:`.bwd_dqk` reads them.
 3. :mod:`.bwd_finish` (chunk × value head): ``dβ`` from its partials; Gated DeltaNet's ``dg``.
 
+With ``REVERSE_DQK`` (DeltaNet, Gated DeltaNet; with ``REVERSE_DV``) stages 2 and 3 run inside stage 1, per chunk,
+on the whole state per program (:mod:`.bwd_reverse_dqk`): no adjoints, ``dVβ`` or dβ partials stored, nothing
+launched after the reverse pass but the group sum.
+
 Grouped value heads (``HV = G·H``): stage 2 writes ``dq``, ``dk`` per value head (float32) and the group's value
 heads are summed at the end.
 
@@ -540,7 +544,8 @@ class BackwardPass:
     """The backward's launches on one call as named stages, run in order (:meth:`stages`): ``re-intra`` (``SAVE =
     "none"``) and ``re-state`` (``"none"``, ``"intra"``): the forward's intermediates again; ``reverse`` (the reverse
     state pass, its segment phases too); ``dv`` (without ``FUSE_DV``); ``dqk``; ``finish``; ``group-sum``
-    (grouped value heads: dq, dk summed over each group). Without ``keep`` each buffer is allocated by the stage that
+    (grouped value heads: dq, dk summed over each group); with ``REVERSE_DQK`` the reverse pass writes the gradients and
+    neither ``dqk`` nor ``finish`` runs. Without ``keep`` each buffer is allocated by the stage that
     writes it first and dropped after its last reader (a lower peak). With ``keep`` (a plan: once all ran in order,
     any one runs again alone, timed by itself) nothing is released and the buffers are allocated once (with
     ``dqk_KLOOP`` not split off by ``REVERSE_DV`` the dq/dk stage writes dVβ over the dV_new it reads: a second run
