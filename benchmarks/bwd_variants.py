@@ -125,6 +125,8 @@ VARIANTS: list[Variant] = [
     ("rev-dqk tma", OnShipped(_DQK, dh_TMA=True), ("b8",), DN_GDN),
     ("rev-dqk ptr", OnShipped(_DQK, dh_TMA=False), ("b8",), DN_GDN),
     ("rev-dqk BT32", OnShipped(_DQK, BT=32), ("b8",), DN_GDN),
+    # ... by value tiles of 32, the adjoint in a float32 scratch (612 / 932 bytes of spills at 8 warps)
+    ("rev-dqk tiled", OnShipped(_DQK, dh_BV=32, dh_LAYOUT="kv", dh_TMA=False, dh_num_warps=8), ("b8", "b1"), DN_GDN),
     # the dq/dk stage at 4 warps by key tiles of 64 (two programs per SM, spilling 0-192 bytes), and its key tiles in a
     # loop (the dA once per chunk): at 8 warps by 64 (no spills), at 4 by 32 (DeltaNet: no spills, 190 registers)
     ("dqk w4", OnShipped(_DQK_W4), ("b8", "b1"), DN_GDN),

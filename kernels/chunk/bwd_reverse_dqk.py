@@ -19,11 +19,16 @@ rounded to it (the stage reads the stored adjoint), so the results are those of 
 With ``TRANS`` (the pass's ``"vk"`` layout) the pass's tiles are transposed: ``[V, BT]`` token tiles and ``[V, K]``
 state tiles; the products are formed from their transposes.
 
+By value tiles (``dh_BV`` < V; :func:`chunk_bwd_reverse_dqk_tiled_kernel`): the same work with the adjoint in a
+float32 scratch per program instead of registers, one value tile of it live at a time and the contractions summed
+over the tiles.
+
 Registers (sm_90a, Triton 3.6, 8 warps, ``"vk"``): the whole fp32 adjoint, its rounded copy, ``S_c`` and three
 ``[BT, K]`` accumulators exceed the register file at K = V = 128: 255 registers with 0.9 (DeltaNet) to 3 KB (Gated
 DeltaNet) of spills per thread at ``BT = 64``, 0.6-1 KB at 32; at K = V = 64 and ``BT = 64`` 0.35-0.55 KB (the
 pass alone: none). 16 warps spill more; block pointers for q, k, dq, dk and the states and ``V_new`` by TMA did not
-reduce them.
+reduce them. By value tiles (``"kv"``, ``BT = 64``, ``dh_BV = 32``): 612 (DeltaNet) and 932 bytes (Gated DeltaNet);
+there the three ``[BT, K]`` float32 accumulators and both dA take 128 registers of the 255.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .bwd_local import chunk_local_grads
 from .common import floor_gate
 
 
@@ -142,3 +148,201 @@ def reverse_chunk_grads(
         b_dg = b_dgam + tl.where(o_t == L - 1, b_dgc1, 0.0)
         b_dgt = tl.cumsum(b_dg, 0, reverse=True)
         tl.store(dg + row_hv + o_t * HV, tl.where(b_graw < FLOOR, 0.0, b_dgt).to(dg.dtype.element_ty), mask=m_t)
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_bwd_reverse_dqk_tiled_kernel(
+    q,
+    k,
+    w,
+    aqk,
+    gout,
+    do,
+    dht,
+    dh0,
+    ai,
+    v,
+    beta,
+    dv,
+    hbuf,
+    vnew,
+    graw,
+    dq,
+    dk,
+    dg,
+    dbeta,
+    xs,
+    cu_seqlens,
+    chunk_offsets,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    NV: tl.constexpr,
+    GATE: tl.constexpr,
+    USE_DHT: tl.constexpr,
+    STORE_DH0: tl.constexpr,
+    VARLEN: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    FLOOR: tl.constexpr,
+    SEG: tl.constexpr = 0,
+    first=None,
+    xend=None,
+    W_FROM_K: tl.constexpr = False,
+    QK_RE: tl.constexpr = False,
+):
+    """The reverse pass with the chunk-parallel work (``REVERSE_DQK``) by value tiles (``dh_BV`` < V): one program per
+    sequence (``SEG = 2``: segment) and value head, the adjoint ``X`` ``[K, V]`` in a float32 scratch ``xs`` (one
+    ``[K, V]`` slot per program, L2-resident: 64 KB at K = V = 128) instead of registers. Per chunk, over the ``NV``
+    value tiles: load the adjoint's tile, the chain (``dV_new``, ``dVβ``, ``dv`` and dβ's ``v`` part, the update, stored
+    back), and the contractions over V accumulated (``dq̃``, ``dk̃``, ``dKβ``, both dA, ``d(e^{γ_C})``); then the
+    chunk-local terms and stores of :func:`reverse_chunk_grads`' math (:func:`.bwd_local.chunk_local_grads`, all K
+    channels). Only the value tile's adjoint and the ``[BT, K]`` accumulators are live, not the whole state. The
+    ``"kv"`` layout (``dh_LAYOUT`` unused), pointer loads (``dh_TMA`` unused)."""
+    i_nh = tl.program_id(0)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+        c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
+    DT = ai.dtype.element_ty
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_b = tl.arange(0, BV)
+    xs_b = xs + i_nh.to(tl.int64) * K * V
+    # the adjoint at the end: the final state's gradient (a segment's: its true end adjoint), or zero
+    for i_v in range(NV):
+        o_v = i_v * BV + o_b
+        m_h = m_k[:, None] & (o_v < V)[None, :]
+        off_h = o_k[:, None] * V + o_v[None, :]
+        b_x = tl.zeros([BK, BV], dtype=tl.float32)
+        if SEG == 2:
+            b_x += tl.load(xend + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0)
+        elif USE_DHT:
+            b_x += tl.load(dht + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
+        tl.store(xs_b + off_h, b_x, mask=m_h)
+    tl.debug_barrier()
+
+    for i_r in range(NTn):
+        i_t = NTn - 1 - i_r
+        t0 = bos + i_t * BT
+        L = tl.minimum(eos - t0, BT).to(tl.int32)
+        m_t = o_t < L
+        m_tk = m_t[:, None] & m_k[None, :]
+        row_hv = t0 * HV + i_hv
+        row_h = t0 * H + i_h
+        # ---- the chunk's value-independent operands ---------------------------------------------------------------
+        off_qk = row_h * K + o_t[:, None] * (H * K) + o_k[None, :]
+        b_k = tl.load(k + off_qk, mask=m_tk, other=0).to(tl.float32)
+        b_q = tl.load(q + off_qk, mask=m_tk, other=0).to(tl.float32)
+        b_beta = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
+        off_a = row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :]
+        m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
+        b_T = tl.load(ai + off_a, mask=m_low, other=0).to(DT)  # lower triangular, unit diagonal
+        if GATE == 1:
+            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
+            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
+            b_kg = (b_k * tl.exp(b_gC - b_gam)[:, None]).to(DT)
+            b_qg = (b_q * (scale * tl.exp(b_gam))[:, None]).to(DT)
+            b_rk = b_beta * tl.exp(b_gam)
+        else:
+            b_kg = b_k.to(DT)
+            b_qg = (b_q * scale).to(DT)
+            b_rk = b_beta
+        if QK_RE:  # scale · A_qk, causal, as stage 1 stores it
+            b_A = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=DOT_PREC)
+            if GATE == 1:
+                b_A *= tl.exp(tl.where(m_low, b_gam[:, None] - b_gam[None, :], float("-inf")))
+                b_A = (b_A * scale).to(DT)
+            else:
+                b_A = tl.where(m_low, b_A * scale, 0.0).to(DT)
+        else:
+            b_A = tl.load(aqk + off_a, mask=m_t[:, None], other=0).to(DT)
+        if W_FROM_K:
+            b_wk = (b_k * b_rk[:, None]).to(DT)  # Wᵀ dV_new = (β e^γ ⊙ K)ᵀ dVβ
+        else:
+            b_wk = tl.load(w + row_hv * K + o_t[:, None] * (HV * K) + o_k[None, :], mask=m_tk, other=0).to(DT)
+        h_b = hbuf + ((c0 + i_t) * HV + i_hv) * K * V
+        # ---- over the value tiles: the chain on this tile of the adjoint, and the contractions over V --------------
+        b_dqt = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dkt = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dkb = tl.zeros([BT, BK], dtype=tl.float32)
+        b_daq = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dak = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dec = tl.zeros([BK], dtype=tl.float32)
+        b_dbv = tl.zeros([BT], dtype=tl.float32)
+        for i_v in range(NV):
+            o_v = i_v * BV + o_b
+            m_v = o_v < V
+            m_h = m_k[:, None] & m_v[None, :]
+            off_h = o_k[:, None] * V + o_v[None, :]
+            m_tv = m_t[:, None] & m_v[None, :]
+            off_v = row_hv * V + o_t[:, None] * (HV * V) + o_v[None, :]
+            b_x = tl.load(xs_b + off_h, mask=m_h, other=0)
+            b_xc = b_x.to(DT)
+            b_do = tl.load(do + off_v, mask=m_tv, other=0).to(DT)
+            b_dvn = tl.dot(tl.trans(b_A), b_do, input_precision=DOT_PREC)
+            b_dvn += tl.dot(b_kg, b_xc, input_precision=DOT_PREC)
+            b_dvb = tl.dot(tl.trans(b_T), b_dvn.to(DT), input_precision=DOT_PREC)
+            b_v = tl.load(v + off_v, mask=m_tv, other=0).to(tl.float32)
+            tl.store(dv + off_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+            b_dbv += tl.sum(b_dvb * b_v, 1)
+            b_dvbc = b_dvb.to(DT)
+            if GATE == 1:
+                b_x *= tl.exp(b_gC)
+            b_x += tl.dot(tl.trans(b_qg), b_do, input_precision=DOT_PREC)
+            if W_FROM_K:
+                b_x -= tl.dot(tl.trans(b_wk), b_dvbc, input_precision=DOT_PREC)
+            else:
+                b_x -= tl.dot(tl.trans(b_wk), b_dvn.to(DT), input_precision=DOT_PREC)
+            tl.store(xs_b + off_h, b_x, mask=m_h)
+            b_h = tl.load(h_b + off_h, mask=m_h, other=0).to(DT)
+            b_vn = tl.load(vnew + off_v, mask=m_tv, other=0).to(DT)
+            b_dqt += tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
+            b_dkt += tl.dot(b_vn, tl.trans(b_xc), input_precision=DOT_PREC)
+            b_dkb -= tl.dot(b_dvbc, tl.trans(b_h), input_precision=DOT_PREC)
+            b_daq += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
+            b_dak -= tl.dot(b_dvbc, tl.trans(b_vn), input_precision=DOT_PREC)
+            if GATE != 0:
+                b_dec += tl.sum(b_h.to(tl.float32) * b_xc.to(tl.float32), 1)
+        tl.debug_barrier()  # (the adjoint's tiles are read back by other threads at the next chunk)
+        # ---- the chunk-local terms (the chunk-parallel stage's formulas) and the stores --------------------------
+        b_daq = (tl.where(m_low, b_daq, 0.0) * scale).to(DT)
+        b_dak = tl.where(m_t[:, None] & (o_t[None, :] < o_t[:, None]), b_dak, 0.0).to(DT)
+        b_dq, b_dk, b_db, b_dg = chunk_local_grads(
+            b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, dq, dq, b_beta, q + row_h * K, k + row_h * K, graw + row_hv,
+            beta + row_hv, 0, o_t, o_k, m_t, m_k, L, scale, 0,
+            H, HV, K, BT, BT, HV * BT, GATE, DT, DOT_PREC, FLOOR,
+        )  # fmt: skip
+        off_hk = row_hv * K + o_t[:, None] * (HV * K) + o_k[None, :]
+        tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + off_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+        tl.store(dbeta + row_hv + o_t * HV, (b_db + b_dbv).to(dbeta.dtype.element_ty), mask=m_t)
+        if GATE == 1:  # the reverse cumsum inside the chunk, the clamp's gradient
+            b_dgt = tl.cumsum(b_dg, 0, reverse=True)
+            b_g = tl.load(graw + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
+            tl.store(dg + row_hv + o_t * HV, tl.where(b_g < FLOOR, 0.0, b_dgt).to(dg.dtype.element_ty), mask=m_t)
+
+    if STORE_DH0:  # the adjoint at the start: the initial state's gradient (SEG 2: the sequence's first segment only)
+        i_out = i_n
+        if SEG == 2:
+            i_out = tl.load(first + i_n)
+        if i_out >= 0:
+            for i_v in range(NV):
+                o_v = i_v * BV + o_b
+                m_h = m_k[:, None] & (o_v < V)[None, :]
+                off_h = o_k[:, None] * V + o_v[None, :]
+                b_x = tl.load(xs_b + off_h, mask=m_h, other=0)
+                tl.store(dh0 + (i_out.to(tl.int64) * HV + i_hv) * K * V + off_h, b_x, mask=m_h)

@@ -53,6 +53,7 @@ With ``DV`` (``REVERSE_DV``) the pass also does the V-separable part of the chun
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -61,7 +62,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import GATE_FLOOR, Config, next_power_of_2
-from .bwd_reverse_dqk import reverse_chunk_grads
+from .bwd_reverse_dqk import chunk_bwd_reverse_dqk_tiled_kernel, reverse_chunk_grads
 from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
 from .call import tile
 from .state import _tile
@@ -393,7 +394,12 @@ def launch_reverse(
     (``REVERSE_DQK``, needs ``dv_work``; DeltaNet, Gated DeltaNet): ``(S_c, V_new, g, dq, dk, dg, dβ)``: the pass also
     forms every chunk's ``dq``, ``dk``, ``dβ`` and ``dg`` (:mod:`.bwd_reverse_dqk`) on the whole value width (one value
     tile, ``dh_BV`` unused), and stores neither ``dh`` nor ``dvn`` nor ``dv_work``'s ``dbeta_part``."""
-    BV = tile(next_power_of_2(V) if dqk_work is not None else config["dh_BV"], V)
+    BV = tile(config["dh_BV"], V)
+    # (REVERSE_DQK: on the whole value width in registers, or by value tiles with the adjoint in a scratch)
+    whole = tile(next_power_of_2(V), V)
+    tiled = dqk_work is not None and whole > BV
+    if dqk_work is not None:
+        BV = BV if tiled else whole
     BK = tile(next_power_of_2(K), K)
     common = dict(
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, GATE=GATE, DOT_PREC=dot_prec, TRANS=config["dh_LAYOUT"] == "vk",
@@ -422,7 +428,17 @@ def launch_reverse(
     )  # fmt: skip
     extra |= tds  # (the plain pass and phase 3; phase 1 loads by pointers)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
+    tiled_pass = None
+    if tiled:
+        assert dv_work is not None and dqk_work is not None
+        tiled_pass = partial(
+            _launch_tiled, q, k, w, aqk, gout, do, dv_work, dqk_work, scale, T, H, HV, K, V, BT, BK, BV, GATE,
+            dot_prec, config, w_from_k or w_rebuild, qk_re,
+        )  # fmt: skip
     if seg is None:
+        if tiled_pass is not None:
+            tiled_pass(N, dht, dh0, cu_seqlens, chunk_offsets)
+            return
         chunk_bwd_state_kernel[(triton.cdiv(V, BV), N * HV)](
             *args, dht, dh0, dh, dvn, cu_seqlens, chunk_offsets, scale, T, BV=BV, USE_DHT=dht is not None,
             STORE_DH0=dh0 is not None, VARLEN=cu_seqlens is not None, **common, **extra,
@@ -443,9 +459,58 @@ def launch_reverse(
         ext, dht, xend, dh0, seg.seq_segments, HV=HV, K=K, V=V, BK=BK, BV=e_BV, USE_DHT=dht is not None,
         STORE_DH0=dh0 is not None, DOT_PREC=dot_prec, **ENDS_LAUNCH,
     )  # fmt: skip
+    if tiled_pass is not None:
+        tiled_pass(seg.NS, None, dh0, seg.bounds, seg.chunk_offsets, SEG=2, first=seg.first, xend=xend)
+        return
     chunk_bwd_state_kernel[(triton.cdiv(V, BV), seg.NS * HV)](
         *args, None, dh0, dh, dvn, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,
         STORE_DH0=dh0 is not None, VARLEN=True, SEG=2, first=seg.first, xend=xend, **common, **extra,
+    )  # fmt: skip
+
+
+def _launch_tiled(
+    q: Tensor,
+    k: Tensor,
+    w: Tensor | None,
+    aqk: Tensor | None,
+    gout: Tensor | None,
+    do: Tensor,
+    dv_work: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+    dqk_work: tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, Tensor],
+    scale: float,
+    T: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    BT: int,
+    BK: int,
+    BV: int,
+    GATE: int,
+    dot_prec: str,
+    config: Config,
+    no_w: bool,
+    qk_re: bool,
+    programs: int,
+    dht: Tensor | None,
+    dh0: Tensor | None,
+    bounds: Tensor | None,
+    chunk_offsets: Tensor | None,
+    **seg: Any,
+) -> None:
+    """``REVERSE_DQK`` by value tiles (:func:`.bwd_reverse_dqk.chunk_bwd_reverse_dqk_tiled_kernel`): ``programs``
+    sequences (or segments, with ``seg``: ``SEG = 2``, ``first``, ``xend``) times HV, the adjoint in a float32
+    scratch of one ``[K, V]`` slot each."""
+    ai, v, beta, dv, _ = dv_work
+    hbuf, vnew, graw, dq, dk, dg, dbeta = dqk_work
+    xs = torch.empty(programs * HV, K, V, dtype=torch.float32, device=q.device)
+    chunk_bwd_reverse_dqk_tiled_kernel[(programs * HV,)](
+        q, k, ai if no_w or w is None else w, ai if qk_re or aqk is None else aqk, gout if gout is not None else xs,
+        do, dht, dh0, ai, v, beta, dv, hbuf, vnew, dbeta if graw is None else graw, dq, dk,
+        dbeta if dg is None else dg, dbeta, xs, bounds, chunk_offsets, scale, T,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, NV=triton.cdiv(V, BV), GATE=GATE, USE_DHT=dht is not None,
+        STORE_DH0=dh0 is not None, VARLEN=bounds is not None, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
+        W_FROM_K=no_w, QK_RE=qk_re, num_warps=config["dh_num_warps"], num_stages=config["dh_num_stages"], **seg,
     )  # fmt: skip
 
 

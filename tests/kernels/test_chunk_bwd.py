@@ -282,6 +282,17 @@ for gate in (Gate.NONE, Gate.SCALAR):
     add("dqk-HVeqH", Shape(2, 37, 2, 2, 32, 32, 2, gate), {**BT32, **DQK, **VK})  # dq, dk stored in q's dtype
     add("dqk-BT64-pad", Shape(1, 70, 2, 4, 24, 20, 1, gate), {"BT": 64, "BC": 16, **DQK, **VK, "SAVE": "all"})
 add("dqk-inf", Shape(1, 50, 2, 4, 16, 16, 1, Gate.SCALAR), {**BT32, **DQK}, inf=True)
+# ... by value tiles (dh_BV < V: the adjoint in a float32 scratch, the contractions summed over the tiles): odd T with
+# strong decays and two tiles, three tiles with a partial one (V = 40), varlen with an empty sequence, the segmented
+# pass without W or A_qk stored and no initial or final state, W rebuilt, no grouped heads
+TILED = {**DQK, "dh_BV": 16}
+for gate in (Gate.NONE, Gate.SCALAR):
+    add("dqkt-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **TILED}, scale=0.3, gate_min=-60.0)
+    add("dqkt-V40", Shape(1, 40, 2, 4, 24, 40, 1, gate), {**BT32, **TILED, "SAVE": "all"})
+    add("dqkt-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **TILED}, seq_lens=[1, 17, 0, 40])
+    add("dqkt-seg-fhW-noh0", Shape(1, 50, 1, 2, 32, 32, 1, gate), {**BT16, **TILED, **wr, **qr, "dh_SEG_CHUNKS": 2},
+        h0=False, final=False)  # fmt: skip
+    add("dqkt-rebuilt-HVeqH", Shape(2, 37, 2, 2, 32, 32, 2, gate), {**BT32, **TILED, **rb, "SAVE": "none"})
 
 
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "cfg", "extra"), list(CASES.values()), ids=list(CASES))

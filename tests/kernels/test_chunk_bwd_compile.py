@@ -25,6 +25,7 @@ from dtune.kernels.chunk import backward as chunk_bwd  # noqa: E402
 from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_reverse_dqk import chunk_bwd_reverse_dqk_tiled_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_segments import chunk_bwd_segment_ends_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_state import ENDS_LAUNCH, ENDS_MAX_BV, chunk_bwd_state_kernel  # noqa: E402
 from dtune.kernels.chunk.call import tile as _tile  # noqa: E402
@@ -80,7 +81,9 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     state |= {"gout": f32} if G else {}
     state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen else {}
     rev_dqk = bool(cfg.get("REVERSE_DQK")) and cfg["REVERSE_DV"] and cfg["FUSE_DV"]
-    dh_BV = _tile(triton.next_power_of_2(V) if rev_dqk else cfg["dh_BV"], V)
+    dh_BV = _tile(cfg["dh_BV"], V)
+    tiled = rev_dqk and dh_BV < triton.next_power_of_2(V)  # (by value tiles, the adjoint in a scratch)
+    dh_BV = _tile(triton.next_power_of_2(V), V) if rev_dqk and not tiled else dh_BV
     state |= dict(BK=_tile(triton.next_power_of_2(K), K), BV=dh_BV, GATE=G, USE_DHT=True)
     state |= dict(STORE_DH0=True, TRANS=cfg["dh_LAYOUT"] == "vk")
     rev_dv = cfg["REVERSE_DV"] and cfg["FUSE_DV"]
@@ -135,6 +138,14 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     if not fused:
         out.append(("dv", chunk_bwd_dv_kernel, dv, cfg["dv_num_warps"], cfg["dv_num_stages"]))
     if rev_dqk:  # (no chunk-parallel stage)
+        if tiled:  # the pass by value tiles: its own kernel (plain, or phase 3 of the segmented pass)
+            tk = dict(common, q=p, k=p, w=p, aqk=p, do=p, dht=f32, dh0=f32, ai=p, v=p, beta=p, dv=p, hbuf=p, vnew=p)
+            tk |= dict(graw=f32 if G else p, dq=f32, dk=f32, dg=f32 if G else p, dbeta=p, xs=f32, gout=f32)
+            tk |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32"} if varlen or seg else {}
+            tk |= dict(BK=state["BK"], BV=dh_BV, NV=triton.cdiv(V, dh_BV), GATE=G, USE_DHT=not seg, STORE_DH0=True)
+            tk |= dict(FLOOR=GATE_FLOOR, W_FROM_K=w_rec, QK_RE=qk_rec)
+            tk |= {"VARLEN": True, "SEG": 2, "first": "*i32", "xend": f32} if seg else {}
+            out[0] = ("state", chunk_bwd_reverse_dqk_tiled_kernel, tk, cfg["dh_num_warps"], cfg["dh_num_stages"])
         return out + _forward_stage(cfg, common, state["BK"], G, p, f32, varlen, qk_rec)
     out.append(("dqk", chunk_bwd_dqk_kernel, dqk, cfg["dqk_num_warps"], cfg["dqk_num_stages"]))
     fin = dict(HV=4, BT=BT, VARLEN=varlen, T="i32", SS="i32", dbeta_part=f32, dbeta=p, NSLOT=3, NKG=NK, GATE=G)

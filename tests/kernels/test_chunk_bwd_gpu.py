@@ -58,6 +58,9 @@ for gate in Gate:
         CASES[f"{tag}-B2-T1000-H4-HV8-K128-revdqk"] = (
             Shape(2, 1000, 4, 8, 128, 128, 2, gate), None, {**vk, **dqk, "SAVE": "all"}, None,
         )  # fmt: skip
+        CASES[f"{tag}-B2-T1000-H4-HV8-K128-revdqk-tiled"] = (
+            Shape(2, 1000, 4, 8, 128, 128, 2, gate), None, {**vk, **dqk, "dh_BV": 32, "dh_LAYOUT": "kv"}, None,
+        )  # fmt: skip
         CASES[f"{tag}-varlen-K96-V64-revdqk-seg"] = (
             Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64],
             {**vk, **dqk, "dh_BV": 64, "dh_SEG_CHUNKS": 8}, SEG_FWD,
