@@ -8,9 +8,7 @@ state ``S_c`` and ``V_new`` (the forward's, kept or re-run) and ``X_{c+1}``:
 
 * the contractions over V: ``dq̃ = dO S_cᵀ``, ``dk̃ = V_new X_{c+1}ᵀ``, ``dKβ = −dVβ S_cᵀ``,
   ``d(e^{γ_C}) = Σ_v S_c ⊙ X_{c+1}``, ``dA_qk = scale · causal(dO V_newᵀ)``, ``dA_kk = strictly_lower(−dVβ V_newᵀ)``;
-* the chunk-local terms (the formulas of :func:`.bwd_local.chunk_local_grads`, written out in an order that consumes
-  each ``[BT, K]`` accumulator before the next is formed: ``dq`` first, then ``dk``'s row part with ``dβ``, then its
-  column part with the gate's terms);
+* the chunk-local terms (:func:`.bwd_local.chunk_local_grads`, the chunk-parallel stage's formulas);
 * the per-row results: ``dq``, ``dk`` (per value head), ``dβ`` (its ``v`` part from the pass), Gated DeltaNet's
   ``dg_t = Σ_{i >= t} dγ_i`` inside the chunk (zero where the gate was below the floor).
 
@@ -37,7 +35,66 @@ import triton
 import triton.language as tl
 
 from .bwd_local import chunk_local_grads
-from .common import floor_gate
+from .common import scalar_causal_aqk, scalar_chunk_operands
+
+
+@triton.jit
+def store_chunk_grads(
+    b_dqt,
+    b_dkt,
+    b_dkb,
+    b_dec,
+    b_daq,
+    b_dak,
+    b_dbv,
+    b_beta,
+    q,
+    k,
+    g,
+    beta,
+    dq,
+    dk,
+    dg,
+    dbeta,
+    row_hv,
+    row_h,
+    o_t,
+    m_t,
+    L,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    GATE: tl.constexpr,
+    DT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    FLOOR: tl.constexpr,
+):
+    """From one chunk's contractions over V (float32: ``dq̃``, ``dk̃``, ``dKβ`` ``[BT, BK]`` for all K channels,
+    ``d(e^{γ_C})`` ``[BK]``, both dA ``[BT, BT]`` unmasked, dβ's ``v`` part ``[BT]``): dA masked as the chunk-parallel
+    stage keeps them, :func:`.bwd_local.chunk_local_grads`, and the stores of ``dq``, ``dk`` (per value head), ``dβ``
+    and Gated DeltaNet's ``dg`` (the reverse cumsum inside the chunk, zero where the gate was below the floor).
+    ``row_hv``, ``row_h``: the chunk's first row of ``[tokens, HV, ·]`` and ``[tokens, H, K]``; ``L``: its rows."""
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    b_daq = (tl.where(m_t[:, None] & (o_t[None, :] <= o_t[:, None]), b_daq, 0.0) * scale).to(DT)
+    b_dak = tl.where(m_t[:, None] & (o_t[None, :] < o_t[:, None]), b_dak, 0.0).to(DT)
+    b_dq, b_dk, b_db, b_dg = chunk_local_grads(
+        b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, dq, dq, b_beta, q + row_h * K, k + row_h * K, g + row_hv,
+        beta + row_hv, 0, o_t, o_k, m_t, m_k, L, scale, 0,
+        H, HV, K, BT, BT, HV * BT, GATE, DT, DOT_PREC, FLOOR,
+    )  # fmt: skip
+    m_tk = m_t[:, None] & m_k[None, :]
+    off_hk = row_hv * K + o_t[:, None] * (HV * K) + o_k[None, :]
+    tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + off_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    tl.store(dbeta + row_hv + o_t * HV, (b_db + b_dbv).to(dbeta.dtype.element_ty), mask=m_t)
+    if GATE == 1:
+        b_dgt = tl.cumsum(b_dg, 0, reverse=True)
+        b_g = tl.load(g + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
+        tl.store(dg + row_hv + o_t * HV, tl.where(b_g < FLOOR, 0.0, b_dgt).to(dg.dtype.element_ty), mask=m_t)
 
 
 @triton.jit
@@ -66,7 +123,6 @@ def reverse_chunk_grads(
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
-    V: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
     GATE: tl.constexpr,
@@ -75,79 +131,30 @@ def reverse_chunk_grads(
     DOT_PREC: tl.constexpr,
     FLOOR: tl.constexpr,
 ):
-    """One chunk's gradients (see the module). ``b_do``, ``b_dvb`` (``DT``): the chunk's ``dO`` and ``dVβ``
-    (``[BT, V]``, or ``[V, BT]`` with ``TRANS``); ``b_dbv``: dβ's ``v`` part ``[BT]``; ``b_xc``: ``X_{c+1}`` in ``DT``
-    (``[K, V]`` or ``[V, K]``); ``h_off``: the chunk's state in ``hbuf`` (``off_h``/``m_h`` the pass's state tile);
-    ``off_v``/``m_tv``: the pass's token tile of ``[tokens, HV, V]`` rows from ``row_hv``; ``row_h``: the chunk's
-    first row of ``[tokens, H, K]``; ``L``: its valid rows."""
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    off_q = row_h * K + o_t[:, None] * (H * K) + o_k[None, :]
-    off_hk = row_hv * K + o_t[:, None] * (HV * K) + o_k[None, :]
-    # ---- the gate's factors (both <= 1) and the [BT, BT] decay, masked (as bwd_local) ----------------------------
-    if GATE == 1:
-        b_graw = tl.load(g + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
-        b_gam = tl.cumsum(floor_gate(b_graw, FLOOR), 0)
-        b_gC = tl.sum(tl.where(m_t, floor_gate(b_graw, FLOOR), 0.0), 0)
-        b_e = tl.exp(b_gam)[:, None]
-        b_ekc = tl.exp(b_gC - b_gam)[:, None]
-        b_D = tl.exp(tl.where(o_t[None, :] <= o_t[:, None], b_gam[:, None] - b_gam[None, :], float("-inf")))
-    else:
-        b_e = tl.full([BT, 1], 1.0, dtype=tl.float32)
-        b_ekc = b_e
-        b_D = tl.full([BT, BT], 1.0, dtype=tl.float32)
-    # ---- both dA (V contractions), masked, scale folded into dA_qk, rounded to the intermediates' dtype, then
-    # times the decay (as the chunk-parallel stage keeps and uses them) ---------------------------------------------
+    """One chunk's gradients on the whole state (see the module). ``b_do``, ``b_dvb`` (``DT``): the chunk's ``dO`` and
+    ``dVβ`` (``[BT, V]``, or ``[V, BT]`` with ``TRANS``); ``b_dbv``: dβ's ``v`` part ``[BT]``; ``b_xc``, ``b_h``:
+    ``X_{c+1}`` in ``DT`` and the chunk's state ``S_c`` (``[K, V]`` or ``[V, K]``); ``b_vn``: its ``V_new`` (as
+    ``b_do``, zero past the chunk's rows); the rest as :func:`store_chunk_grads`."""
+    b_h = b_h.to(DT)
     b_vn = b_vn.to(DT)
     if TRANS:  # [V, BT] token tiles, [V, K] state tiles
+        b_dqt = tl.dot(tl.trans(b_do), b_h, input_precision=DOT_PREC)
+        b_dkt = tl.dot(tl.trans(b_vn), b_xc, input_precision=DOT_PREC)
+        b_dkb = -tl.dot(tl.trans(b_dvb), b_h, input_precision=DOT_PREC)
         b_daq = tl.dot(tl.trans(b_do), b_vn, input_precision=DOT_PREC)
         b_dak = -tl.dot(tl.trans(b_dvb), b_vn, input_precision=DOT_PREC)
-    else:
-        b_daq = tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
-        b_dak = -tl.dot(b_dvb, tl.trans(b_vn), input_precision=DOT_PREC)
-    b_daq = (tl.where(m_t[:, None] & (o_t[None, :] <= o_t[:, None]), b_daq, 0.0) * scale).to(DT)
-    b_dak = tl.where(m_t[:, None] & (o_t[None, :] < o_t[:, None]), b_dak, 0.0).to(DT)
-    if GATE == 1:
-        b_daq = (b_daq.to(tl.float32) * b_D).to(DT)
-        b_dak = (b_dak.to(tl.float32) * b_D).to(DT)
-    b_k = tl.load(k + off_q, mask=m_tk, other=0).to(DT)
-    b_q = tl.load(q + off_q, mask=m_tk, other=0).to(DT)
-    # ---- dq = scale e^γ dO S_cᵀ + (dA_qk ⊙ D) k; then dk's row part β (e^γ dKβ + R), R = (dA_kk ⊙ D) k, with
-    # dβ = Σ_d k ⊙ (e^γ dKβ + R): each accumulator consumed before the next is formed ----------------------------
-    b_h = b_h.to(DT)
-    if TRANS:
-        b_dq = tl.dot(tl.trans(b_do), b_h, input_precision=DOT_PREC)
-    else:
-        b_dq = tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
-    b_dq = scale * b_e * b_dq + tl.dot(b_daq, b_k, input_precision=DOT_PREC)
-    tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    b_dgam = tl.sum(b_q.to(tl.float32) * b_dq, 1)
-    if TRANS:
-        b_row = -tl.dot(tl.trans(b_dvb), b_h, input_precision=DOT_PREC)
         b_dec = tl.sum(b_h.to(tl.float32) * b_xc.to(tl.float32), 0)
     else:
-        b_row = -tl.dot(b_dvb, tl.trans(b_h), input_precision=DOT_PREC)
+        b_dqt = tl.dot(b_do, tl.trans(b_h), input_precision=DOT_PREC)
+        b_dkt = tl.dot(b_vn, tl.trans(b_xc), input_precision=DOT_PREC)
+        b_dkb = -tl.dot(b_dvb, tl.trans(b_h), input_precision=DOT_PREC)
+        b_daq = tl.dot(b_do, tl.trans(b_vn), input_precision=DOT_PREC)
+        b_dak = -tl.dot(b_dvb, tl.trans(b_vn), input_precision=DOT_PREC)
         b_dec = tl.sum(b_h.to(tl.float32) * b_xc.to(tl.float32), 1)
-    b_row = b_e * b_row + tl.dot(b_dak, b_k, input_precision=DOT_PREC)
-    b_db = tl.sum(b_k.to(tl.float32) * b_row, 1) + b_dbv
-    b_row *= b_beta[:, None]  # dk's row part
-    # ---- dk's column part e^{γ_C − γ} V_new X_{c+1}ᵀ + (dA_qk ⊙ D)ᵀ q + (β ⊙ dA_kk ⊙ D)ᵀ k; the gate ------------
-    if TRANS:
-        b_col = b_ekc * tl.dot(tl.trans(b_vn), b_xc, input_precision=DOT_PREC)
-    else:
-        b_col = b_ekc * tl.dot(b_vn, tl.trans(b_xc), input_precision=DOT_PREC)
-    b_dgc = tl.sum(b_k.to(tl.float32) * b_col, 0)  # Σ_i k̃_i ⊙ dk̃_i [BK] (the gate's last-row term)
-    b_col += tl.dot(tl.trans(b_daq), b_q, input_precision=DOT_PREC)
-    b_col += tl.dot(tl.trans((b_dak.to(tl.float32) * b_beta[:, None]).to(DT)), b_k, input_precision=DOT_PREC)
-    b_dgam += tl.sum(b_k.to(tl.float32) * (b_row - b_col), 1)
-    tl.store(dk + off_hk, (b_row + b_col).to(dk.dtype.element_ty), mask=m_tk)
-    tl.store(dbeta + row_hv + o_t * HV, b_db.to(dbeta.dtype.element_ty), mask=m_t)
-    if GATE == 1:  # dγ of every key channel and the last row's terms; the reverse cumsum inside the chunk, the clamp's
-        b_dgc1 = tl.sum(b_dgc, 0) + tl.exp(b_gC) * tl.sum(b_dec, 0)
-        b_dg = b_dgam + tl.where(o_t == L - 1, b_dgc1, 0.0)
-        b_dgt = tl.cumsum(b_dg, 0, reverse=True)
-        tl.store(dg + row_hv + o_t * HV, tl.where(b_graw < FLOOR, 0.0, b_dgt).to(dg.dtype.element_ty), mask=m_t)
+    store_chunk_grads(
+        b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, b_dbv, b_beta, q, k, g, beta, dq, dk, dg, dbeta, row_hv, row_h,
+        o_t, m_t, L, scale, H, HV, K, BT, BK, GATE, DT, DOT_PREC, FLOOR,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -201,8 +208,7 @@ def chunk_bwd_reverse_dqk_tiled_kernel(
     ``[K, V]`` slot per program, L2-resident: 64 KB at K = V = 128) instead of registers. Per chunk, over the ``NV``
     value tiles: load the adjoint's tile, the chain (``dV_new``, ``dVβ``, ``dv`` and dβ's ``v`` part, the update, stored
     back), and the contractions over V accumulated (``dq̃``, ``dk̃``, ``dKβ``, both dA, ``d(e^{γ_C})``); then the
-    chunk-local terms and stores of :func:`reverse_chunk_grads`' math (:func:`.bwd_local.chunk_local_grads`, all K
-    channels). Only the value tile's adjoint and the ``[BT, K]`` accumulators are live, not the whole state. The
+    chunk-local terms and stores (:func:`store_chunk_grads`). Only the value tile's adjoint and the ``[BT, K]`` accumulators are live, not the whole state. The
     ``"kv"`` layout (``dh_LAYOUT`` unused), pointer loads (``dh_TMA`` unused)."""
     i_nh = tl.program_id(0)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -251,23 +257,12 @@ def chunk_bwd_reverse_dqk_tiled_kernel(
         off_a = row_hv * BT + o_t[:, None] * (HV * BT) + o_t[None, :]
         m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
         b_T = tl.load(ai + off_a, mask=m_low, other=0).to(DT)  # lower triangular, unit diagonal
-        if GATE == 1:
-            b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
-            b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
-            b_kg = (b_k * tl.exp(b_gC - b_gam)[:, None]).to(DT)
-            b_qg = (b_q * (scale * tl.exp(b_gam))[:, None]).to(DT)
-            b_rk = b_beta * tl.exp(b_gam)
-        else:
-            b_kg = b_k.to(DT)
-            b_qg = (b_q * scale).to(DT)
-            b_rk = b_beta
-        if QK_RE:  # scale · A_qk, causal, as stage 1 stores it
-            b_A = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=DOT_PREC)
-            if GATE == 1:
-                b_A *= tl.exp(tl.where(m_low, b_gam[:, None] - b_gam[None, :], float("-inf")))
-                b_A = (b_A * scale).to(DT)
-            else:
-                b_A = tl.where(m_low, b_A * scale, 0.0).to(DT)
+        b_qg, b_kg, b_gam, b_gC = scalar_chunk_operands(
+            b_q, b_k, gout, row_hv, t0, eos, i_hv, o_t, m_t, scale, HV, BT, GATE, DT
+        )  # fmt: skip
+        b_rk = b_beta * tl.exp(b_gam) if GATE == 1 else b_beta
+        if QK_RE:
+            b_A = scalar_causal_aqk(b_q, b_k, b_gam, o_t, m_t, scale, GATE, DT, DOT_PREC)
         else:
             b_A = tl.load(aqk + off_a, mask=m_t[:, None], other=0).to(DT)
         if W_FROM_K:
@@ -318,22 +313,10 @@ def chunk_bwd_reverse_dqk_tiled_kernel(
             if GATE != 0:
                 b_dec += tl.sum(b_h.to(tl.float32) * b_xc.to(tl.float32), 1)
         tl.debug_barrier()  # (the adjoint's tiles are read back by other threads at the next chunk)
-        # ---- the chunk-local terms (the chunk-parallel stage's formulas) and the stores --------------------------
-        b_daq = (tl.where(m_low, b_daq, 0.0) * scale).to(DT)
-        b_dak = tl.where(m_t[:, None] & (o_t[None, :] < o_t[:, None]), b_dak, 0.0).to(DT)
-        b_dq, b_dk, b_db, b_dg = chunk_local_grads(
-            b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, dq, dq, b_beta, q + row_h * K, k + row_h * K, graw + row_hv,
-            beta + row_hv, 0, o_t, o_k, m_t, m_k, L, scale, 0,
-            H, HV, K, BT, BT, HV * BT, GATE, DT, DOT_PREC, FLOOR,
+        store_chunk_grads(
+            b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, b_dbv, b_beta, q, k, graw, beta, dq, dk, dg, dbeta, row_hv,
+            row_h, o_t, m_t, L, scale, H, HV, K, BT, BK, GATE, DT, DOT_PREC, FLOOR,
         )  # fmt: skip
-        off_hk = row_hv * K + o_t[:, None] * (HV * K) + o_k[None, :]
-        tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-        tl.store(dk + off_hk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-        tl.store(dbeta + row_hv + o_t * HV, (b_db + b_dbv).to(dbeta.dtype.element_ty), mask=m_t)
-        if GATE == 1:  # the reverse cumsum inside the chunk, the clamp's gradient
-            b_dgt = tl.cumsum(b_dg, 0, reverse=True)
-            b_g = tl.load(graw + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)
-            tl.store(dg + row_hv + o_t * HV, tl.where(b_g < FLOOR, 0.0, b_dgt).to(dg.dtype.element_ty), mask=m_t)
 
     if STORE_DH0:  # the adjoint at the start: the initial state's gradient (SEG 2: the sequence's first segment only)
         i_out = i_n

@@ -65,6 +65,7 @@ from ..config import GATE_FLOOR, Config, next_power_of_2
 from .bwd_reverse_dqk import chunk_bwd_reverse_dqk_tiled_kernel, reverse_chunk_grads
 from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
 from .call import tile
+from .common import scalar_causal_aqk, scalar_chunk_operands
 from .state import _tile
 
 Tensor = torch.Tensor
@@ -237,22 +238,11 @@ def chunk_bwd_state_kernel(
         else:
             b_k = _load(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, m_t, USE_TMA, False).to(tl.float32)
             b_q = _load(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, m_t, USE_TMA, False).to(tl.float32)
-            if GATE == 1:
-                b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
-                b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
-                b_kg = (b_k * tl.exp(b_gC - b_gam)[:, None]).to(DT)
-                b_qg = (b_q * (scale * tl.exp(b_gam))[:, None]).to(DT)
-            else:
-                b_kg = b_k.to(DT)
-                b_qg = (b_q * scale).to(DT)
-            if QK_RE:  # scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j)), causal (j <= i), as stage 1 stores it
-                m_qk = (o_t[None, :] <= o_t[:, None]) & m_t[:, None]  # (rows past the end: γ = 0 there)
-                b_A = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=DOT_PREC)
-                if GATE == 1:
-                    b_A *= tl.exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
-                    b_A = (b_A * scale).to(DT)
-                else:
-                    b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
+            b_qg, b_kg, b_gam, b_gC = scalar_chunk_operands(
+                b_q, b_k, gout, row_hv, t0, eos, i_hv, o_t, m_t, scale, HV, BT, GATE, DT
+            )  # fmt: skip
+            if QK_RE:  # scale · A_qk formed here
+                b_A = scalar_causal_aqk(b_q, b_k, b_gam, o_t, m_t, scale, GATE, DT, DOT_PREC)
             else:
                 b_A = _load(aqk + row_hv * BT, off_a, m_t[:, None], a_td, r0, c_a, m_t, USE_TMA, False)
 
@@ -330,7 +320,7 @@ def chunk_bwd_state_kernel(
             reverse_chunk_grads(
                 b_do, b_dvb.to(DT), b_dbv, b_xc, b_h, b_vn, b_beta, q, k, graw, beta, dq, dk, dg, dbeta, row_hv,
                 row_h, o_t, m_t, tl.minimum(eos - t0, BT).to(tl.int32), scale,
-                H, HV, K, V, BT, BK, GATE, TRANS, DT, DOT_PREC, FLOOR,
+                H, HV, K, BT, BK, GATE, TRANS, DT, DOT_PREC, FLOOR,
             )  # fmt: skip
 
     if SEG == 1:

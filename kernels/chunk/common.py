@@ -67,3 +67,38 @@ def diag_ref(b_k, b_q, b_gam, BC: tl.constexpr, DOT_PREC: tl.constexpr):
     b_D = tl.dot(b_k * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
     b_Dq = tl.dot(b_q * b_eL, tl.trans(b_kR), input_precision=DOT_PREC)
     return b_D, b_Dq
+
+
+@triton.jit
+def scalar_chunk_operands(
+    b_q, b_k, gout, row_hv, t0, eos, i_hv, o_t, m_t, scale, HV: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, DT
+):
+    """DeltaNet / Gated DeltaNet, the chunk from token ``t0`` (its first row ``row_hv`` of ``[tokens, HV]``, the
+    sequence ending at ``eos``): ``(q̃, k̃, γ, γ_C)`` with ``q̃ = scale · q · e^γ`` and ``k̃ = k · e^{γ_C − γ}`` in
+    ``DT`` (``b_q``, ``b_k`` float32 ``[BT, K]``; ``gout``: the cumulative gate γ stage 1 stored, float32
+    ``[tokens, HV]``); DeltaNet (``GATE = 0``): ``scale · q``, ``k``, γ = 0."""
+    if GATE == 1:
+        b_gam = tl.load(gout + row_hv + o_t * HV, mask=m_t, other=0)
+        b_gC = tl.load(gout + (tl.minimum(t0 + BT, eos) - 1) * HV + i_hv)
+        b_kg = (b_k * tl.exp(b_gC - b_gam)[:, None]).to(DT)
+        b_qg = (b_q * (scale * tl.exp(b_gam))[:, None]).to(DT)
+    else:
+        b_gam = tl.zeros([BT], dtype=tl.float32)
+        b_gC = 0.0
+        b_kg = b_k.to(DT)
+        b_qg = (b_q * scale).to(DT)
+    return b_qg, b_kg, b_gam, b_gC
+
+
+@triton.jit
+def scalar_causal_aqk(b_q, b_k, b_gam, o_t, m_t, scale, GATE: tl.constexpr, DT, DOT_PREC: tl.constexpr):
+    """``scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j))``, causal (``j <= i``), in ``DT``, as stage 1 stores it (rows
+    past the chunk's end, ``m_t``, zero; DeltaNet without the decay)."""
+    m_qk = (o_t[None, :] <= o_t[:, None]) & m_t[:, None]
+    b_A = tl.dot(b_q.to(DT), tl.trans(b_k.to(DT)), input_precision=DOT_PREC)
+    if GATE == 1:
+        b_A *= tl.exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
+        b_A = (b_A * scale).to(DT)
+    else:
+        b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
+    return b_A
