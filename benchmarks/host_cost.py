@@ -28,6 +28,12 @@ fla's with the same arguments by keyword) is timed three ways, after three warm-
 * ``loop_us``: N calls back to back with one synchronize at the end, per call: what an eager decode loop sees
   (the larger of host and GPU time per call).
 
+``--layer-options``: every call as fla's layers make it (raw q, k, gate and beta; ``use_qk_l2norm_in_kernel``,
+``use_gate_in_kernel`` with ``A_log`` and ``dt_bias``, ``use_beta_sigmoid_in_kernel``; DeltaNet: the l2norm and the
+sigmoid), and a third contestant ``dtune-passes``: the same options as separate passes before dtune's call
+(:meth:`dtune.options.Options.apply`, what the chunk ops do), so the fused-recurrent kernels' in-kernel options are
+timed against the passes they replace.
+
 Writes under $OUT (default ./out): host_cost.csv (one row per op, case and implementation) and, for dtune's decode-B1
 calls (and every case of the chunk ops), profile_<op>.txt / profile_<op>_<case>.txt (cProfile of 200 calls, by own
 time: where dtune's host time goes). Prints a table last:
@@ -42,6 +48,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import csv
+import functools
 import io
 import os
 import pstats
@@ -96,6 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated ops")
     ap.add_argument("--cases", default=None, help="comma-separated cases (default: all)")
     ap.add_argument("--no-fla", action="store_true", help="time dtune only")
+    ap.add_argument("--layer-options", action="store_true", help="fla layers' in-kernel options on every call")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default $OUT or ./out)")
     return ap.parse_args(argv)
 
@@ -121,22 +129,65 @@ def build_inputs(op: str, case: Case, interpret: bool) -> dict[str, Any]:
     return x
 
 
-def dtune_call(op: str, x: dict[str, Any]) -> Callable[[], Any]:
-    """The default call, as a user writes it (positional tensors, keywords after)."""
+def layer_options(x: dict[str, Any]) -> dict[str, Any]:
+    """fla's layers' options for these inputs (made raw: q, k unnormalised, the gate and beta pre-activation), by
+    fla's keyword names."""
+    import torch
+
+    x["q"].mul_(4.0)
+    x["k"].mul_(4.0)
+    x["beta"].copy_(torch.randn_like(x["beta"]))
+    opts: dict[str, Any] = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True}
+    if x["g"] is not None:
+        HV, per = x["v"].shape[2], x["g"][0, 0].numel()
+        x["g"].copy_(torch.randn_like(x["g"]))
+        opts |= {"use_gate_in_kernel": True, "A_log": torch.randn(HV, device=x["g"].device)}
+        opts["dt_bias"] = torch.randn(per, device=x["g"].device)
+    return opts
+
+
+def dtune_call(op: str, x: dict[str, Any], opts: dict[str, Any] | None = None) -> Callable[[], Any]:
+    """The default call, as a user writes it (positional tensors, keywords after); with fla's ``opts`` as dtune's
+    ``options=``."""
     from dtune import ops
+    from dtune.options import Options
 
     fn = getattr(ops, op)
     gates = () if x["g"] is None else (x["g"],)
     q, k, v, beta, h0, cu = x["q"], x["k"], x["v"], x["beta"], x["initial_state"], x["cu_seqlens"]
-    return lambda: fn(q, k, v, *gates, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    options = None if opts is None else Options(**opts)
+    return lambda: fn(q, k, v, *gates, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, options=options)
 
 
-def fla_call(op: str, x: dict[str, Any]) -> tuple[Callable[[], Any] | None, str]:
+def dtune_passes_call(op: str, x: dict[str, Any], opts: dict[str, Any]) -> Callable[[], Any]:
+    """fla's ``opts`` as separate passes (:meth:`dtune.options.Options.apply`), then dtune's call without options."""
+    from dtune import ops
+    from dtune.options import Options
+
+    fn, options = getattr(ops, op), Options(**opts)
+    h0, cu = x["initial_state"], x["cu_seqlens"]
+
+    def call() -> Any:
+        q, k, g, beta, h = options.apply(x["q"], x["k"], x["g"], x["beta"], h0)
+        gates = () if g is None else (g,)
+        return fn(q, k, x["v"], *gates, beta, initial_state=h, output_final_state=True, cu_seqlens=cu)
+
+    return call
+
+
+def fla_call(op: str, x: dict[str, Any], opts: dict[str, Any] | None = None) -> tuple[Callable[[], Any] | None, str]:
+    import inspect
+
     from dtune.measure.baselines import fla_forward, fla_function
 
     fn, why = fla_function(op)
     if fn is None:
         return None, why
+    if opts:
+        missing = sorted(set(opts) - set(inspect.signature(fn).parameters))
+        if missing:
+            return None, f"fla's {op} takes no {', '.join(missing)}"
+        fn = functools.partial(fn, **opts)
     forward = fla_forward(fn, x["g"] is not None)
     return (lambda: forward(x)), ""
 
@@ -252,22 +303,25 @@ def profile(call: Callable[[], Any], path: Path, calls: int = 200) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """dtune's and fla's host time per op and case, and fla / dtune."""
+    """dtune's and fla's host time per op and case, fla / dtune, and the loop times (``dtune-passes`` too when
+    timed)."""
     by = {(r["op"], r["case"], r["impl"]): r for r in rows}
     keys = list(dict.fromkeys((r["op"], r["case"]) for r in rows))
-    head = ("op", "case", "dtune us", "fla us", "fla/dtune", "dtune loop", "fla loop")
-    lines = [f"{head[0]:34s} {head[1]:15s} " + " ".join(f"{h:>10s}" for h in head[2:])]
+    passes = any(r["impl"] == "dtune-passes" for r in rows)
+    head = ["op", "case", "dtune us", "fla us", "fla/dtune", "dtune loop", "fla loop"] + (["passes loop"] * passes)
+    lines = [f"{head[0]:34s} {head[1]:15s} " + " ".join(f"{h:>11s}" for h in head[2:])]
+
+    def cell(r: dict[str, Any] | None, col: str) -> str:
+        if r is None or r.get(col) is None:
+            return "-"
+        return f"{r[col]:.1f}" + ("*" if col == "host_us" and r["waits"] else "")
+
     for op, case in keys:
-        d, f = by.get((op, case, "dtune")), by.get((op, case, "fla"))
-
-        def cell(r: dict[str, Any] | None, col: str) -> str:
-            if r is None or r.get(col) is None:
-                return "-"
-            return f"{r[col]:.1f}" + ("*" if col == "host_us" and r["waits"] else "")
-
+        d, f, p = (by.get((op, case, impl)) for impl in ("dtune", "fla", "dtune-passes"))
         ratio = f"{f['host_us'] / d['host_us']:.2f}" if d and f and d.get("host_us") and f.get("host_us") else "-"
-        cells = (cell(d, "host_us"), cell(f, "host_us"), ratio, cell(d, "loop_us"), cell(f, "loop_us"))
-        lines.append(f"{op:34s} {case:15s} " + " ".join(f"{c:>10s}" for c in cells))
+        cells = [cell(d, "host_us"), cell(f, "host_us"), ratio, cell(d, "loop_us"), cell(f, "loop_us")]
+        cells += [cell(p, "loop_us")] * passes
+        lines.append(f"{op:34s} {case:15s} " + " ".join(f"{c:>11s}" for c in cells))
     lines.append("host us: CPU time per call before its launches are queued (* the call waits for the GPU: a sync);")
     lines.append("loop us: per call of back-to-back calls with one synchronize at the end")
     return "\n".join(lines)
@@ -307,9 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     for op in ops:
         for case in cases:
             x = build_inputs(op, case, args.interpret)
-            impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x), "")]
+            opts = layer_options(x) if args.layer_options else None
+            impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x, opts), "")]
+            if opts is not None:
+                impls.append(("dtune-passes", dtune_passes_call(op, x, opts), ""))
             if not args.no_fla:
-                fn, why = fla_call(op, x) if cuda else (None, "fla needs a CUDA GPU")
+                fn, why = fla_call(op, x, opts) if cuda else (None, "fla needs a CUDA GPU")
                 impls.append(("fla", fn, why))
             n_calls = calls if case.T == 1 or args.interpret else max(8, calls // 4)
             for impl, call, why in impls:

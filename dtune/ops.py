@@ -25,9 +25,11 @@ from typing import Any, Protocol
 
 import torch
 
+from dtune import inputs
 from dtune.autograd import chunk_with_grad, needs_grad
 from dtune.inputs import check_inputs, check_interpretable
 from dtune.kernels import get_kernel
+from dtune.kernels.fused_recurrent import NO_IN_KERNEL, InKernel
 from dtune.options import Options
 from dtune.shape import Gate
 from dtune.store import tuned_config
@@ -69,18 +71,22 @@ def run_kernel(
     ones raise (they have no backward). ``g`` is ``None`` for the ungated kernels. ``check_gate``: refuse NaN and
     positive gate values, one host sync (see the module's docstring); ``None``: ``DTUNE_CHECK_GATE``, default off.
     No host sync otherwise, beyond one read of a ``cu_seqlens`` tensor not seen before. ``options``:
-    flash-linear-attention's in-kernel options (:class:`dtune.options.Options`), applied as separate passes
-    before and after the kernel."""
-    if options is not None:
-        inputs = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-        return _run_with_options(kernel, *inputs, config, bwd_config, check_gate, options)
+    flash-linear-attention's in-kernel options (:class:`dtune.options.Options`): the fused-recurrent kernels apply
+    them as they load each token (one launch), the chunk kernels take them as separate passes before and after."""
     spec = get_kernel(kernel)
+    in_kernel = NO_IN_KERNEL
+    if options is not None:
+        if spec.family != "fused_recurrent" or _checking(check_gate):
+            inputs = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+            return _run_with_options(kernel, *inputs, config, bwd_config, check_gate, options)
+        in_kernel = _in_kernel(spec.gate, q, v, options)
     if spec.backward:
         raise ValueError(
             f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
             f"grad (its bwd_config= sets {kernel}'s parameters)"
         )
-    problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, initial_state, cu_seqlens, check_gate)
+    h0 = initial_state.transpose(-1, -2) if in_kernel.state_vk and initial_state is not None else initial_state
+    problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, h0, cu_seqlens, check_gate)
     chunk = spec.family == "chunk"
     if chunk and q.is_cpu:
         check_interpretable(kernel, spec.family, q, v)
@@ -107,10 +113,25 @@ def run_kernel(
             return chunk_with_grad(*args, full, bwd)
     if chunk:  # its chunk tables come from the offsets check_inputs already read (no second copy)
         return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
+    if options is not None:
+        return spec.module.forward(*args, full, in_kernel=in_kernel)
     return spec.module.forward(*args, full)
 
 
 GATES = {gate.value: gate for gate in Gate}
+
+
+def _checking(check_gate: bool | None) -> bool:
+    """Whether this call checks the gate's values: with ``use_gate_in_kernel`` the check is of the activated gate,
+    so such a call takes the separate passes (it syncs with the host anyway)."""
+    return inputs.CHECK_GATE if check_gate is None else check_gate
+
+
+def _in_kernel(gate: str, q: Tensor, v: Tensor, options: Options) -> InKernel:
+    """``options`` checked against the call's heads and keys, as the fused-recurrent kernel applies them."""
+    if isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and v.dim() == 4:  # else check_inputs names it
+        options.check(Gate(gate), v.shape[2], q.shape[3])
+    return options.in_kernel()
 
 
 def _run_with_options(
@@ -245,7 +266,9 @@ Args:
         backward: they refuse it, and raise when an input requires grad.{check}
     options: flash-linear-attention's in-kernel options (:class:`dtune.options.Options`: ``use_qk_l2norm_in_kernel``,
         ``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``,
-        ``allow_neg_eigval``, ``state_v_first``), applied as separate differentiable passes; default none.
+        ``allow_neg_eigval``, ``state_v_first``; ``initial_state`` and ``final_state`` then ``[N, HV, V, K]``):
+        the fused-recurrent ops apply them inside their kernel, the chunk ops as separate differentiable passes;
+        default none.
 
 Returns:
     ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in v's dtype; ``final_state`` or ``None``.

@@ -1,10 +1,13 @@
-"""flash-linear-attention's in-kernel options, as exact separate passes around dtune's kernels.
+"""flash-linear-attention's in-kernel options: inside the fused-recurrent kernels, as exact separate passes around the
+chunk kernels.
 
 fla's ops take options that transform their inputs before the recurrence; real models pass them (fla's own
 ``GatedDeltaNet`` and ``KimiDeltaAttention`` layers pass all of them). :class:`Options` carries them, with fla's
-names, and applies them as passes that autograd differentiates (Triton kernels with their own backward for the l2norm
-and the gate, PyTorch ops for the rest), so every gradient (``A_log`` and ``dt_bias`` included) follows. The same
-formulas in float64 are ``dtune.kernels.reference.reference_with_options``.
+names. The fused-recurrent kernels (decoding) apply them to each token as they load it (:meth:`Options.in_kernel`;
+one launch per step, as fla's own kernels do). For the chunk kernels :meth:`Options.apply` runs them as passes that
+autograd differentiates (Triton kernels with their own backward for the l2norm and the gate, PyTorch ops for the rest),
+so every gradient (``A_log`` and ``dt_bias`` included) follows. The same formulas in float64 are
+``dtune.kernels.reference.reference_with_options``.
 
 ====================================  =========================================================================
 option (fla's name)                   what it does (fla-core 0.6.0), in the dtype fla computes it
@@ -51,6 +54,7 @@ from torch.autograd.function import once_differentiable
 
 from dtune.inputs import interpreting
 from dtune.kernels import options as option_kernels
+from dtune.kernels.fused_recurrent import InKernel
 from dtune.shape import Gate
 
 Tensor = torch.Tensor
@@ -125,6 +129,18 @@ class Options:
         if self.state_v_first and initial_state is not None:
             initial_state = initial_state.transpose(-1, -2)
         return q, k, g, beta, initial_state
+
+    def in_kernel(self) -> InKernel:
+        """The options as the fused-recurrent kernel applies them, token by token (no separate pass)."""
+        return InKernel(
+            l2norm=self.use_qk_l2norm_in_kernel,
+            gate_activation=self.use_gate_in_kernel,
+            A_log=self.A_log if self.use_gate_in_kernel else None,
+            dt_bias=self.dt_bias if self.use_gate_in_kernel else None,
+            lower_bound=self.lower_bound if self.use_gate_in_kernel else None,
+            beta_sigmoid=(2 if self.allow_neg_eigval else 1) if self.use_beta_sigmoid_in_kernel else 0,
+            state_vk=self.state_v_first,
+        )
 
     def final_state(self, ht: Tensor | None) -> Tensor | None:
         """The final state in the caller's layout: ``[N, HV, V, K]`` (contiguous) with ``state_v_first``."""

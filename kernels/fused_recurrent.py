@@ -6,21 +6,50 @@ split (the prediction ``Sᵀk`` reduces over all of K), so the value tile ``BV``
 Serves decoding (T = 1 against a cached state) and short prompts; its roofline is the state's bytes.
 
 Tunable: ``BV`` (value tile), ``num_warps``, ``num_stages`` (software pipelining of the token loop's loads).
+
+flash-linear-attention's in-kernel options (:class:`InKernel`) are applied here, per token as it is loaded, rather
+than as passes before the launch: the l2norm of q and k (the whole key row is in registers), the gate's activation
+from the raw ``g`` with ``A_log`` / ``dt_bias`` (or ``lower_bound``), beta's sigmoid, and the ``[V, K]`` state layout
+of ``state_v_first`` (the initial state read and the final state written transposed). A decode step is then one
+launch instead of up to six (two l2norms, the gate, beta's two PyTorch ops, the final state's transpose), and no
+float32 copy of the gate is written and read back.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .config import GATE_CODES, Config, cdiv, new_output, next_power_of_2
+from .options import L2NORM_EPS, activated_gate
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "BV": (4, 8, 16, 32, 64, 128, 256),
     "num_warps": (1, 2, 4, 8, 16),
     "num_stages": (1, 2, 3, 4),
 }
+
+
+@dataclass(frozen=True)
+class InKernel:
+    """fla's in-kernel options as the kernel applies them (the defaults: none). ``A_log`` ``[HV]``, ``dt_bias``
+    ``[HV]`` (scalar gate) or ``[HV * K]`` (per key channel), ``lower_bound`` are used with ``gate_activation``;
+    ``beta_sigmoid``: 0 (beta as given), 1 (``sigmoid(beta)``), 2 (``2 · sigmoid(beta)``, fla's allow_neg_eigval);
+    ``state_vk``: initial and final states ``[N, HV, V, K]``."""
+
+    l2norm: bool = False
+    gate_activation: bool = False
+    A_log: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
+    lower_bound: float | None = None
+    beta_sigmoid: int = 0
+    state_vk: bool = False
+
+
+NO_IN_KERNEL = InKernel()
 
 
 def legal_params(gate: str) -> dict[str, tuple[int, ...]]:
@@ -45,6 +74,9 @@ def fused_recurrent_fwd_kernel(
     h0,
     ht,
     cu_seqlens,
+    A_log,
+    dt_bias,
+    lower_bound,
     scale,
     T,
     H: tl.constexpr,
@@ -57,7 +89,16 @@ def fused_recurrent_fwd_kernel(
     USE_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
     VARLEN: tl.constexpr,
+    L2NORM: tl.constexpr,
+    GATE_ACT: tl.constexpr,
+    HAS_A: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BETA_ACT: tl.constexpr,
+    STATE_VK: tl.constexpr,
 ):
+    """``GATE_ACT``: 0 the log gate as given, 1 ``−exp(A_log) · softplus(g + dt_bias)``, 2 ``lower_bound · sigmoid(
+    exp(A_log) · (g + dt_bias))`` (``A_log`` absent: factor 1); ``BETA_ACT``: 0, 1 ``sigmoid``, 2 ``2 · sigmoid``;
+    ``STATE_VK``: the states ``[V, K]``."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -84,20 +125,42 @@ def fused_recurrent_fwd_kernel(
     elif GATE == 2:
         p_g = g + (bos * HV + i_hv) * K + o_k
 
+    # the gate activation's per-head factor exp(A_log) and bias (per key channel for KDA), loaded once
+    b_a = 1.0
+    if HAS_A:
+        b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    b_bias = 0.0
+    if HAS_BIAS:
+        if GATE == 1:
+            b_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+        else:
+            b_bias = tl.load(dt_bias + i_hv * K + o_k, mask=m_k, other=0).to(tl.float32)
+
+    if STATE_VK:
+        off_h = i_nh.to(tl.int64) * K * V + o_k[:, None] + o_v[None, :] * K
+    else:
+        off_h = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        p_h0 = h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
-        b_h += tl.load(p_h0, mask=m_h, other=0).to(tl.float32)
+        b_h += tl.load(h0 + off_h, mask=m_h, other=0).to(tl.float32)
 
     for _ in range(bos, eos):
-        b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32) * scale
+        b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32)
         b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
+        b_q = b_q * scale
         b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
         b_beta = tl.load(p_beta).to(tl.float32)
+        if BETA_ACT > 0:
+            b_beta = tl.sigmoid(b_beta) * BETA_ACT
         if GATE == 1:
-            b_h *= tl.exp(tl.load(p_g).to(tl.float32))
+            b_gl = activated_gate(tl.load(p_g).to(tl.float32), b_a, b_bias, lower_bound, GATE_ACT)
+            b_h *= tl.exp(b_gl)
         elif GATE == 2:
-            b_h *= tl.exp(tl.load(p_g, mask=m_k, other=0).to(tl.float32))[:, None]
+            b_gl = activated_gate(tl.load(p_g, mask=m_k, other=0).to(tl.float32), b_a, b_bias, lower_bound, GATE_ACT)
+            b_h *= tl.exp(b_gl)[:, None]
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # predict, correct
         b_h += b_k[:, None] * b_u[None, :]  # write
         b_o = tl.sum(b_h * b_q[:, None], 0)  # read after the write
@@ -114,8 +177,7 @@ def fused_recurrent_fwd_kernel(
             p_g += HV * K
 
     if STORE_HT:
-        p_ht = ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
-        tl.store(p_ht, b_h.to(p_ht.dtype.element_ty), mask=m_h)
+        tl.store(ht + off_h, b_h.to(ht.dtype.element_ty), mask=m_h)
 
 
 def forward(
@@ -130,14 +192,21 @@ def forward(
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
     config: Config,
+    in_kernel: InKernel = NO_IN_KERNEL,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Launch the template on validated inputs with a checked, complete config."""
+    """Launch the template on validated inputs with a checked, complete config. With ``in_kernel``, ``g`` and
+    ``beta`` are the raw inputs of the options it names, and the states are ``[N, HV, V, K]`` with ``state_vk``."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     BK, BV = next_power_of_2(K), config["BV"]
     o = new_output(B, T, HV, V, dtype=v.dtype, device=v.device)
-    ht = new_output(N, HV, K, V, dtype=torch.float32, device=v.device) if output_final_state else None
+    state = (V, K) if in_kernel.state_vk else (K, V)
+    ht = new_output(N, HV, *state, dtype=torch.float32, device=v.device) if output_final_state else None
+    act = in_kernel.gate_activation and g is not None
+    A_log = in_kernel.A_log if act else None
+    dt_bias = in_kernel.dt_bias if act else None
+    lower_bound = in_kernel.lower_bound if act else None
     h0 = None if initial_state is None else initial_state.contiguous()
     grid = (cdiv(V, BV), N * HV)
     fused_recurrent_fwd_kernel[grid](
@@ -150,6 +219,9 @@ def forward(
         h0,
         ht,
         cu_seqlens,
+        None if A_log is None else A_log.contiguous(),
+        None if dt_bias is None else dt_bias.contiguous(),
+        0.0 if lower_bound is None else float(lower_bound),
         scale,
         T,
         H=H,
@@ -162,6 +234,12 @@ def forward(
         USE_H0=h0 is not None,
         STORE_HT=output_final_state,
         VARLEN=cu_seqlens is not None,
+        L2NORM=in_kernel.l2norm,
+        GATE_ACT=(2 if lower_bound is not None else 1) if act else 0,
+        HAS_A=A_log is not None,
+        HAS_BIAS=dt_bias is not None,
+        BETA_ACT=in_kernel.beta_sigmoid,
+        STATE_VK=in_kernel.state_vk,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )

@@ -24,11 +24,24 @@ from .config import next_power_of_2
 Tensor = torch.Tensor
 ROWS = 64  # rows per program of the gate kernels (a token block)
 TILE = 4096  # elements per program of the l2norm kernels
+L2NORM_EPS: tl.constexpr = tl.constexpr(1e-6)  # fla's l2norm_fwd default
 
 
 @triton.jit
 def _softplus(x):
     return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def activated_gate(b_x, b_a, b_bias, lower_bound, ACT: tl.constexpr):
+    """The log-space gate from the raw ``b_x`` (float32): ``ACT`` 0 as given, 1 ``−a · softplus(x + bias)``, 2
+    ``lower_bound · sigmoid(a · (x + bias))``, with ``a = exp(A_log)`` (1 without ``A_log``)."""
+    if ACT == 1:
+        return -b_a * _softplus(b_x + b_bias)
+    elif ACT == 2:
+        return lower_bound * tl.sigmoid(b_a * (b_x + b_bias))
+    else:
+        return b_x
 
 
 @triton.jit
@@ -140,11 +153,7 @@ def raw_gate_fwd_kernel(
     BOUNDED: tl.constexpr,
 ):
     offs, m, b_x, b_a = _gate_rows(g, A_log, dt_bias, rows, NH, D, BD, BR, SCALAR, HAS_A, HAS_BIAS)
-    if BOUNDED:
-        b_o = lower_bound * tl.sigmoid(b_a * b_x)
-    else:
-        b_o = -b_a * _softplus(b_x)
-    tl.store(out + offs, b_o, mask=m)
+    tl.store(out + offs, activated_gate(b_x, b_a, 0.0, lower_bound, 2 if BOUNDED else 1), mask=m)
 
 
 @triton.jit

@@ -25,9 +25,25 @@ def test_a_run_cut_short_keeps_its_measured_rows(tmp_path: Path, monkeypatch: py
         return {"host_us": 10.0 + len(timed), "isolated_us": 1.0, "loop_us": 2.0, "calls": calls, "waits": False}
 
     monkeypatch.setattr(hc, "measure", measure)
-    monkeypatch.setattr(hc, "dtune_call", lambda op, x: lambda: None)  # nothing launched: the rows are the subject
+    # nothing launched: the rows are the subject
+    monkeypatch.setattr(hc, "dtune_call", lambda op, x, opts=None: lambda: None)
     with pytest.raises(KeyboardInterrupt):
         hc.main(["--interpret", "--no-fla", "--ops", "fused_recurrent_delta_rule", "--out", str(tmp_path)])
     rows = list(csv.DictReader((tmp_path / "host_cost.csv").read_text().splitlines()))
     assert [(r["case"], float(r["host_us"])) for r in rows] == [("prefill", 11.0), ("prefill-varlen", 12.0)]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+RECURRENT = ["fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "fused_recurrent_delta_rule"]
+
+
+@pytest.mark.parametrize("op", RECURRENT)
+def test_layer_options_time_the_same_call_in_the_kernel_and_as_passes(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--layer-options``: dtune's call (options inside the kernel) and ``dtune-passes`` compute the same thing."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x = hc.build_inputs(op, hc.Case("decode-B4", 4, 3), interpret=True)
+    opts = hc.layer_options(x)
+    assert opts["use_qk_l2norm_in_kernel"] and ("A_log" in opts) == (x["g"] is not None)
+    fused, passes = hc.dtune_call(op, x, opts)(), hc.dtune_passes_call(op, x, opts)()
+    for a, b in zip(fused, passes):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import torch
 from dtune.kernels import KERNELS
-from dtune.kernels.reference import naive_recurrent
+from dtune.kernels.reference import naive_recurrent, reference_with_options
 
 from dtune import ops
 from dtune.measure.inputs import make_inputs
+from dtune.options import Options
 from dtune.shape import Gate, Shape
 from tests.conftest import rel_err
 
@@ -136,3 +137,141 @@ def test_state_carries_across_calls() -> None:
         o_t, state = run(Shape(2, 1, 2, 4, 32, 16, 2, Gate.CHANNEL), step)
         assert rel_err(o_t[:, 0], o_ref[:, t]) < 1e-4, t
     assert rel_err(state, s_ref) < 1e-4
+
+
+# ---- fla's in-kernel options applied by the kernel itself (one launch) -------------------------------------------
+
+# id -> (problem, seq_lens, options as Options' keywords, the gate activation's form)
+OPTION_CASES: dict[str, tuple[Shape, list[int] | None, dict[str, bool], str]] = {
+    "every-option-kda-T9-HV4-K24-V40": (
+        Shape(2, 9, 2, 4, 24, 40, 2, Gate.CHANNEL),
+        None,
+        {"l2": True, "gate": True, "beta": True, "neg": True, "vk": True},
+        "softplus",
+    ),
+    "every-option-gdn-varlen-HV4-K32-V16": (
+        Shape(1, 0, 2, 4, 32, 16, 4, Gate.SCALAR, True),
+        [5, 0, 1, 11],
+        {"l2": True, "gate": True, "beta": True, "neg": False, "vk": True},
+        "softplus",
+    ),
+    "bounded-kda-T1-K64-V64": (
+        Shape(3, 1, 1, 1, 64, 64, 3, Gate.CHANNEL),
+        None,
+        {"l2": False, "gate": True, "beta": False, "neg": False, "vk": False},
+        "bounded",
+    ),
+    "bounded-kda-no-A-T4": (
+        Shape(1, 4, 1, 2, 16, 16, 1, Gate.CHANNEL),
+        None,
+        {"l2": False, "gate": True, "beta": False, "neg": False, "vk": False},
+        "bounded-no-A",
+    ),
+    "bounded-gdn-no-bias-T13": (
+        Shape(1, 13, 1, 2, 16, 32, 1, Gate.SCALAR),
+        None,
+        {"l2": False, "gate": True, "beta": False, "neg": False, "vk": False},
+        "bounded-no-bias",
+    ),
+    "l2norm-deltanet-T17-K48-V24": (
+        Shape(2, 17, 1, 2, 48, 24, 2, Gate.NONE),
+        None,
+        {"l2": True, "gate": False, "beta": True, "neg": False, "vk": False},
+        "",
+    ),
+    "state-v-first-kda-K16-V40": (
+        Shape(1, 6, 1, 1, 16, 40, 1, Gate.CHANNEL),
+        None,
+        {"l2": False, "gate": False, "beta": False, "neg": False, "vk": True},
+        "",
+    ),
+}
+
+
+def _option_inputs(problem: Shape, seq_lens: list[int] | None, opt: dict[str, bool], form: str) -> dict[str, Any]:
+    """Raw inputs as fla's layers pass them: unnormalised q and k, raw pre-activation gates and betas of both signs
+    (large enough that softplus' and sigmoid's tails matter), ``A_log`` / ``dt_bias`` as the form asks."""
+    x = make_inputs(problem, seed=23, seq_lens=seq_lens, initial_state=True, gate_min=-5.0)
+    HV, K, gate = problem.HV, problem.K, problem.gate
+    gen = torch.Generator().manual_seed(7)
+    x["q"] = torch.randn(x["q"].shape, generator=gen) * 2.0
+    x["k"] = torch.randn(x["k"].shape, generator=gen) * 2.0
+    if opt["gate"]:
+        x["g"] = torch.randn(x["g"].shape, generator=gen) * 3.0
+    if opt["beta"]:
+        x["beta"] = torch.randn(x["beta"].shape, generator=gen) * 3.0
+    if opt["vk"]:
+        x["initial_state"] = x["initial_state"].transpose(-1, -2).contiguous()
+    gate_kw: dict[str, Any] = {}
+    if opt["gate"]:
+        per = HV * K if gate is Gate.CHANNEL else HV
+        gate_kw = {"A_log": torch.randn(HV, generator=gen), "dt_bias": torch.randn(per, generator=gen)}
+        if form.startswith("bounded"):
+            gate_kw["lower_bound"] = -5.0
+        if form == "bounded-no-A":
+            gate_kw["A_log"] = None
+        if form == "bounded-no-bias":
+            gate_kw["dt_bias"] = None
+    x["gate_kw"] = gate_kw
+    return x
+
+
+def _option_kw(opt: dict[str, bool]) -> dict[str, bool]:
+    return {
+        "use_qk_l2norm_in_kernel": opt["l2"],
+        "use_gate_in_kernel": opt["gate"],
+        "use_beta_sigmoid_in_kernel": opt["beta"],
+        "allow_neg_eigval": opt["neg"],
+        "state_v_first": opt["vk"],
+    }
+
+
+@pytest.mark.parametrize(("problem", "seq_lens", "opt", "form"), list(OPTION_CASES.values()), ids=list(OPTION_CASES))
+def test_options_inside_the_kernel_match_the_reference(
+    problem: Shape, seq_lens: list[int] | None, opt: dict[str, bool], form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The options applied by the fused-recurrent kernel as it loads each token, against the float64 reference of
+    the same call; no separate pass runs (each would raise here)."""
+    import dtune.options as options_module
+
+    def no_pass(*_: Any, **__: Any) -> None:
+        raise AssertionError("a separate option pass ran")
+
+    for name in ("l2norm", "gate_activation", "beta_activation"):
+        monkeypatch.setattr(options_module, name, no_pass)
+    x = _option_inputs(problem, seq_lens, opt, form)
+    options = Options(**_option_kw(opt), **x["gate_kw"])
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    o, ht = ops.run_kernel(OPS[problem.gate], *args, **kw, options=options)
+    o_ref, ht_ref = reference_with_options(*args, None, **kw, **_option_kw(opt), **x["gate_kw"])
+    assert ht is not None and ht_ref is not None and ht.shape == x["initial_state"].shape == ht_ref.shape
+    assert rel_err(o, o_ref) < 1e-5, rel_err(o, o_ref)
+    assert rel_err(ht, ht_ref) < 1e-5, rel_err(ht, ht_ref)
+
+
+def test_options_inside_the_kernel_equal_the_separate_passes() -> None:
+    """The same call through the kernel's options and through the chunk ops' separate passes (``check_gate=True``
+    takes those: the activated gate is checked) agree to float32 rounding."""
+    problem, seq_lens, opt, form = OPTION_CASES["every-option-kda-T9-HV4-K24-V40"]
+    x = _option_inputs(problem, seq_lens, opt, form)
+    options = Options(**_option_kw(opt), **x["gate_kw"])
+    kw = {"initial_state": x["initial_state"], "output_final_state": True}
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    fused = ops.fused_recurrent_kda(*args, **kw, options=options)
+    passes = ops.fused_recurrent_kda(*args, **kw, options=options, check_gate=True)
+    for a, b in zip(fused, passes):
+        assert a is not None and b is not None and rel_err(a, b) < 1e-5
+
+
+def test_options_inside_the_kernel_are_checked_before_the_launch() -> None:
+    problem, seq_lens, opt, form = OPTION_CASES["bounded-gdn-no-bias-T13"]
+    x = _option_inputs(problem, seq_lens, opt, form)
+    bad = Options(use_gate_in_kernel=True, A_log=torch.zeros(problem.HV + 1))
+    with pytest.raises(ValueError, match=f"HV = {problem.HV}"):
+        ops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], options=bad)
+    vk = Options(state_v_first=True)  # the initial state must then be [N, HV, V, K]
+    with pytest.raises(ValueError, match="initial_state"):
+        ops.fused_recurrent_gated_delta_rule(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], options=vk
+        )
