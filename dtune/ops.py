@@ -29,7 +29,7 @@ from dtune import inputs
 from dtune.autograd import chunk_with_grad, needs_grad
 from dtune.inputs import check_inputs, check_interpretable
 from dtune.kernels import get_kernel
-from dtune.kernels.fused_recurrent import NO_IN_KERNEL, InKernel
+from dtune.kernels.options import NO_IN_KERNEL
 from dtune.options import Options
 from dtune.shape import Gate
 from dtune.store import tuned_config
@@ -72,14 +72,23 @@ def run_kernel(
     positive gate values, one host sync (see the module's docstring); ``None``: ``DTUNE_CHECK_GATE``, default off.
     No host sync otherwise, beyond one read of a ``cu_seqlens`` tensor not seen before. ``options``:
     flash-linear-attention's in-kernel options (:class:`dtune.options.Options`): the fused-recurrent kernels apply
-    them as they load each token (one launch), the chunk kernels take them as separate passes before and after."""
+    them as they load each token (one launch); the chunk forward outside autograd activates the raw gate in its first
+    stage and takes the others as separate passes; under autograd (or ``check_gate``) every option is a separate
+    differentiable pass."""
     spec = get_kernel(kernel)
-    in_kernel = NO_IN_KERNEL
+    in_kernel, state_out = NO_IN_KERNEL, None
     if options is not None:
-        if spec.family != "fused_recurrent" or _checking(check_gate):
+        route = _route(spec.family, options, check_gate, bwd_config, q, k, v, g, beta, initial_state)
+        if route == "passes":
             inputs = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
             return _run_with_options(kernel, *inputs, config, bwd_config, check_gate, options)
-        in_kernel = _in_kernel(spec.gate, q, v, options)
+        if isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and v.dim() == 4:  # else checked below
+            options.check(Gate(spec.gate), v.shape[2], q.shape[3])
+        if route == "kernel":
+            in_kernel = options.in_kernel()
+        else:  # "gate": the chunk forward activates g in stage 1, the rest are passes
+            q, k, _, beta, initial_state = options.without_gate().apply(q, k, None, beta, initial_state)
+            in_kernel, state_out = options.gate_in_kernel(), options
     if spec.backward:
         raise ValueError(
             f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
@@ -112,7 +121,10 @@ def run_kernel(
         if grad:
             return chunk_with_grad(*args, full, bwd)
     if chunk:  # its chunk tables come from the offsets check_inputs already read (no second copy)
-        return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
+        if state_out is None:
+            return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
+        o, ht = spec.module.forward(*args, full, seq_offsets=problem.seq_offsets, in_kernel=in_kernel)
+        return o, state_out.final_state(ht)
     if options is not None:
         return spec.module.forward(*args, full, in_kernel=in_kernel)
     return spec.module.forward(*args, full)
@@ -121,17 +133,25 @@ def run_kernel(
 GATES = {gate.value: gate for gate in Gate}
 
 
-def _checking(check_gate: bool | None) -> bool:
-    """Whether this call checks the gate's values: with ``use_gate_in_kernel`` the check is of the activated gate,
-    so such a call takes the separate passes (it syncs with the host anyway)."""
-    return inputs.CHECK_GATE if check_gate is None else check_gate
-
-
-def _in_kernel(gate: str, q: Tensor, v: Tensor, options: Options) -> InKernel:
-    """``options`` checked against the call's heads and keys, as the fused-recurrent kernel applies them."""
-    if isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and v.dim() == 4:  # else check_inputs names it
-        options.check(Gate(gate), v.shape[2], q.shape[3])
-    return options.in_kernel()
+def _route(
+    family: str,
+    options: Options,
+    check_gate: bool | None,
+    bwd_config: dict[str, Any] | None,
+    *tensors: Tensor | None,
+) -> str:
+    """Where a call's options are applied: ``"kernel"`` (all inside the fused-recurrent kernel), ``"gate"`` (the chunk
+    forward activates the raw gate in stage 1, the rest are passes) or ``"passes"`` (every option a separate pass:
+    under autograd, where the passes' backward gives dA_log and ddt_bias, and with the gate check, which checks the
+    activated gate and syncs with the host anyway)."""
+    if inputs.CHECK_GATE if check_gate is None else check_gate:
+        return "passes"
+    if family == "fused_recurrent":
+        return "kernel"
+    grad = needs_grad(*tensors, options.A_log, options.dt_bias)
+    if options.use_gate_in_kernel and not grad and bwd_config is None:
+        return "gate"
+    return "passes"
 
 
 def _run_with_options(
@@ -267,8 +287,9 @@ Args:
     options: flash-linear-attention's in-kernel options (:class:`dtune.options.Options`: ``use_qk_l2norm_in_kernel``,
         ``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``,
         ``allow_neg_eigval``, ``state_v_first``; ``initial_state`` and ``final_state`` then ``[N, HV, V, K]``):
-        the fused-recurrent ops apply them inside their kernel, the chunk ops as separate differentiable passes;
-        default none.
+        the fused-recurrent ops apply them inside their kernel; the chunk ops activate the raw gate in their first
+        stage outside autograd, and take every other option (all of them under autograd) as separate
+        differentiable passes; default none.
 
 Returns:
     ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in v's dtype; ``final_state`` or ``None``.

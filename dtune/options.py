@@ -1,12 +1,14 @@
-"""flash-linear-attention's in-kernel options: inside the fused-recurrent kernels, as exact separate passes around the
-chunk kernels.
+"""flash-linear-attention's in-kernel options: inside the fused-recurrent kernels and the chunk forward's first stage
+(the gate), as exact separate passes elsewhere.
 
 fla's ops take options that transform their inputs before the recurrence; real models pass them (fla's own
 ``GatedDeltaNet`` and ``KimiDeltaAttention`` layers pass all of them). :class:`Options` carries them, with fla's
 names. The fused-recurrent kernels (decoding) apply them to each token as they load it (:meth:`Options.in_kernel`;
-one launch per step, as fla's own kernels do). For the chunk kernels :meth:`Options.apply` runs them as passes that
-autograd differentiates (Triton kernels with their own backward for the l2norm and the gate, PyTorch ops for the rest),
-so every gradient (``A_log`` and ``dt_bias`` included) follows. The same formulas in float64 are
+one launch per step, as fla's own kernels do). The chunk forward outside autograd activates the raw gate in its first
+stage (:meth:`Options.gate_in_kernel`: no float32 gate written and read back) and takes the rest as passes
+(:meth:`Options.without_gate`). Otherwise :meth:`Options.apply` runs them all as passes that autograd
+differentiates (Triton kernels with their own backward for the l2norm and the gate, PyTorch ops for the rest), so
+every gradient (``A_log`` and ``dt_bias`` included) follows. The same formulas in float64 are
 ``dtune.kernels.reference.reference_with_options``.
 
 ====================================  =========================================================================
@@ -46,7 +48,7 @@ and where it would fuse (the stage that loads that input):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -54,7 +56,7 @@ from torch.autograd.function import once_differentiable
 
 from dtune.inputs import interpreting
 from dtune.kernels import options as option_kernels
-from dtune.kernels.fused_recurrent import InKernel
+from dtune.kernels.options import InKernel
 from dtune.shape import Gate
 
 Tensor = torch.Tensor
@@ -141,6 +143,20 @@ class Options:
             beta_sigmoid=(2 if self.allow_neg_eigval else 1) if self.use_beta_sigmoid_in_kernel else 0,
             state_vk=self.state_v_first,
         )
+
+    def gate_in_kernel(self) -> InKernel:
+        """The gate activation alone, as the chunk forward's stage 1 applies it to the raw ``g``."""
+        full = self.in_kernel()
+        return InKernel(
+            gate_activation=full.gate_activation,
+            A_log=full.A_log,
+            dt_bias=full.dt_bias,
+            lower_bound=full.lower_bound,
+        )
+
+    def without_gate(self) -> Options:
+        """These options less the gate activation (what the chunk forward applies as passes around it)."""
+        return replace(self, use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None)
 
     def final_state(self, ht: Tensor | None) -> Tensor | None:
         """The final state in the caller's layout: ``[N, HV, V, K]`` (contiguous) with ``state_v_first``."""

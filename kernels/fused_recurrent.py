@@ -17,39 +17,18 @@ float32 copy of the gate is written and read back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from .config import GATE_CODES, Config, cdiv, new_output, next_power_of_2
-from .options import L2NORM_EPS, activated_gate
+from .options import L2NORM_EPS, NO_IN_KERNEL, InKernel, activated_gate
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "BV": (4, 8, 16, 32, 64, 128, 256),
     "num_warps": (1, 2, 4, 8, 16),
     "num_stages": (1, 2, 3, 4),
 }
-
-
-@dataclass(frozen=True)
-class InKernel:
-    """fla's in-kernel options as the kernel applies them (the defaults: none). ``A_log`` ``[HV]``, ``dt_bias``
-    ``[HV]`` (scalar gate) or ``[HV * K]`` (per key channel), ``lower_bound`` are used with ``gate_activation``;
-    ``beta_sigmoid``: 0 (beta as given), 1 (``sigmoid(beta)``), 2 (``2 · sigmoid(beta)``, fla's allow_neg_eigval);
-    ``state_vk``: initial and final states ``[N, HV, V, K]``."""
-
-    l2norm: bool = False
-    gate_activation: bool = False
-    A_log: torch.Tensor | None = None
-    dt_bias: torch.Tensor | None = None
-    lower_bound: float | None = None
-    beta_sigmoid: int = 0
-    state_vk: bool = False
-
-
-NO_IN_KERNEL = InKernel()
 
 
 def legal_params(gate: str) -> dict[str, tuple[int, ...]]:

@@ -15,6 +15,8 @@ No dtune imports: the wrappers with autograd are ``dtune.options``; the formulas
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +27,42 @@ Tensor = torch.Tensor
 ROWS = 64  # rows per program of the gate kernels (a token block)
 TILE = 4096  # elements per program of the l2norm kernels
 L2NORM_EPS: tl.constexpr = tl.constexpr(1e-6)  # fla's l2norm_fwd default
+
+
+@dataclass(frozen=True)
+class InKernel:
+    """fla's in-kernel options as the kernel applies them (the defaults: none). ``A_log`` ``[HV]``, ``dt_bias``
+    ``[HV]`` (scalar gate) or ``[HV * K]`` (per key channel), ``lower_bound`` are used with ``gate_activation``;
+    ``beta_sigmoid``: 0 (beta as given), 1 (``sigmoid(beta)``), 2 (``2 · sigmoid(beta)``, fla's allow_neg_eigval);
+    ``state_vk``: initial and final states ``[N, HV, V, K]``."""
+
+    l2norm: bool = False
+    gate_activation: bool = False
+    A_log: torch.Tensor | None = None
+    dt_bias: torch.Tensor | None = None
+    lower_bound: float | None = None
+    beta_sigmoid: int = 0
+    state_vk: bool = False
+
+    def gate_code(self) -> int:
+        """The gate activation as the chunk kernels' ``GACT`` constexpr: its form (0 none, 1 softplus, 2 bounded)
+        + 4 with ``dt_bias`` + 8 with ``A_log``."""
+        if not self.gate_activation:
+            return 0
+        form = 2 if self.lower_bound is not None else 1
+        return form + 4 * (self.dt_bias is not None) + 8 * (self.A_log is not None)
+
+    def gate_args(self) -> dict[str, object]:
+        """The chunk kernels' keyword arguments of the gate activation (none without it)."""
+        if not self.gate_activation:
+            return {}
+        A = None if self.A_log is None else self.A_log.reshape(-1).contiguous()
+        bias = None if self.dt_bias is None else self.dt_bias.reshape(-1).contiguous()
+        lb = 0.0 if self.lower_bound is None else float(self.lower_bound)
+        return {"A_log": A, "dt_bias": bias, "lower_bound": lb, "GACT": self.gate_code()}
+
+
+NO_IN_KERNEL = InKernel()
 
 
 @triton.jit

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..config import GATE_CODES, Config, next_power_of_2
+from ..options import NO_IN_KERNEL, InKernel
 from .tables import ChunkTables, build_tables, host_offsets
 
 Tensor = torch.Tensor
@@ -66,6 +67,7 @@ class ChunkCall:
     output_final_state: bool
     config: Config
     tables: ChunkTables
+    in_kernel: InKernel = NO_IN_KERNEL  # fla's use_gate_in_kernel, applied by stage 1's gate loads (g is raw)
 
     @property
     def device(self) -> torch.device:
@@ -130,7 +132,7 @@ def intra_launch_options(call: ChunkCall) -> dict[str, Any]:
     return dict(
         H=call.H, HV=call.HV, K=call.K, V=call.V, BT=call.BT, BC=cfg["BC"], BK=BK, BV=BV, GATE=call.gate,
         NB=call.BT // cfg["BC"], NK=-(-call.K // BK), NV=-(-call.V // BV), VARLEN=call.varlen,
-        DOT_PREC=call.dot_prec, **call.warps("intra"),
+        DOT_PREC=call.dot_prec, **call.warps("intra"), **call.in_kernel.gate_args(),
     )  # fmt: skip
 
 
@@ -147,14 +149,21 @@ def prepare_call(
     cu_seqlens: Tensor | None,
     config: Config,
     seq_offsets: Sequence[int] | None = None,
+    in_kernel: InKernel = NO_IN_KERNEL,
 ) -> ChunkCall:
     """Check the config's structure, make the inputs contiguous and build the tables (inputs already validated).
 
     ``seq_offsets``: ``cu_seqlens`` on the host when the caller already has it (``dtune.inputs.check_inputs``
     returns it): then the tables cost no device-to-host copy. Without it ``cu_seqlens`` is read once here.
+    ``in_kernel``: of fla's in-kernel options the chunk forward applies the gate activation (``g`` is then raw), no
+    other.
     """
     if gate not in GATE_CODES:
         raise ValueError(f"unknown gate mode {gate!r}")
+    if in_kernel.l2norm or in_kernel.beta_sigmoid or in_kernel.state_vk:
+        raise ValueError("the chunk forward applies only the gate activation in its kernels (the rest are passes)")
+    if in_kernel.gate_activation and gate == "none":
+        raise ValueError("use_gate_in_kernel needs a gated kernel (DeltaNet has no gate)")
     check_structure(config)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -185,4 +194,5 @@ def prepare_call(
         output_final_state=output_final_state,
         config=config,
         tables=tables,
+        in_kernel=in_kernel,
     )

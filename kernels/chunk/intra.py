@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, diag_exact, diag_ref, load_gate
+from .common import chunk_bounds, diag_exact, diag_ref, gate_act, load_channel_gate, load_scalar_gate
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -67,7 +67,13 @@ def chunk_intra_kernel(
     NV: tl.constexpr,
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    A_log=None,
+    dt_bias=None,
+    lower_bound=0.0,
+    GACT: tl.constexpr = 0,
 ):
+    """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``: ``InKernel.gate_code``) the raw gate
+    that every load activates with ``A_log``, ``dt_bias`` and ``lower_bound``."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
         # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
@@ -95,10 +101,11 @@ def chunk_intra_kernel(
         g_b = g + (bos * HV + i_hv) * K
     elif GATE == 1:
         g_b = g + (bos * HV + i_hv)
+    act = gate_act(A_log, dt_bias, lower_bound, i_hv, K, GATE, GACT)
 
     # Scalar gate: the whole chunk's cumulative gate, once (it is one number per row).
     if GATE == 1:
-        b_g_all = load_gate(g_b + o_t * HV, m_t)
+        b_g_all = load_scalar_gate(g_b + o_t * HV, m_t, act, GACT)
         b_gam_all = tl.cumsum(b_g_all, 0)
         tl.store(gout + (bos * HV + i_hv) + o_t * HV, b_gam_all, mask=m_t)
 
@@ -125,11 +132,13 @@ def chunk_intra_kernel(
                     b_q = tl.load(p_qr, mask=m_rk, other=0).to(tl.float32)
                     b_kt = tl.load(p_kt, mask=m_tk, other=0).to(tl.float32)
                     p_gt = g_b + (o_t[:, None] * (HV * K) + o_k[None, :])
-                    b_gt = load_gate(p_gt, m_t[:, None] & m_k[None, :])
+                    b_gt = load_channel_gate(p_gt, m_t[:, None] & m_k[None, :], act, o_k, m_k, GACT)
                     b_gamt = tl.cumsum(b_gt, 0)  # γ of the whole chunk, this key tile
                     # γ_r: cumulative gate at the block's first row
                     b_gr = tl.sum(tl.where((o_t == r0)[:, None], b_gamt, 0.0), 0)
-                    b_gam = tl.cumsum(load_gate(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk), 0)
+                    b_gam = tl.cumsum(
+                        load_channel_gate(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk, act, o_k, m_k, GACT), 0
+                    )
                     b_gam = b_gam - tl.sum(tl.where((o_c == 0)[:, None], b_gam, 0.0), 0)[None, :] + b_gr[None, :]
                     # off-diagonal: rows scaled by exp(γ_i - γ_r) <= 1, columns (j < r) by exp(γ_r - γ_j) <= 1
                     b_er = tl.exp(b_gam - b_gr[None, :])
@@ -167,7 +176,7 @@ def chunk_intra_kernel(
             m_cau = (o_c[None, :] <= o_c[:, None]) & m_r[:, None]
             if GATE == 1:
                 b_gr1 = tl.sum(tl.where(o_t == r0 - 1, b_gam_all, 0.0), 0)  # γ before the block (0 for I = 0)
-                b_gam1 = load_gate(g_b + rows * HV, m_r)
+                b_gam1 = load_scalar_gate(g_b + rows * HV, m_r, act, GACT)
                 b_gam1 = tl.cumsum(b_gam1, 0) + b_gr1
                 b_A *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
                 b_Aq *= tl.exp(tl.where(m_off, b_gam1[:, None] - b_gam_all[None, :], float("-inf")))
@@ -207,10 +216,14 @@ def chunk_intra_kernel(
                 if GATE == 1:
                     b_x = b_k * (b_beta * tl.exp(b_gam1))[:, None]
                 elif GATE == 2:
-                    b_gt = load_gate(g_b + (o_t[:, None] * (HV * K) + o_k[None, :]), m_t[:, None] & m_k[None, :])
+                    b_gt = load_channel_gate(
+                        g_b + (o_t[:, None] * (HV * K) + o_k[None, :]), m_t[:, None] & m_k[None, :], act, o_k, m_k, GACT
+                    )
                     b_gC = tl.sum(b_gt, 0)  # γ_C (rows past the end hold 0)
                     b_base = tl.sum(tl.where((o_t < r0)[:, None], b_gt, 0.0), 0)
-                    b_gam = load_gate(g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk)
+                    b_gam = load_channel_gate(
+                        g_b + (rows[:, None] * (HV * K) + o_k[None, :]), m_rk, act, o_k, m_k, GACT
+                    )
                     b_gam = tl.cumsum(b_gam, 0) + b_base[None, :]
                     b_x = b_k * tl.exp(b_gam) * b_beta[:, None]
                     b_q = tl.load(q_b + (rows[:, None] * (H * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, diag_exact, diag_ref, load_gate
+from .common import chunk_bounds, diag_exact, diag_ref, gate_act, load_channel_gate, load_scalar_gate
 
 
 @triton.jit
@@ -148,9 +148,9 @@ def _finish_off(
 
 
 @triton.jit
-def _gam(g_b, rows, SG, o_k, m_r, m_k, b_base):
+def _gam(g_b, act, rows, SG, o_k, m_r, m_k, b_base, GACT: tl.constexpr):
     """Cumulative per-channel gate of one row block on top of ``b_base`` (γ before the block), and γ at its end."""
-    b_g = load_gate(g_b + (rows[:, None] * SG + o_k[None, :]), m_r[:, None] & m_k[None, :])
+    b_g = _gate_rows(g_b, act, rows, SG, o_k, m_r, m_k, GACT)
     return tl.cumsum(b_g, 0) + b_base[None, :], b_base + tl.sum(b_g, 0)
 
 
@@ -165,20 +165,41 @@ def _kda_gated_rows(b_k, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_be
 
 
 @triton.jit
-def _gate_rows(g_b, rows, SG, o_k, m_r, m_k):
-    """A [BC, BK] tile of per-channel log gates (clamped, see ``common.load_gate``)."""
-    return load_gate(g_b + (rows[:, None] * SG + o_k[None, :]), m_r[:, None] & m_k[None, :])
+def _gate_rows(g_b, act, rows, SG, o_k, m_r, m_k, GACT: tl.constexpr):
+    """A [BC, BK] tile of per-channel log gates (clamped, activated from the raw gate with ``GACT``: see
+    ``common.load_channel_gate``)."""
+    return load_channel_gate(
+        g_b + (rows[:, None] * SG + o_k[None, :]), m_r[:, None] & m_k[None, :], act, o_k, m_k, GACT
+    )
 
 
 @triton.jit
 def _w_operand(
-    k_b, q_b, g_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_beta, b_c, b_base, b_gC, scale, SK, SG, GATE: tl.constexpr
+    k_b,
+    q_b,
+    g_b,
+    act,
+    qg_b,
+    kg_b,
+    rows,
+    m_r,
+    o_k,
+    m_k,
+    b_beta,
+    b_c,
+    b_base,
+    b_gC,
+    scale,
+    SK,
+    SG,
+    GATE: tl.constexpr,
+    GACT: tl.constexpr,
 ):
     """W's right operand for one row block and key tile, ``β k e^γ`` (float32): the scalar gate's ``γ`` is ``b_c``;
     KDA builds ``γ`` on top of ``b_base`` (γ before the block) and stores q~ and k~ on the way (``b_gC`` = γ_C)."""
     b_x = _rows(k_b, rows, SK, o_k, m_r, m_k)
     if GATE == 2:
-        b_gam = tl.cumsum(_gate_rows(g_b, rows, SG, o_k, m_r, m_k), 0) + b_base[None, :]
+        b_gam = tl.cumsum(_gate_rows(g_b, act, rows, SG, o_k, m_r, m_k, GACT), 0) + b_base[None, :]
         b_x = _kda_gated_rows(b_x, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_beta, scale, SK, SG)
     else:
         b_x *= b_beta[:, None]
@@ -192,6 +213,7 @@ def _row_blocks(
     k_b,
     q_b,
     g_b,
+    act,
     ri,
     mi,
     r1,
@@ -211,6 +233,7 @@ def _row_blocks(
     GATE: tl.constexpr,
     DIAG: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    GACT: tl.constexpr,
 ):
     """Row block ``i`` (rows ``ri``) of A_kk and A_qk over all key tiles: the diagonal block and the ``NJ`` blocks
     left of it (columns ``r1``, ``r2``, ``r3``), without beta, scale or the scalar gate's decay. Returns
@@ -233,12 +256,12 @@ def _row_blocks(
             # γ of the earlier blocks (columns) and of this one; the reference point is γ before this block
             b_ref = tl.zeros([BK], dtype=tl.float32)
             if NJ >= 1:
-                b_gam1, b_ref = _gam(g_b, r1, SG, o_k, m1, m_k, b_ref)
+                b_gam1, b_ref = _gam(g_b, act, r1, SG, o_k, m1, m_k, b_ref, GACT)
             if NJ >= 2:
-                b_gam2, b_ref = _gam(g_b, r2, SG, o_k, m2, m_k, b_ref)
+                b_gam2, b_ref = _gam(g_b, act, r2, SG, o_k, m2, m_k, b_ref, GACT)
             if NJ >= 3:
-                b_gam3, b_ref = _gam(g_b, r3, SG, o_k, m3, m_k, b_ref)
-            b_gami, b_si = _gam(g_b, ri, SG, o_k, mi, m_k, b_ref)
+                b_gam3, b_ref = _gam(g_b, act, r3, SG, o_k, m3, m_k, b_ref, GACT)
+            b_gami, b_si = _gam(g_b, act, ri, SG, o_k, mi, m_k, b_ref, GACT)
             b_ki = _rows(k_b, ri, SK, o_k, mi, m_k)
             b_qi = _rows(q_b, ri, SK, o_k, mi, m_k)
             b_d, b_dq, b_h = _kda_diag(b_ki, b_qi, b_gami, b_si, BC, DIAG, DOT_PREC)
@@ -324,7 +347,12 @@ def chunk_intra_blocks_kernel(
     WU_OUT: tl.constexpr = True,
     QK_OUT: tl.constexpr = True,
     U_OUT: tl.constexpr = True,
+    A_log=None,
+    dt_bias=None,
+    lower_bound=0.0,
+    GACT: tl.constexpr = 0,
 ):
+    """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate."""
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
@@ -364,6 +392,7 @@ def chunk_intra_blocks_kernel(
         qg_b = q_b
         kg_b = q_b
     be_b = beta + (bos * HV + i_hv)
+    act = gate_act(A_log, dt_bias, lower_bound, i_hv, K, GATE, GACT)
     SK = H * K  # row stride of q, k
     SG = HV * K  # row stride of per-channel gates and of W, q~, k~
 
@@ -389,24 +418,24 @@ def chunk_intra_blocks_kernel(
     b_c3 = b_c1
     b_c4 = b_c1
     if GATE == 1:
-        b_gl = load_gate(g_b + r1 * HV, m1)
+        b_gl = load_scalar_gate(g_b + r1 * HV, m1, act, GACT)
         b_c1 = tl.cumsum(b_gl, 0)
         tl.store(gout + (bos * HV + i_hv) + r1 * HV, b_c1, mask=m1)
         if NB >= 2:
-            b_gl = load_gate(g_b + r2 * HV, m2)
+            b_gl = load_scalar_gate(g_b + r2 * HV, m2, act, GACT)
             b_c2 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c1, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r2 * HV, b_c2, mask=m2)
         if NB >= 4:
-            b_gl = load_gate(g_b + r3 * HV, m3)
+            b_gl = load_scalar_gate(g_b + r3 * HV, m3, act, GACT)
             b_c3 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c2, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r3 * HV, b_c3, mask=m3)
-            b_gl = load_gate(g_b + r4 * HV, m4)
+            b_gl = load_scalar_gate(g_b + r4 * HV, m4, act, GACT)
             b_c4 = tl.cumsum(b_gl, 0) + tl.sum(tl.where(o_c == BC - 1, b_c3, 0.0), 0)
             tl.store(gout + (bos * HV + i_hv) + r4 * HV, b_c4, mask=m4)
 
     # ---- 1. A_kk and A_qk, one row block at a time (only that row's accumulators are live); store A_qk -------------
     b_D1, b_Dq1, _a, _b, _c, _d, _e, _f, b_flag = _row_blocks(
-        k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, DIAG, DOT_PREC
+        k_b, q_b, g_b, act, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, DIAG, DOT_PREC, GACT
     )
     SA = HV * BT  # row stride of A_qk
     b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, STORE_QK)
@@ -416,7 +445,7 @@ def chunk_intra_blocks_kernel(
             for i_z in range(1, NB):
                 _store_rows(a_b + i_z * BC, r1, SA, o_c, m1, o_c < BC, b_zero)
         b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f, b_h = _row_blocks(
-            k_b, q_b, g_b, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, DIAG, DOT_PREC
+            k_b, q_b, g_b, act, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, DIAG, DOT_PREC, GACT
         )
         b_flag = tl.maximum(b_flag, b_h)
         b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, STORE_QK)
@@ -427,14 +456,14 @@ def chunk_intra_blocks_kernel(
                 _store_rows(a_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zero)
             _store_rows(a_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zero)
         b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, b_h = _row_blocks(
-            k_b, q_b, g_b, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC
+            k_b, q_b, g_b, act, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC, GACT
         )
         b_flag = tl.maximum(b_flag, b_h)
         b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, STORE_QK)
         b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, STORE_QK)
         b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, STORE_QK)
         b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, b_h = _row_blocks(
-            k_b, q_b, g_b, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC
+            k_b, q_b, g_b, act, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC, GACT
         )
         b_flag = tl.maximum(b_flag, b_h)
         b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, STORE_QK)
@@ -536,27 +565,33 @@ def chunk_intra_blocks_kernel(
         if GATE == 2:
             # the gates' sums first, so that each block's γ tile is built, used and dropped on its own below (the
             # γ tiles of four blocks live together made BT = 64 spill at the 255-register cap)
-            b_gC += tl.sum(_gate_rows(g_b, r1, SG, o_k, m1, m_k), 0)
+            b_gC += tl.sum(_gate_rows(g_b, act, r1, SG, o_k, m1, m_k, GACT), 0)
             if NB >= 2:
                 b_s1 = b_gC
-                b_gC += tl.sum(_gate_rows(g_b, r2, SG, o_k, m2, m_k), 0)
+                b_gC += tl.sum(_gate_rows(g_b, act, r2, SG, o_k, m2, m_k, GACT), 0)
             if NB >= 4:
                 b_s2 = b_gC
-                b_gC += tl.sum(_gate_rows(g_b, r3, SG, o_k, m3, m_k), 0)
+                b_gC += tl.sum(_gate_rows(g_b, act, r3, SG, o_k, m3, m_k, GACT), 0)
                 b_s3 = b_gC
-                b_gC += tl.sum(_gate_rows(g_b, r4, SG, o_k, m4, m_k), 0)
+                b_gC += tl.sum(_gate_rows(g_b, act, r4, SG, o_k, m4, m_k, GACT), 0)
             tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
         b_x1 = _w_operand(
-            k_b, q_b, g_b, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_c1, b_gC - b_gC, b_gC, scale, SK, SG, GATE
+            k_b, q_b, g_b, act, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_c1, b_gC - b_gC, b_gC, scale, SK, SG, GATE, GACT
         )
         b_x1 = b_x1.to(DT)
         if NB >= 2:
-            b_x2 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_c2, b_s1, b_gC, scale, SK, SG, GATE)
+            b_x2 = _w_operand(
+                k_b, q_b, g_b, act, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_c2, b_s1, b_gC, scale, SK, SG, GATE, GACT
+            )
             b_x2 = b_x2.to(DT)
         if NB >= 4:
-            b_x3 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_c3, b_s2, b_gC, scale, SK, SG, GATE)
+            b_x3 = _w_operand(
+                k_b, q_b, g_b, act, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_c3, b_s2, b_gC, scale, SK, SG, GATE, GACT
+            )
             b_x3 = b_x3.to(DT)
-            b_x4 = _w_operand(k_b, q_b, g_b, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_c4, b_s3, b_gC, scale, SK, SG, GATE)
+            b_x4 = _w_operand(
+                k_b, q_b, g_b, act, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_c4, b_s3, b_gC, scale, SK, SG, GATE, GACT
+            )
             b_x4 = b_x4.to(DT)
         _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
         if NB >= 2:
@@ -603,7 +638,30 @@ def chunk_intra_blocks_kernel(
         # accumulators and no q tiles (at BT = 64 the two together spill at the 255-register cap). The diagonal: the
         # exact loop in the guard's second launch (DIAG = 2), else the middle-row dot ------------------------------
         b_D1, b_Dq1, _a, _b, _c, _d, _e, _f, _h = _row_blocks(
-            k_b, q_b, g_b, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, (DIAG // 2) * 2, DOT_PREC
+            k_b,
+            q_b,
+            g_b,
+            act,
+            r1,
+            m1,
+            r1,
+            m1,
+            r1,
+            m1,
+            r1,
+            m1,
+            w,
+            SK,
+            SG,
+            K,
+            BK,
+            BC,
+            NK,
+            0,
+            GATE,
+            (DIAG // 2) * 2,
+            DOT_PREC,
+            GACT,
         )
         _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, True)
         if NB >= 2:
@@ -611,6 +669,7 @@ def chunk_intra_blocks_kernel(
                 k_b,
                 q_b,
                 g_b,
+                act,
                 r2,
                 m2,
                 r1,
@@ -630,6 +689,7 @@ def chunk_intra_blocks_kernel(
                 GATE,
                 (DIAG // 2) * 2,
                 DOT_PREC,
+                GACT,
             )
             _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, True)
             _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE, True)
@@ -638,6 +698,7 @@ def chunk_intra_blocks_kernel(
                 k_b,
                 q_b,
                 g_b,
+                act,
                 r3,
                 m3,
                 r1,
@@ -657,6 +718,7 @@ def chunk_intra_blocks_kernel(
                 GATE,
                 (DIAG // 2) * 2,
                 DOT_PREC,
+                GACT,
             )
             _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, True)
             _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, True)
@@ -665,6 +727,7 @@ def chunk_intra_blocks_kernel(
                 k_b,
                 q_b,
                 g_b,
+                act,
                 r4,
                 m4,
                 r1,
@@ -684,6 +747,7 @@ def chunk_intra_blocks_kernel(
                 GATE,
                 (DIAG // 2) * 2,
                 DOT_PREC,
+                GACT,
             )
             _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, True)
             _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE, True)

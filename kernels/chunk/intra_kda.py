@@ -48,7 +48,7 @@ import triton.language as tl
 
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, load_gate
+from .common import chunk_bounds, gate_act, load_channel_gate
 from .intra_blocks import (
     _finish_diag,
     _finish_off,
@@ -125,7 +125,12 @@ def chunk_intra_onepass_kernel(
     SOLVE: tl.constexpr,
     ai=None,
     STORE_AI: tl.constexpr = False,
+    A_log=None,
+    dt_bias=None,
+    lower_bound=0.0,
+    GACT: tl.constexpr = 0,
 ):
+    """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate."""
     tl.static_assert(NB == 1 or NB == 2, "INTRA='onepass' holds 1 or 2 sub-chunks per chunk")
     tl.static_assert(DIAG == 0 or DIAG == 1, "the exact pass (DIAG = 2) is the 'blocks' kernel's")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -140,6 +145,7 @@ def chunk_intra_onepass_kernel(
     q_b = q + (bos * H + i_h) * K
     v_b = v + (bos * HV + i_hv) * V
     g_b = g + (bos * HV + i_hv) * K
+    act = gate_act(A_log, dt_bias, lower_bound, i_hv, K, 2, GACT)
     w_b = w + (bos * HV + i_hv) * K
     u_b = u + (bos * HV + i_hv) * V
     a_b = aqk + (bos * HV + i_hv) * BT
@@ -170,7 +176,10 @@ def chunk_intra_onepass_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         # block 1: s = 0 (the chunk's start)
-        b_g = load_gate(g_b + (r1[:, None] * SG + o_k[None, :]), m1[:, None] & m_k[None, :]) * LOG2E
+        b_g = load_channel_gate(
+            g_b + (r1[:, None] * SG + o_k[None, :]), m1[:, None] & m_k[None, :], act, o_k, m_k, GACT
+        )
+        b_g *= LOG2E
         b_gam = tl.cumsum(b_g, 0)
         b_gm, b_s1 = _row_and_sum(b_gam, b_g, MID, BC)  # and γ at the end of block 1 (masked rows add 0)
         b_half = tl.maximum(b_half, tl.maximum(-b_gm, b_gm - b_s1))
@@ -191,7 +200,10 @@ def chunk_intra_onepass_kernel(
         else:
             # block 2: s = s1; the columns of the off-diagonal block are block 1's rows, k_j e^(s1 − γ_j) <= 1
             b_col = b_kR1 * tl.exp2(b_s1 - b_gm)[None, :]
-            b_g = load_gate(g_b + (r2[:, None] * SG + o_k[None, :]), m2[:, None] & m_k[None, :]) * LOG2E
+            b_g = load_channel_gate(
+                g_b + (r2[:, None] * SG + o_k[None, :]), m2[:, None] & m_k[None, :], act, o_k, m_k, GACT
+            )
+            b_g *= LOG2E
             b_gam = tl.cumsum(b_g, 0)
             b_gm, b_gC = _row_and_sum(b_gam, b_g, MID, BC)
             b_gam += b_s1[None, :]

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..config import Config
+from ..options import NO_IN_KERNEL, InKernel
 from .buffers import Intermediates, Outputs, allocate, allocate_segments
 from .call import ChunkCall, prepare_call
 from .cost import stage_costs
@@ -102,6 +103,7 @@ def forward_with_intermediates(
     cu_seqlens: Tensor | None,
     config: Config,
     seq_offsets: Sequence[int] | None = None,
+    in_kernel: InKernel = NO_IN_KERNEL,
 ) -> ForwardResult:
     """Run the forward and keep its intermediates (for a backward pass that recomputes from them).
 
@@ -111,7 +113,7 @@ def forward_with_intermediates(
     backward needs them (the fused pass never writes them).
     """
     call = prepare_call(
-        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets
+        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets, in_kernel
     )
     stages, inter, out = build_stages(call)
     for stage in stages:
@@ -132,13 +134,15 @@ def forward(
     cu_seqlens: Tensor | None,
     config: Config,
     seq_offsets: Sequence[int] | None = None,
+    in_kernel: InKernel = NO_IN_KERNEL,
 ) -> tuple[Tensor, Tensor | None]:
     """Launch the pipeline on validated inputs with a checked, complete config; same contract as fused_recurrent.
 
     ``seq_offsets``: ``cu_seqlens`` already copied to the host (``dtune.inputs.Problem.seq_offsets``), so that the
-    call reads it from the device no second time.
+    call reads it from the device no second time. ``in_kernel``: fla's ``use_gate_in_kernel`` applied by stage 1's
+    gate loads (``g`` raw), see :func:`.call.prepare_call`.
     """
     res = forward_with_intermediates(
-        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets
+        q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets, in_kernel
     )
     return res.o, res.final_state

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-from dtune.kernels.reference import chunk_reference
+from dtune.kernels.reference import chunk_reference, reference_with_options
 
 from dtune import ops
 from dtune.measure.inputs import make_inputs
+from dtune.options import Options
 from dtune.shape import Gate, Shape
 from dtune.tune.space import load_space
 from tests.conftest import rel_err
@@ -53,5 +54,35 @@ def test_bf16_chunk_matches_float64_reference(shape: Shape, seq_lens: list[int] 
     o_ref, s_ref = chunk_reference(*args, **kw, chunk_size=16)
     assert s is not None and s_ref is not None
     assert o.dtype == torch.bfloat16 and torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert rel_err(o, o_ref) < tol, f"output rel err {rel_err(o, o_ref):.3g} (tolerance {tol})"
+    assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g} (tolerance {tol})"
+
+
+@pytest.mark.parametrize("kernel", ["chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"])
+@pytest.mark.parametrize("bounded", [False, True], ids=["softplus", "bounded"])
+def test_bf16_gate_in_kernel_matches_float64_reference(kernel: str, bounded: bool) -> None:
+    """fla's layers' options on raw bf16 inputs (l2norm, the raw gate with A_log / dt_bias, beta's sigmoid), outside
+    autograd: the chunk forward activates the gate in stage 1 (the shipped config), the fused-recurrent kernel
+    applies every option; against the float64 reference of the same call."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, T, H, HV, K, V = (2, 1000, 4, 8, 128, 128) if kernel.startswith("chunk") else (32, 1, 4, 8, 128, 128)
+    kda = kernel.endswith("kda")
+
+    def rnd(*shape: int, s: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda", generator=gen) * s).to(torch.bfloat16)
+
+    args = (rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, HV, V), rnd(*((B, T, HV, K) if kda else (B, T, HV)), s=3.0))
+    args += (rnd(B, T, HV, s=3.0),)
+    opts: dict[str, Any] = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True}
+    opts |= {"use_beta_sigmoid_in_kernel": True, "A_log": torch.linspace(-1.0, 1.5, HV, device="cuda")}
+    opts |= {"dt_bias": torch.randn(HV * K if kda else HV, device="cuda", generator=gen)}
+    if bounded:
+        opts["lower_bound"] = -5.0
+    kw = {"initial_state": torch.randn(B, HV, K, V, device="cuda", generator=gen), "output_final_state": True}
+    with torch.no_grad():
+        o, s = ops.run_kernel(kernel, *args, **kw, options=Options(**opts))
+    o_ref, s_ref = reference_with_options(*args, None, **kw, **opts)
+    assert s is not None and s_ref is not None
+    tol = load_space(kernel).tolerance["bf16"]
     assert rel_err(o, o_ref) < tol, f"output rel err {rel_err(o, o_ref):.3g} (tolerance {tol})"
     assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g} (tolerance {tol})"
