@@ -32,7 +32,8 @@ first thing it does not honour for the rest (dtype, head dims outside 16-256, an
 context parallelism, CUDA-graph varlen, continuous batching, ...); the call then falls through to the next backend
 and finally to fla's own function. The in-kernel options real models pass (``use_qk_l2norm_in_kernel``,
 ``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``,
-``allow_neg_eigval``, ``state_v_first``) are served as exact separate passes (:mod:`dtune.options`); ``safe_gate``,
+``allow_neg_eigval``, ``state_v_first``) are applied inside the fused-recurrent kernel, the gate inside the chunk
+forward's first stage outside autograd, and otherwise as exact separate passes (:mod:`dtune.options`); ``safe_gate``,
 ``disable_recompute`` and ``chunk_size`` are speed and memory choices of fla's kernels that do not change a result, and
 are accepted; ``cu_seqlens_cpu`` saves dtune's host read of ``cu_seqlens``.
 
