@@ -54,13 +54,13 @@ H100_SMEM = 232448  # bytes of shared memory per block on sm_90
 def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int) -> Any:
     """``triton.compile`` of one JIT function for sm_90 (pointers 16-byte aligned, as a real launch specialises
     them; ``scale`` fp32, ``T`` i32, every other argument a constexpr, its declared default where ``constexprs``
-    does not name it, else None); NoToolchain where no ptxas is shipped."""
+    does not name it, else None); ``lower_bound`` fp32 too; NoToolchain where no ptxas is shipped."""
     sig: dict[str, str] = {}
     consts: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
         if name in ptrs:
             sig[name] = ptrs[name]
-        elif name == "scale":
+        elif name in ("scale", "lower_bound"):
             sig[name] = "fp32"
         elif name == "T":
             sig[name] = "i32"
@@ -78,9 +78,23 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
         raise
 
 
-def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool) -> list[tuple]:
+def _gate_act_ptrs(gate_act: int, raw: str) -> dict[str, str]:
+    """Stage 1's pointers with the gate activation: the raw gate in the inputs' dtype, A_log and dt_bias (float32) as
+    ``gate_act`` has them."""
+    ptrs = {"g": raw}
+    if (gate_act // 4) % 2:
+        ptrs["dt_bias"] = "*fp32"
+    if (gate_act // 8) % 2:
+        ptrs["A_log"] = "*fp32"
+    return ptrs
+
+
+def stage_kernels(
+    gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool, gate_act: int = 0
+) -> list[tuple]:
     """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches
-    (with ``SEG_CHUNKS``: the segmented state pass's three launches)."""
+    (with ``SEG_CHUNKS``: the segmented state pass's three launches). ``gate_act``: stage 1 activating a raw gate of
+    ``dtype`` (fla's ``use_gate_in_kernel``, ``InKernel.gate_code``; 0: none)."""
     G = GATE_CODES[gate]
     p = f"*{dtype}"
     f32 = "*fp32"
@@ -102,14 +116,16 @@ def stage_kernels(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], va
         intra_fn,
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
         | ({"ai": p} if recompute else {})
-        | ({"flags": "*i32"} if G == 2 and safe else {}),
+        | ({"flags": "*i32"} if G == 2 and safe else {})
+        | (_gate_act_ptrs(gate_act, p) if G and gate_act else {}),
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
         | diag
         | ({"SPLIT_QK": cfg["INTRA"] == "blocks_split"} if cfg["INTRA"] in ("blocks", "blocks_split") else {})
         | {"SOLVE": int(cfg["SOLVE"] == "squaring"), "DIAG_LOWP": bool(cfg.get("DIAG_BF16")) and dtype == "bf16"}
         | ({"STORE_AI": True} if recompute else {})
-        | {"WU_OUT": not recompute, "QK_OUT": not recompute_qk},
+        | {"WU_OUT": not recompute, "QK_OUT": not recompute_qk}
+        | ({"GACT": gate_act} if gate_act else {}),
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )

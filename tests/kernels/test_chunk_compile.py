@@ -148,6 +148,20 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         True,
     ),
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "h_BV": 64, "GATE_LOADS": "prefetched"}, False),
+    # stage 1 activating fla's raw gate (use_gate_in_kernel): every variant, softplus with A_log and dt_bias (13),
+    # the bounded form without A_log (6) and with both (14)
+    ("channel", "bf16", 128, {"GACT": 13}, False),
+    ("channel", "bf16", 128, {"GACT": 6, "INTRA": "rows"}, True),
+    ("channel", "bf16", 128, {"GACT": 14, "INTRA": "onepass", "SOLVE": "squaring", "DIAG_BF16": True}, False),
+    ("channel", "bf16", 128, {"GACT": 13, "INTRA": "blocks_split", "BT": 64, "intra_BK": 32}, False),
+    (
+        "scalar",
+        "bf16",
+        128,
+        {"GACT": 13, "WU": "recomputed", "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True},
+        True,
+    ),
+    ("scalar", "bf16", 128, {"GACT": 14, "INTRA": "rows", "BT": 32}, False),
 ]
 
 
@@ -155,9 +169,11 @@ def compile_case(index: int) -> dict[str, int]:
     """Compile every stage of CASES[index]; shared memory per stage (bytes)."""
     gate, dtype, D, overrides, varlen = CASES[index]
     name = {"none": "chunk_delta_rule", "scalar": "chunk_gated_delta_rule", "channel": "chunk_kda"}[gate]
+    overrides = dict(overrides)
+    gate_act = int(overrides.pop("GACT", 0))  # not a config parameter: the call's gate activation
     cfg = KERNELS[name].check_config(D, D, overrides)
     smem = {}
-    for stage, fn, ptrs, consts, warps, stages in stage_kernels(gate, dtype, D, D, cfg, varlen):
+    for stage, fn, ptrs, consts, warps, stages in stage_kernels(gate, dtype, D, D, cfg, varlen, gate_act):
         smem[stage] = int(compile_sm90(fn, ptrs, consts, warps, stages).metadata.shared)
     return smem
 
