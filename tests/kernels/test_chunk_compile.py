@@ -148,12 +148,11 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         True,
     ),
     ("scalar", "bf16", 128, {"SEG_CHUNKS": 64, "STATE_LAYOUT": "vk", "h_BV": 64, "GATE_LOADS": "prefetched"}, False),
-    # stage 1 activating fla's raw gate (use_gate_in_kernel): every variant, softplus with A_log and dt_bias (13),
-    # the bounded form without A_log (6) and with both (14)
+    # stage 1 activating fla's raw gate (use_gate_in_kernel): KDA's three variants and the scalar gate's, softplus
+    # with A_log and dt_bias (13), the bounded form without A_log (6) and with both (14)
     ("channel", "bf16", 128, {"GACT": 13}, False),
     ("channel", "bf16", 128, {"GACT": 6, "INTRA": "rows"}, True),
     ("channel", "bf16", 128, {"GACT": 14, "INTRA": "onepass", "SOLVE": "squaring", "DIAG_BF16": True}, False),
-    ("channel", "bf16", 128, {"GACT": 13, "INTRA": "blocks_split", "BT": 64, "intra_BK": 32}, False),
     (
         "scalar",
         "bf16",
@@ -161,7 +160,6 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         {"GACT": 13, "WU": "recomputed", "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True},
         True,
     ),
-    ("scalar", "bf16", 128, {"GACT": 14, "INTRA": "rows", "BT": 32}, False),
 ]
 
 
