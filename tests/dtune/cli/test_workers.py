@@ -57,7 +57,8 @@ def test_two_workers_one_study(tmp_path: Path) -> None:
         assert p.returncode == 0, err.decode()[-2000:]
     trials = optuna.load_study(study_name=STUDY, storage=open_storage(url)).get_trials()
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)]
-    assert len(finished) == 8  # 4 + 4: none lost
+    seen = [(t.number, t.state.name, t.user_attrs.get("source"), t.user_attrs.get("reason")) for t in trials]
+    assert len(finished) == 8, seen  # 4 + 4: none lost
     assert len({t.number for t in finished}) == 8  # none told twice
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert sum(bool(t.user_attrs.get("is_default")) for t in trials) == 1  # the baseline ran once
