@@ -76,12 +76,17 @@ def run_kernel(
     stage and takes the others as separate passes; under autograd (or ``check_gate``) every option is a separate
     differentiable pass."""
     spec = get_kernel(kernel)
+    if spec.backward:
+        raise ValueError(
+            f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
+            f"grad (its bwd_config= sets {kernel}'s parameters)"
+        )
     in_kernel, state_out = NO_IN_KERNEL, None
     if options is not None:
         route = _route(spec.family, options, check_gate, bwd_config, q, k, v, g, beta, initial_state)
         if route == "passes":
-            inputs = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-            return _run_with_options(kernel, *inputs, config, bwd_config, check_gate, options)
+            call = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+            return _run_with_options(kernel, *call, config, bwd_config, check_gate, options)
         if isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and v.dim() == 4:  # else checked below
             options.check(Gate(spec.gate), v.shape[2], q.shape[3])
         if route == "kernel":
@@ -89,11 +94,6 @@ def run_kernel(
         else:  # "gate": the chunk forward activates g in stage 1, the rest are passes
             q, k, _, beta, initial_state = options.without_gate().apply(q, k, None, beta, initial_state)
             in_kernel, state_out = options.gate_in_kernel(), options
-    if spec.backward:
-        raise ValueError(
-            f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
-            f"grad (its bwd_config= sets {kernel}'s parameters)"
-        )
     h0 = initial_state.transpose(-1, -2) if in_kernel.state_vk and initial_state is not None else initial_state
     problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, h0, cu_seqlens, check_gate)
     chunk = spec.family == "chunk"
