@@ -81,7 +81,7 @@ def run_kernel(
             f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
             f"grad (its bwd_config= sets {kernel}'s parameters)"
         )
-    in_kernel, state_out = NO_IN_KERNEL, None
+    in_kernel, route = NO_IN_KERNEL, None
     if options is not None:
         route = _route(spec.family, options, check_gate, bwd_config, q, k, v, g, beta, initial_state)
         if route == "passes":
@@ -93,7 +93,7 @@ def run_kernel(
             in_kernel = options.in_kernel()
         else:  # "gate": the chunk forward activates g in stage 1, the rest are passes
             q, k, _, beta, initial_state = options.without_gate().apply(q, k, None, beta, initial_state)
-            in_kernel, state_out = options.gate_in_kernel(), options
+            in_kernel = options.gate_in_kernel()
     h0 = initial_state.transpose(-1, -2) if in_kernel.state_vk and initial_state is not None else initial_state
     problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, h0, cu_seqlens, check_gate)
     chunk = spec.family == "chunk"
@@ -121,10 +121,11 @@ def run_kernel(
         if grad:
             return chunk_with_grad(*args, full, bwd)
     if chunk:  # its chunk tables come from the offsets check_inputs already read (no second copy)
-        if state_out is None:
+        if route != "gate":
             return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
+        assert options is not None
         o, ht = spec.module.forward(*args, full, seq_offsets=problem.seq_offsets, in_kernel=in_kernel)
-        return o, state_out.final_state(ht)
+        return o, options.final_state(ht)
     if options is not None:
         return spec.module.forward(*args, full, in_kernel=in_kernel)
     return spec.module.forward(*args, full)

@@ -61,7 +61,7 @@ from dtune.shape import Gate
 
 Tensor = torch.Tensor
 
-L2NORM_EPS = 1e-6  # fla's l2norm_fwd default
+L2NORM_EPS: float = option_kernels.L2NORM_EPS.value  # fla's l2norm_fwd default, as the kernels apply it
 SAFE_LOWER_BOUND = (-5.0, 0.0)  # fla's range for lower_bound with safe_gate and the gate in the kernel
 
 

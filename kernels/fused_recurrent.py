@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .config import GATE_CODES, Config, cdiv, new_output, next_power_of_2
-from .options import L2NORM_EPS, NO_IN_KERNEL, InKernel, activated_gate
+from .options import L2NORM_EPS, NO_IN_KERNEL, InKernel, activated_gate, gate_act
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "BV": (4, 8, 16, 32, 64, 128, 256),
@@ -53,9 +53,6 @@ def fused_recurrent_fwd_kernel(
     h0,
     ht,
     cu_seqlens,
-    A_log,
-    dt_bias,
-    lower_bound,
     scale,
     T,
     H: tl.constexpr,
@@ -69,15 +66,16 @@ def fused_recurrent_fwd_kernel(
     STORE_HT: tl.constexpr,
     VARLEN: tl.constexpr,
     L2NORM: tl.constexpr,
-    GATE_ACT: tl.constexpr,
-    HAS_A: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
     BETA_ACT: tl.constexpr,
     STATE_VK: tl.constexpr,
+    A_log=None,
+    dt_bias=None,
+    lower_bound=0.0,
+    GACT: tl.constexpr = 0,
 ):
-    """``GATE_ACT``: 0 the log gate as given, 1 ``−exp(A_log) · softplus(g + dt_bias)``, 2 ``lower_bound · sigmoid(
-    exp(A_log) · (g + dt_bias))`` (``A_log`` absent: factor 1); ``BETA_ACT``: 0, 1 ``sigmoid``, 2 ``2 · sigmoid``;
-    ``STATE_VK``: the states ``[V, K]``."""
+    """``GACT`` (``InKernel.gate_code``): ``g`` raw, activated with ``A_log``, ``dt_bias``, ``lower_bound`` as
+    :func:`.options.activated_gate` says (0: the log gate as given); ``BETA_ACT``: 0, 1 ``sigmoid``, 2
+    ``2 · sigmoid``; ``STATE_VK``: the states ``[V, K]``."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -104,16 +102,11 @@ def fused_recurrent_fwd_kernel(
     elif GATE == 2:
         p_g = g + (bos * HV + i_hv) * K + o_k
 
-    # the gate activation's per-head factor exp(A_log) and bias (per key channel for KDA), loaded once
-    b_a = 1.0
-    if HAS_A:
-        b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-    b_bias = 0.0
-    if HAS_BIAS:
-        if GATE == 1:
-            b_bias = tl.load(dt_bias + i_hv).to(tl.float32)
-        else:
-            b_bias = tl.load(dt_bias + i_hv * K + o_k, mask=m_k, other=0).to(tl.float32)
+    # the gate activation's per-head factor exp(A_log) and bias (KDA: its key channels, loaded once)
+    act = gate_act(A_log, dt_bias, lower_bound, i_hv, K, GATE, GACT)
+    b_bias = act[1]
+    if GATE == 2 and (GACT // 4) % 2 == 1:
+        b_bias = tl.load(act[1] + o_k, mask=m_k, other=0).to(tl.float32)
 
     if STATE_VK:
         off_h = i_nh.to(tl.int64) * K * V + o_k[:, None] + o_v[None, :] * K
@@ -135,10 +128,10 @@ def fused_recurrent_fwd_kernel(
         if BETA_ACT > 0:
             b_beta = tl.sigmoid(b_beta) * BETA_ACT
         if GATE == 1:
-            b_gl = activated_gate(tl.load(p_g).to(tl.float32), b_a, b_bias, lower_bound, GATE_ACT)
+            b_gl = activated_gate(tl.load(p_g).to(tl.float32), act[0], b_bias, act[2], GACT % 4)
             b_h *= tl.exp(b_gl)
         elif GATE == 2:
-            b_gl = activated_gate(tl.load(p_g, mask=m_k, other=0).to(tl.float32), b_a, b_bias, lower_bound, GATE_ACT)
+            b_gl = activated_gate(tl.load(p_g, mask=m_k, other=0).to(tl.float32), act[0], b_bias, act[2], GACT % 4)
             b_h *= tl.exp(b_gl)[:, None]
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # predict, correct
         b_h += b_k[:, None] * b_u[None, :]  # write
@@ -182,10 +175,6 @@ def forward(
     o = new_output(B, T, HV, V, dtype=v.dtype, device=v.device)
     state = (V, K) if in_kernel.state_vk else (K, V)
     ht = new_output(N, HV, *state, dtype=torch.float32, device=v.device) if output_final_state else None
-    act = in_kernel.gate_activation and g is not None
-    A_log = in_kernel.A_log if act else None
-    dt_bias = in_kernel.dt_bias if act else None
-    lower_bound = in_kernel.lower_bound if act else None
     h0 = None if initial_state is None else initial_state.contiguous()
     grid = (cdiv(V, BV), N * HV)
     fused_recurrent_fwd_kernel[grid](
@@ -198,9 +187,6 @@ def forward(
         h0,
         ht,
         cu_seqlens,
-        None if A_log is None else A_log.contiguous(),
-        None if dt_bias is None else dt_bias.contiguous(),
-        0.0 if lower_bound is None else float(lower_bound),
         scale,
         T,
         H=H,
@@ -214,11 +200,9 @@ def forward(
         STORE_HT=output_final_state,
         VARLEN=cu_seqlens is not None,
         L2NORM=in_kernel.l2norm,
-        GATE_ACT=(2 if lower_bound is not None else 1) if act else 0,
-        HAS_A=A_log is not None,
-        HAS_BIAS=dt_bias is not None,
         BETA_ACT=in_kernel.beta_sigmoid,
         STATE_VK=in_kernel.state_vk,
+        **in_kernel.gate_args(),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )

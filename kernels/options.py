@@ -83,6 +83,23 @@ def activated_gate(b_x, b_a, b_bias, lower_bound, ACT: tl.constexpr):
 
 
 @triton.jit
+def gate_act(A_log, dt_bias, lower_bound, i_hv, K: tl.constexpr, GATE: tl.constexpr, GACT: tl.constexpr):
+    """The program's gate activation (fla's ``use_gate_in_kernel``; ``GACT``: ``InKernel.gate_code``) as the tuple the
+    gate loads take: ``exp(A_log)`` of value head ``i_hv`` (1 without), its ``dt_bias`` (Gated DeltaNet: the value;
+    KDA: a pointer to its ``K`` channels) and ``lower_bound``. Unused (and never loaded) when ``GACT`` is 0."""
+    b_a = 1.0
+    if (GACT // 8) % 2 == 1:
+        b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    bias = 0.0
+    if (GACT // 4) % 2 == 1:
+        if GATE == 2:
+            bias = dt_bias + i_hv * K
+        else:
+            bias = tl.load(dt_bias + i_hv).to(tl.float32)
+    return (b_a, bias, lower_bound)
+
+
+@triton.jit
 def qk_l2norm_fwd_kernel(x, y, rstd, rows, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     o_d = tl.arange(0, BD)

@@ -33,26 +33,9 @@ def load_gate(ptr, mask):
 
 
 @triton.jit
-def gate_act(A_log, dt_bias, lower_bound, i_hv, K: tl.constexpr, GATE: tl.constexpr, GACT: tl.constexpr):
-    """The program's gate activation (fla's ``use_gate_in_kernel``; ``GACT``: ``InKernel.gate_code``) as the tuple the
-    gate loads take: ``exp(A_log)`` of value head ``i_hv`` (1 without), its ``dt_bias`` (Gated DeltaNet: the value;
-    KDA: a pointer to its ``K`` channels) and ``lower_bound``. Unused (and never loaded) when ``GACT`` is 0."""
-    b_a = 1.0
-    if (GACT // 8) % 2 == 1:
-        b_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-    bias = 0.0
-    if (GACT // 4) % 2 == 1:
-        if GATE == 2:
-            bias = dt_bias + i_hv * K
-        else:
-            bias = tl.load(dt_bias + i_hv).to(tl.float32)
-    return (b_a, bias, lower_bound)
-
-
-@triton.jit
 def load_scalar_gate(ptr, mask, act, GACT: tl.constexpr):
     """:func:`load_gate` of Gated DeltaNet's per-head gate, activated from the raw one when ``GACT`` says so
-    (``act``: :func:`gate_act`); masked elements read 0 either way."""
+    (``act``: :func:`..options.gate_act`); masked elements read 0 either way."""
     b_g = tl.load(ptr, mask=mask, other=0).to(tl.float32)
     if GACT % 4 != 0:
         b_g = tl.where(mask, activated_gate(b_g, act[0], act[1], act[2], GACT % 4), 0.0)
@@ -62,7 +45,7 @@ def load_scalar_gate(ptr, mask, act, GACT: tl.constexpr):
 @triton.jit
 def load_channel_gate(ptr, mask, act, o_k, m_k, GACT: tl.constexpr):
     """:func:`load_gate` of a ``[rows, BK]`` tile of KDA's per-channel gate (key channels ``o_k``, valid ``m_k``),
-    activated from the raw one when ``GACT`` says so (``act``: :func:`gate_act`); masked elements read 0."""
+    activated from the raw one when ``GACT`` says so (``act``: :func:`..options.gate_act`); masked elements read 0."""
     b_g = tl.load(ptr, mask=mask, other=0).to(tl.float32)
     if GACT % 4 != 0:
         b_bias = 0.0

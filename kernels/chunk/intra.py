@@ -30,9 +30,10 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, diag_exact, diag_ref, gate_act, load_channel_gate, load_scalar_gate
+from .common import chunk_bounds, diag_exact, diag_ref, load_channel_gate, load_scalar_gate
 
 
 @triton.jit(do_not_specialize=["T"])

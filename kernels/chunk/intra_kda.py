@@ -46,9 +46,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, gate_act, load_channel_gate
+from .common import chunk_bounds, load_channel_gate
 from .intra_blocks import (
     _finish_diag,
     _finish_off,
