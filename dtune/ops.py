@@ -88,7 +88,7 @@ def run_kernel(
             call = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
             return _run_with_options(kernel, *call, config, bwd_config, check_gate, options)
         if isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and v.dim() == 4:  # else checked below
-            options.check(Gate(spec.gate), v.shape[2], q.shape[3])
+            options.check(Gate(spec.gate), v.shape[2], q.shape[3], q.device)
         if route == "kernel":
             in_kernel = options.in_kernel()
         else:  # "gate": the chunk forward activates g in stage 1, the rest are passes
@@ -173,7 +173,7 @@ def _run_with_options(
 ) -> Result:
     """:func:`run_kernel` with fla's options: checked, applied to the inputs, the final state put in their layout."""
     if all(isinstance(x, Tensor) and x.dim() == 4 for x in (q, v)):  # else check_inputs names the problem
-        options.check(Gate(get_kernel(kernel).gate), v.shape[2], q.shape[3])
+        options.check(Gate(get_kernel(kernel).gate), v.shape[2], q.shape[3], q.device)
         q, k, g, beta, initial_state = options.apply(q, k, g, beta, initial_state)
     args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     o, ht = run_kernel(kernel, *args, config, bwd_config, check_gate)

@@ -89,9 +89,9 @@ class Options:
             self.use_qk_l2norm_in_kernel or self.use_gate_in_kernel or self.use_beta_sigmoid_in_kernel
         ) or self.state_v_first
 
-    def check(self, gate: Gate, HV: int, K: int) -> None:
+    def check(self, gate: Gate, HV: int, K: int, device: torch.device | None = None) -> None:
         """ValueError naming the option that cannot apply to a call with this gate, ``HV`` value heads and key dim
-        ``K`` (before any pass runs)."""
+        ``K`` (before any pass runs); with ``device``, ``A_log`` and ``dt_bias`` must be on it."""
         if self.allow_neg_eigval and not self.use_beta_sigmoid_in_kernel:
             raise ValueError("allow_neg_eigval=True needs use_beta_sigmoid_in_kernel=True (beta in (0, 2))")
         if not self.use_gate_in_kernel:
@@ -109,6 +109,10 @@ class Options:
         if self.dt_bias is not None and self.dt_bias.numel() != want:
             kind = "HV * K" if gate is Gate.CHANNEL else "HV"
             raise ValueError(f"dt_bias must have {kind} = {want} elements, got shape {tuple(self.dt_bias.shape)}")
+        for name in ("A_log", "dt_bias"):
+            t = getattr(self, name)
+            if device is not None and t is not None and t.device != device:
+                raise ValueError(f"{name} is on {t.device}, the inputs on {device}: put it on the inputs' device")
         if self.lower_bound is not None and not self.lower_bound < 0:
             raise ValueError(f"lower_bound must be negative (a log-space floor of the gate), got {self.lower_bound}")
 

@@ -198,6 +198,13 @@ def test_options_refuse_what_cannot_apply(name: str, opts: Options, gate: Gate, 
         opts.check(gate, 4, 8)
 
 
+def test_options_on_another_device_are_refused() -> None:
+    opts = Options(use_gate_in_kernel=True, A_log=torch.zeros(4), dt_bias=torch.zeros(4))
+    with pytest.raises(ValueError, match="A_log is on cpu, the inputs on meta"):
+        opts.check(Gate.SCALAR, 4, 8, torch.device("meta"))
+    opts.check(Gate.SCALAR, 4, 8, torch.device("cpu"))
+
+
 def test_options_accept_fla_layer_calls() -> None:
     every_option(torch.zeros(4), torch.zeros(32), -5.0).check(Gate.CHANNEL, 4, 8)
     every_option(torch.zeros(4), torch.zeros(4), None).check(Gate.SCALAR, 4, 8)
