@@ -72,9 +72,9 @@ def run_kernel(
     positive gate values, one host sync (see the module's docstring); ``None``: ``DTUNE_CHECK_GATE``, default off.
     No host sync otherwise, beyond one read of a ``cu_seqlens`` tensor not seen before. ``options``:
     flash-linear-attention's in-kernel options (:class:`dtune.options.Options`): the fused-recurrent kernels apply
-    them as they load each token (one launch); the chunk forward outside autograd activates the raw gate in its first
-    stage and takes the others as separate passes; under autograd (or ``check_gate``) every option is a separate
-    differentiable pass."""
+    them as they load each token (one launch); the chunk forward outside autograd applies them in its stages as
+    they load g, q, k and beta (``state_v_first``'s states transposed around it); under autograd (or
+    ``check_gate``) every option is a separate differentiable pass."""
     spec = get_kernel(kernel)
     if spec.backward:
         raise ValueError(
@@ -91,9 +91,10 @@ def run_kernel(
             options.check(Gate(spec.gate), v.shape[2], q.shape[3], q.device)
         if route == "kernel":
             in_kernel = options.in_kernel()
-        else:  # "gate": the chunk forward activates g in stage 1, the rest are passes
-            q, k, _, beta, initial_state = options.without_gate().apply(q, k, None, beta, initial_state)
-            in_kernel = options.gate_in_kernel()
+        else:  # "chunk": the chunk forward's stages apply the options as they load g, q, k and beta
+            in_kernel = options.chunk_in_kernel()
+            if options.state_v_first and initial_state is not None:  # [V, K] states: transposed around the call
+                initial_state = initial_state.transpose(-1, -2)
     h0 = initial_state.transpose(-1, -2) if in_kernel.state_vk and initial_state is not None else initial_state
     problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, h0, cu_seqlens, check_gate)
     chunk = spec.family == "chunk"
@@ -121,7 +122,7 @@ def run_kernel(
         if grad:
             return chunk_with_grad(*args, full, bwd)
     if chunk:  # its chunk tables come from the offsets check_inputs already read (no second copy)
-        if route != "gate":
+        if route != "chunk":
             return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
         assert options is not None
         o, ht = spec.module.forward(*args, full, seq_offsets=problem.seq_offsets, in_kernel=in_kernel)
@@ -141,18 +142,17 @@ def _route(
     bwd_config: dict[str, Any] | None,
     *tensors: Tensor | None,
 ) -> str:
-    """Where a call's options are applied: ``"kernel"`` (all inside the fused-recurrent kernel), ``"gate"`` (the chunk
-    forward activates the raw gate in stage 1, the rest are passes) or ``"passes"`` (every option a separate pass:
-    under autograd, where the passes' backward gives dA_log and ddt_bias, and with the gate check, which checks the
+    """Where a call's options are applied: ``"kernel"`` (all inside the fused-recurrent kernel), ``"chunk"`` (inside
+    the chunk forward's stages: the gate, the l2norm and beta's activation as they load them; ``state_v_first``'s
+    states transposed around the call) or ``"passes"`` (every option a separate pass: under autograd, where the
+    passes' backward gives every gradient, dA_log and ddt_bias included, and with the gate check, which checks the
     activated gate and syncs with the host anyway)."""
     if inputs.CHECK_GATE if check_gate is None else check_gate:
         return "passes"
     if family == "fused_recurrent":
         return "kernel"
     grad = needs_grad(*tensors, options.A_log, options.dt_bias)
-    if options.use_gate_in_kernel and not grad and bwd_config is None:
-        return "gate"
-    return "passes"
+    return "passes" if grad or bwd_config is not None else "chunk"
 
 
 def _run_with_options(
@@ -288,9 +288,9 @@ Args:
     options: flash-linear-attention's in-kernel options (:class:`dtune.options.Options`: ``use_qk_l2norm_in_kernel``,
         ``use_gate_in_kernel`` with ``A_log``/``dt_bias``/``lower_bound``, ``use_beta_sigmoid_in_kernel``,
         ``allow_neg_eigval``, ``state_v_first``; ``initial_state`` and ``final_state`` then ``[N, HV, V, K]``):
-        the fused-recurrent ops apply them inside their kernel; the chunk ops activate the raw gate in their first
-        stage outside autograd, and take every other option (all of them under autograd) as separate
-        differentiable passes; default none.
+        the fused-recurrent ops apply them inside their kernel, the chunk ops outside autograd inside their
+        stages (the states of ``state_v_first`` transposed around the call); under autograd every option is a
+        separate differentiable pass; default none.
 
 Returns:
     ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in v's dtype; ``final_state`` or ``None``.

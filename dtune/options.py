@@ -1,12 +1,12 @@
-"""flash-linear-attention's in-kernel options: inside the fused-recurrent kernels and the chunk forward's first stage
-(the gate), as exact separate passes elsewhere.
+"""flash-linear-attention's in-kernel options: inside the fused-recurrent kernels and the chunk forward's stages, as
+exact separate passes under autograd.
 
 fla's ops take options that transform their inputs before the recurrence; real models pass them (fla's own
 ``GatedDeltaNet`` and ``KimiDeltaAttention`` layers pass all of them). :class:`Options` carries them, with fla's
 names. The fused-recurrent kernels (decoding) apply them to each token as they load it (:meth:`Options.in_kernel`;
-one launch per step, as fla's own kernels do). The chunk forward outside autograd activates the raw gate in its first
-stage (:meth:`Options.gate_in_kernel`: no float32 gate written and read back) and takes the rest as passes
-(:meth:`Options.without_gate`). Otherwise :meth:`Options.apply` runs them all as passes that autograd
+one launch per step, as fla's own kernels do). The chunk forward outside autograd applies them in its stages as they
+load g, q, k and beta (:meth:`Options.chunk_in_kernel`: no float32 gate, no normalised q and k written and read back;
+``state_v_first``'s states are transposed around the call). Otherwise :meth:`Options.apply` runs them all as passes that autograd
 differentiates (Triton kernels with their own backward for the l2norm and the gate, PyTorch ops for the rest), so
 every gradient (``A_log`` and ``dt_bias`` included) follows. The same formulas in float64 are
 ``dtune.kernels.reference.reference_with_options``.
@@ -148,19 +148,10 @@ class Options:
             state_vk=self.state_v_first,
         )
 
-    def gate_in_kernel(self) -> InKernel:
-        """The gate activation alone, as the chunk forward's stage 1 applies it to the raw ``g``."""
-        full = self.in_kernel()
-        return InKernel(
-            gate_activation=full.gate_activation,
-            A_log=full.A_log,
-            dt_bias=full.dt_bias,
-            lower_bound=full.lower_bound,
-        )
-
-    def without_gate(self) -> Options:
-        """These options less the gate activation (what the chunk forward applies as passes around it)."""
-        return replace(self, use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None)
+    def chunk_in_kernel(self) -> InKernel:
+        """The options as the chunk forward's stages apply them: all but ``state_v_first`` (its caller transposes the
+        states, ``N · HV · K · V`` elements independent of T)."""
+        return replace(self.in_kernel(), state_vk=False)
 
     def final_state(self, ht: Tensor | None) -> Tensor | None:
         """The final state in the caller's layout: ``[N, HV, V, K]`` (contiguous) with ``state_v_first``."""

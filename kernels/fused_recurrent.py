@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .config import GATE_CODES, Config, cdiv, new_output, next_power_of_2
-from .options import L2NORM_EPS, NO_IN_KERNEL, InKernel, activated_gate, gate_act
+from .options import NO_IN_KERNEL, InKernel, activated_beta, activated_gate, gate_act, rnorm
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "BV": (4, 8, 16, 32, 64, 128, 256),
@@ -120,13 +120,12 @@ def fused_recurrent_fwd_kernel(
         b_q = tl.load(p_q, mask=m_k, other=0).to(tl.float32)
         b_k = tl.load(p_k, mask=m_k, other=0).to(tl.float32)
         if L2NORM:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
+            b_q *= rnorm(b_q, 0)
+            b_k *= rnorm(b_k, 0)
         b_q = b_q * scale
         b_v = tl.load(p_v, mask=m_v, other=0).to(tl.float32)
         b_beta = tl.load(p_beta).to(tl.float32)
-        if BETA_ACT > 0:
-            b_beta = tl.sigmoid(b_beta) * BETA_ACT
+        b_beta = activated_beta(b_beta, BETA_ACT)
         if GATE == 1:
             b_gl = activated_gate(tl.load(p_g).to(tl.float32), act[0], b_bias, act[2], GACT % 4)
             b_h *= tl.exp(b_gl)

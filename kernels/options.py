@@ -52,6 +52,16 @@ class InKernel:
         form = 2 if self.lower_bound is not None else 1
         return form + 4 * (self.dt_bias is not None) + 8 * (self.A_log is not None)
 
+    def chunk_args(self) -> dict[str, object]:
+        """The chunk forward's keyword arguments of the l2norm and beta's activation (none without them): every stage
+        that loads q, k or beta applies them (``L2NORM``, ``BETA_ACT``)."""
+        args: dict[str, object] = {}
+        if self.l2norm:
+            args["L2NORM"] = True
+        if self.beta_sigmoid:
+            args["BETA_ACT"] = self.beta_sigmoid
+        return args
+
     def gate_args(self) -> dict[str, object]:
         """The chunk kernels' keyword arguments of the gate activation (none without it)."""
         if not self.gate_activation:
@@ -80,6 +90,20 @@ def activated_gate(b_x, b_a, b_bias, lower_bound, ACT: tl.constexpr):
         return lower_bound * tl.sigmoid(b_a * (b_x + b_bias))
     else:
         return b_x
+
+
+@triton.jit
+def activated_beta(b_beta, BETA_ACT: tl.constexpr):
+    """beta (float32) as given (``BETA_ACT`` 0), ``sigmoid(beta)`` (1) or ``2 · sigmoid(beta)`` (2, allow_neg_eigval)."""
+    if BETA_ACT > 0:
+        return tl.sigmoid(b_beta) * BETA_ACT
+    return b_beta
+
+
+@triton.jit
+def rnorm(b_x, AXIS: tl.constexpr):
+    """The l2norm's factor ``1 / sqrt(Σ x² + eps)`` of a float32 tile along ``AXIS`` (the whole key dimension)."""
+    return 1.0 / tl.sqrt(tl.sum(b_x * b_x, AXIS) + L2NORM_EPS)
 
 
 @triton.jit

@@ -67,7 +67,7 @@ class ChunkCall:
     output_final_state: bool
     config: Config
     tables: ChunkTables
-    in_kernel: InKernel = NO_IN_KERNEL  # fla's use_gate_in_kernel, applied by stage 1's gate loads (g is raw)
+    in_kernel: InKernel = NO_IN_KERNEL  # fla's options the stages apply as they load g, q, k and beta
 
     @property
     def device(self) -> torch.device:
@@ -132,7 +132,7 @@ def intra_launch_options(call: ChunkCall) -> dict[str, Any]:
     return dict(
         H=call.H, HV=call.HV, K=call.K, V=call.V, BT=call.BT, BC=cfg["BC"], BK=BK, BV=BV, GATE=call.gate,
         NB=call.BT // cfg["BC"], NK=-(-call.K // BK), NV=-(-call.V // BV), VARLEN=call.varlen,
-        DOT_PREC=call.dot_prec, **call.warps("intra"), **call.in_kernel.gate_args(),
+        DOT_PREC=call.dot_prec, **call.warps("intra"), **call.in_kernel.gate_args(), **call.in_kernel.chunk_args(),
     )  # fmt: skip
 
 
@@ -155,13 +155,14 @@ def prepare_call(
 
     ``seq_offsets``: ``cu_seqlens`` on the host when the caller already has it (``dtune.inputs.check_inputs``
     returns it): then the tables cost no device-to-host copy. Without it ``cu_seqlens`` is read once here.
-    ``in_kernel``: of fla's in-kernel options the chunk forward applies the gate activation (``g`` is then raw), no
-    other.
+    ``in_kernel``: fla's in-kernel options the chunk forward applies: the gate activation (``g`` is then raw), the
+    l2norm of q and k and beta's activation (every stage that loads them); not ``state_v_first`` (the caller transposes
+    the states).
     """
     if gate not in GATE_CODES:
         raise ValueError(f"unknown gate mode {gate!r}")
-    if in_kernel.l2norm or in_kernel.beta_sigmoid or in_kernel.state_vk:
-        raise ValueError("the chunk forward applies only the gate activation in its kernels (the rest are passes)")
+    if in_kernel.state_vk:
+        raise ValueError("the chunk forward takes [K, V] states: transpose state_v_first's around the call")
     if in_kernel.gate_activation and gate == "none":
         raise ValueError("use_gate_in_kernel needs a gated kernel (DeltaNet has no gate)")
     check_structure(config)

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from ..config import GATE_FLOOR as _GATE_FLOOR
-from ..options import activated_gate
+from ..options import L2NORM_EPS, activated_beta, activated_gate
 
 # Log gates are clamped at load to ``kernels.config.GATE_FLOOR`` (−inf is a full forget; the reasons are there).
 GATE_FLOOR: tl.constexpr = tl.constexpr(_GATE_FLOOR)
@@ -53,6 +53,29 @@ def load_channel_gate(ptr, mask, act, o_k, m_k, GACT: tl.constexpr):
             b_bias = tl.load(act[1] + o_k, mask=m_k, other=0).to(tl.float32)[None, :]
         b_g = tl.where(mask, activated_gate(b_g, act[0], b_bias, act[2], GACT % 4), 0.0)
     return floor_gate(b_g, GATE_FLOOR)
+
+
+@triton.jit
+def load_beta(ptr, mask, BETA_ACT: tl.constexpr):
+    """beta as float32, activated (fla's use_beta_sigmoid_in_kernel) when ``BETA_ACT`` says so; masked rows read 0."""
+    b_beta = tl.load(ptr, mask=mask, other=0).to(tl.float32)
+    if BETA_ACT > 0:
+        b_beta = tl.where(mask, activated_beta(b_beta, BETA_ACT), 0.0)
+    return b_beta
+
+
+@triton.jit
+def row_rnorm(base, rows, stride, m_r, K: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
+    """fla's l2norm factor ``1 / sqrt(Σ x² + eps)`` of rows ``rows`` of q or k (``base``: the chunk's first row,
+    ``stride``: the row stride), over all ``K`` channels in ``NK`` tiles of ``BK`` (masked rows: a finite factor,
+    applied to zeros)."""
+    b_ss = tl.zeros(rows.shape, dtype=tl.float32)
+    for i_k in range(NK):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_x = tl.load(base + (rows[:, None] * stride + o_k[None, :]), mask=m_r[:, None] & (o_k < K)[None, :], other=0)
+        b_x = b_x.to(tl.float32)
+        b_ss += tl.sum(b_x * b_x, 1)
+    return 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
 
 
 @triton.jit

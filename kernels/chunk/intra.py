@@ -33,7 +33,7 @@ import triton.language as tl
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, diag_exact, diag_ref, load_channel_gate, load_scalar_gate
+from .common import chunk_bounds, diag_exact, diag_ref, load_beta, load_channel_gate, load_scalar_gate, row_rnorm
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -72,9 +72,12 @@ def chunk_intra_kernel(
     dt_bias=None,
     lower_bound=0.0,
     GACT: tl.constexpr = 0,
+    L2NORM: tl.constexpr = False,
+    BETA_ACT: tl.constexpr = 0,
 ):
     """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``: ``InKernel.gate_code``) the raw gate
-    that every load activates with ``A_log``, ``dt_bias`` and ``lower_bound``."""
+    that every load activates with ``A_log``, ``dt_bias`` and ``lower_bound``; ``L2NORM``: q and k l2-normalised
+    (their rows' factors on the products and on W's operand); ``BETA_ACT``: beta's activation (:func:`load_beta`)."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
         # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
@@ -103,6 +106,8 @@ def chunk_intra_kernel(
     elif GATE == 1:
         g_b = g + (bos * HV + i_hv)
     act = gate_act(A_log, dt_bias, lower_bound, i_hv, K, GATE, GACT)
+    if L2NORM:  # the l2norm factors of the chunk's key rows (the columns of A_kk and A_qk)
+        b_rk_all = row_rnorm(k_b, o_t, H * K, m_t, K, BK, NK)
 
     # Scalar gate: the whole chunk's cumulative gate, once (it is one number per row).
     if GATE == 1:
@@ -115,7 +120,10 @@ def chunk_intra_kernel(
         if r0 < L:
             rows = r0 + o_c
             m_r = rows < L
-            b_beta = tl.load(beta + (bos * HV + i_hv) + rows * HV, mask=m_r, other=0).to(tl.float32)
+            b_beta = load_beta(beta + (bos * HV + i_hv) + rows * HV, m_r, BETA_ACT)
+            if L2NORM:
+                b_rk = row_rnorm(k_b, rows, H * K, m_r, K, BK, NK)
+                b_rq = row_rnorm(q_b, rows, H * K, m_r, K, BK, NK)
             b_A = tl.zeros([BC, BT], dtype=tl.float32)  # A_kk[I, :I] (without beta)
             b_Aq = tl.zeros([BC, BT], dtype=tl.float32)  # A_qk[I, :I] (without scale)
             b_D = tl.zeros([BC, BC], dtype=tl.float32)  # A_kk[I, I]
@@ -172,6 +180,11 @@ def chunk_intra_kernel(
                     b_D += tl.dot(b_k, tl.trans(b_k), input_precision=DOT_PREC)
                     b_Dq += tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
 
+            if L2NORM:  # A_kk = diag(r_k) K Kᵀ diag(r_k), A_qk = diag(r_q) Q Kᵀ diag(r_k)
+                b_A *= b_rk[:, None] * b_rk_all[None, :]
+                b_Aq *= b_rq[:, None] * b_rk_all[None, :]
+                b_D *= b_rk[:, None] * b_rk[None, :]
+                b_Dq *= b_rq[:, None] * b_rk[None, :]
             m_off = (o_t < r0)[None, :] & m_r[:, None]
             m_low = (o_c[None, :] < o_c[:, None]) & m_r[:, None]
             m_cau = (o_c[None, :] <= o_c[:, None]) & m_r[:, None]
@@ -214,6 +227,8 @@ def chunk_intra_kernel(
                 m_k = o_k < K
                 m_rk = m_r[:, None] & m_k[None, :]
                 b_k = tl.load(k_b + (rows[:, None] * (H * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
+                if L2NORM:
+                    b_k *= b_rk[:, None]
                 if GATE == 1:
                     b_x = b_k * (b_beta * tl.exp(b_gam1))[:, None]
                 elif GATE == 2:
@@ -228,6 +243,8 @@ def chunk_intra_kernel(
                     b_gam = tl.cumsum(b_gam, 0) + b_base[None, :]
                     b_x = b_k * tl.exp(b_gam) * b_beta[:, None]
                     b_q = tl.load(q_b + (rows[:, None] * (H * K) + o_k[None, :]), mask=m_rk, other=0).to(tl.float32)
+                    if L2NORM:
+                        b_q *= b_rq[:, None]
                     p_r = rows[:, None] * (HV * K) + o_k[None, :]
                     tl.store(
                         qg + (bos * HV + i_hv) * K + p_r,

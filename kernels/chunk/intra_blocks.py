@@ -36,7 +36,7 @@ import triton.language as tl
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, diag_exact, diag_ref, load_channel_gate, load_scalar_gate
+from .common import chunk_bounds, diag_exact, diag_ref, load_beta, load_channel_gate, load_scalar_gate, row_rnorm
 
 
 @triton.jit
@@ -84,6 +84,14 @@ def _inv_squaring(b_N, BC: tl.constexpr):
 
 
 @triton.jit
+def _rnorms(k_b, q_b, rows, m_r, b_like, SK, K: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, L2NORM: tl.constexpr):
+    """The l2norm factors of k's and q's rows ``rows`` (``L2NORM``), else ``b_like`` twice (unused)."""
+    if L2NORM:
+        return row_rnorm(k_b, rows, SK, m_r, K, BK, NK), row_rnorm(q_b, rows, SK, m_r, K, BK, NK)
+    return b_like, b_like
+
+
+@triton.jit
 def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT_PREC: tl.constexpr):
     """Diagonal block of A_kk / A_qk under a per-channel gate, and the block's half span (0 unless ``DIAG == 1``).
 
@@ -105,11 +113,29 @@ def _kda_diag(b_k, b_q, b_gam, b_last, BC: tl.constexpr, DIAG: tl.constexpr, DOT
 
 @triton.jit
 def _finish_diag(
-    b_D, b_Dq, b_c, b_beta, a_col, rows, m_r, scale, SA, BC: tl.constexpr, GATE: tl.constexpr, STORE_QK: tl.constexpr
+    b_D,
+    b_Dq,
+    b_c,
+    b_beta,
+    b_rk,
+    b_rq,
+    a_col,
+    rows,
+    m_r,
+    scale,
+    SA,
+    BC: tl.constexpr,
+    GATE: tl.constexpr,
+    STORE_QK: tl.constexpr,
+    L2NORM: tl.constexpr,
 ):
-    """A diagonal block after the key loop: the scalar gate's decay (``GATE == 1``, cumulative gate ``b_c``), store
-    the causal ``scale · A_qk`` block at ``a_col`` (if ``STORE_QK``), return the strictly lower ``β · A_kk`` block."""
+    """A diagonal block after the key loop: the l2norm's row factors (``L2NORM``: ``b_rk``, ``b_rq`` of its rows), the
+    scalar gate's decay (``GATE == 1``, cumulative gate ``b_c``), store the causal ``scale · A_qk`` block at ``a_col``
+    (if ``STORE_QK``), return the strictly lower ``β · A_kk`` block."""
     o_c = tl.arange(0, BC)
+    if L2NORM:
+        b_D *= b_rk[:, None] * b_rk[None, :]
+        b_Dq *= b_rq[:, None] * b_rk[None, :]
     m_cau = o_c[None, :] <= o_c[:, None]
     if GATE == 1:
         b_ed = tl.exp(tl.where(m_cau, b_c[:, None] - b_c[None, :], float("-inf")))
@@ -127,6 +153,9 @@ def _finish_off(
     b_ci,
     b_cj,
     b_beta,
+    b_rki,
+    b_rqi,
+    b_rkj,
     a_col,
     rows,
     m_r,
@@ -135,10 +164,15 @@ def _finish_off(
     BC: tl.constexpr,
     GATE: tl.constexpr,
     STORE_QK: tl.constexpr,
+    L2NORM: tl.constexpr,
 ):
-    """An off-diagonal block (row block i, column block j < i) after the key loop: the scalar gate's decay
-    ``exp(c_i − c_j) <= 1``, store ``scale · A_qk`` at ``a_col`` (if ``STORE_QK``), return ``β · A_kk``."""
+    """An off-diagonal block (row block i, column block j < i) after the key loop: the l2norm's row factors
+    (``L2NORM``: rows ``b_rki``, ``b_rqi``, columns ``b_rkj``), the scalar gate's decay ``exp(c_i − c_j) <= 1``, store
+    ``scale · A_qk`` at ``a_col`` (if ``STORE_QK``), return ``β · A_kk``."""
     o_c = tl.arange(0, BC)
+    if L2NORM:
+        b_A *= b_rki[:, None] * b_rkj[None, :]
+        b_Aq *= b_rqi[:, None] * b_rkj[None, :]
     if GATE == 1:
         b_ed = tl.exp(b_ci[:, None] - b_cj[None, :])
         b_A *= b_ed
@@ -156,10 +190,15 @@ def _gam(g_b, act, rows, SG, o_k, m_r, m_k, b_base, GACT: tl.constexpr):
 
 
 @triton.jit
-def _kda_gated_rows(b_k, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_beta, scale, SK, SG):
-    """KDA, one row block and key tile: store q~ = scale q e^γ and k~ = k e^(γ_C − γ); return β k e^γ (W's operand)."""
+def _kda_gated_rows(
+    b_k, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_beta, b_rq, scale, SK, SG, L2NORM: tl.constexpr
+):
+    """KDA, one row block and key tile: store q~ = scale q e^γ and k~ = k e^(γ_C − γ); return β k e^γ (W's operand).
+    ``L2NORM``: q's rows times their factors ``b_rq`` (k's are the caller's)."""
     b_e = tl.exp(b_gam)
     b_q = _rows(q_b, rows, SK, o_k, m_r, m_k)
+    if L2NORM:
+        b_q *= b_rq[:, None]
     _store_rows(qg_b, rows, SG, o_k, m_r, m_k, b_q * b_e * scale)
     _store_rows(kg_b, rows, SG, o_k, m_r, m_k, b_k * tl.exp(b_gC[None, :] - b_gam))
     return b_k * b_e * b_beta[:, None]
@@ -187,6 +226,8 @@ def _w_operand(
     o_k,
     m_k,
     b_beta,
+    b_rk,
+    b_rq,
     b_c,
     b_base,
     b_gC,
@@ -195,13 +236,19 @@ def _w_operand(
     SG,
     GATE: tl.constexpr,
     GACT: tl.constexpr,
+    L2NORM: tl.constexpr,
 ):
     """W's right operand for one row block and key tile, ``β k e^γ`` (float32): the scalar gate's ``γ`` is ``b_c``;
-    KDA builds ``γ`` on top of ``b_base`` (γ before the block) and stores q~ and k~ on the way (``b_gC`` = γ_C)."""
+    KDA builds ``γ`` on top of ``b_base`` (γ before the block) and stores q~ and k~ on the way (``b_gC`` = γ_C).
+    ``L2NORM``: k's and q's rows times their factors ``b_rk``, ``b_rq``."""
     b_x = _rows(k_b, rows, SK, o_k, m_r, m_k)
+    if L2NORM:
+        b_x *= b_rk[:, None]
     if GATE == 2:
         b_gam = tl.cumsum(_gate_rows(g_b, act, rows, SG, o_k, m_r, m_k, GACT), 0) + b_base[None, :]
-        b_x = _kda_gated_rows(b_x, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_beta, scale, SK, SG)
+        b_x = _kda_gated_rows(
+            b_x, q_b, qg_b, kg_b, rows, m_r, o_k, m_k, b_gam, b_gC, b_beta, b_rq, scale, SK, SG, L2NORM
+        )
     else:
         b_x *= b_beta[:, None]
         if GATE == 1:
@@ -352,8 +399,12 @@ def chunk_intra_blocks_kernel(
     dt_bias=None,
     lower_bound=0.0,
     GACT: tl.constexpr = 0,
+    L2NORM: tl.constexpr = False,
+    BETA_ACT: tl.constexpr = 0,
 ):
-    """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate."""
+    """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate;
+    ``L2NORM``: q and k l2-normalised (their rows' factors on A's blocks and on W's operand, q~ and k~); ``BETA_ACT``:
+    beta's activation (:func:`.common.load_beta`)."""
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
@@ -399,18 +450,22 @@ def chunk_intra_blocks_kernel(
 
     r1 = o_c
     m1 = r1 < L
-    b_be1 = tl.load(be_b + r1 * HV, mask=m1, other=0).to(tl.float32)
+    b_be1 = load_beta(be_b + r1 * HV, m1, BETA_ACT)
+    b_rk1, b_rq1 = _rnorms(k_b, q_b, r1, m1, b_be1, SK, K, BK, NK, L2NORM)
     if NB >= 2:
         r2 = BC + o_c
         m2 = r2 < L
-        b_be2 = tl.load(be_b + r2 * HV, mask=m2, other=0).to(tl.float32)
+        b_be2 = load_beta(be_b + r2 * HV, m2, BETA_ACT)
+        b_rk2, b_rq2 = _rnorms(k_b, q_b, r2, m2, b_be2, SK, K, BK, NK, L2NORM)
     if NB >= 4:
         r3 = 2 * BC + o_c
         r4 = 3 * BC + o_c
         m3 = r3 < L
         m4 = r4 < L
-        b_be3 = tl.load(be_b + r3 * HV, mask=m3, other=0).to(tl.float32)
-        b_be4 = tl.load(be_b + r4 * HV, mask=m4, other=0).to(tl.float32)
+        b_be3 = load_beta(be_b + r3 * HV, m3, BETA_ACT)
+        b_rk3, b_rq3 = _rnorms(k_b, q_b, r3, m3, b_be3, SK, K, BK, NK, L2NORM)
+        b_be4 = load_beta(be_b + r4 * HV, m4, BETA_ACT)
+        b_rk4, b_rq4 = _rnorms(k_b, q_b, r4, m4, b_be4, SK, K, BK, NK, L2NORM)
 
     # scalar gate: the cumulative gate of every block (a vector each), stored for the later stages; other gates
     # pass zeros to the helpers below, which only read them under GATE == 1
@@ -439,7 +494,7 @@ def chunk_intra_blocks_kernel(
         k_b, q_b, g_b, act, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, DIAG, DOT_PREC, GACT
     )
     SA = HV * BT  # row stride of A_qk
-    b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, STORE_QK)
+    b_D1 = _finish_diag(b_D1, b_Dq1, b_c1, b_be1, b_rk1, b_rq1, a_b, r1, m1, scale, SA, BC, GATE, STORE_QK, L2NORM)
     if NB >= 2:
         b_zero = tl.zeros([BC, BC], dtype=tl.float32)
         if QK_OUT:
@@ -449,8 +504,8 @@ def chunk_intra_blocks_kernel(
             k_b, q_b, g_b, act, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE, DIAG, DOT_PREC, GACT
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, STORE_QK)
-        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE, STORE_QK)
+        b_A21 = _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, b_rk2, b_rq2, b_rk1, a_b, r2, m2, scale, SA, BC, GATE, STORE_QK, L2NORM)
+        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, b_rk2, b_rq2, a_b + BC, r2, m2, scale, SA, BC, GATE, STORE_QK, L2NORM)
     if NB >= 4:
         if QK_OUT:
             for i_z in range(2, 4):
@@ -460,17 +515,17 @@ def chunk_intra_blocks_kernel(
             k_b, q_b, g_b, act, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC, GACT
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, STORE_QK)
-        b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, STORE_QK)
-        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, STORE_QK)
+        b_A31 = _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, b_rk3, b_rq3, b_rk1, a_b, r3, m3, scale, SA, BC, GATE, STORE_QK, L2NORM)
+        b_A32 = _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, b_rk3, b_rq3, b_rk2, a_b + BC, r3, m3, scale, SA, BC, GATE, STORE_QK, L2NORM)
+        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, b_rk3, b_rq3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, STORE_QK, L2NORM)
         b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, b_h = _row_blocks(
             k_b, q_b, g_b, act, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC, GACT
         )
         b_flag = tl.maximum(b_flag, b_h)
-        b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, STORE_QK)
-        b_A42 = _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE, STORE_QK)
-        b_A43 = _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, STORE_QK)
-        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, STORE_QK)
+        b_A41 = _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, b_rk4, b_rq4, b_rk1, a_b, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM)
+        b_A42 = _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, b_rk4, b_rq4, b_rk2, a_b + BC, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM)
+        b_A43 = _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, b_rk4, b_rq4, b_rk3, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM)
+        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, b_rk4, b_rq4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM)
 
     if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
         tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
@@ -577,21 +632,21 @@ def chunk_intra_blocks_kernel(
                 b_gC += tl.sum(_gate_rows(g_b, act, r4, SG, o_k, m4, m_k, GACT), 0)
             tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
         b_x1 = _w_operand(
-            k_b, q_b, g_b, act, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_c1, b_gC - b_gC, b_gC, scale, SK, SG, GATE, GACT
+            k_b, q_b, g_b, act, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_rk1, b_rq1, b_c1, b_gC - b_gC, b_gC, scale, SK, SG, GATE, GACT, L2NORM
         )
         b_x1 = b_x1.to(DT)
         if NB >= 2:
             b_x2 = _w_operand(
-                k_b, q_b, g_b, act, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_c2, b_s1, b_gC, scale, SK, SG, GATE, GACT
+                k_b, q_b, g_b, act, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_rk2, b_rq2, b_c2, b_s1, b_gC, scale, SK, SG, GATE, GACT, L2NORM
             )
             b_x2 = b_x2.to(DT)
         if NB >= 4:
             b_x3 = _w_operand(
-                k_b, q_b, g_b, act, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_c3, b_s2, b_gC, scale, SK, SG, GATE, GACT
+                k_b, q_b, g_b, act, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_rk3, b_rq3, b_c3, b_s2, b_gC, scale, SK, SG, GATE, GACT, L2NORM
             )
             b_x3 = b_x3.to(DT)
             b_x4 = _w_operand(
-                k_b, q_b, g_b, act, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_c4, b_s3, b_gC, scale, SK, SG, GATE, GACT
+                k_b, q_b, g_b, act, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_rk4, b_rq4, b_c4, b_s3, b_gC, scale, SK, SG, GATE, GACT, L2NORM
             )
             b_x4 = b_x4.to(DT)
         _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
@@ -664,7 +719,7 @@ def chunk_intra_blocks_kernel(
             DOT_PREC,
             GACT,
         )
-        _finish_diag(b_D1, b_Dq1, b_c1, b_be1, a_b, r1, m1, scale, SA, BC, GATE, True)
+        _finish_diag(b_D1, b_Dq1, b_c1, b_be1, b_rk1, b_rq1, a_b, r1, m1, scale, SA, BC, GATE, True, L2NORM)
         if NB >= 2:
             b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f, _h = _row_blocks(
                 k_b,
@@ -692,8 +747,8 @@ def chunk_intra_blocks_kernel(
                 DOT_PREC,
                 GACT,
             )
-            _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, a_b, r2, m2, scale, SA, BC, GATE, True)
-            _finish_diag(b_D2, b_Dq2, b_c2, b_be2, a_b + BC, r2, m2, scale, SA, BC, GATE, True)
+            _finish_off(b_A21, b_Aq21, b_c2, b_c1, b_be2, b_rk2, b_rq2, b_rk1, a_b, r2, m2, scale, SA, BC, GATE, True, L2NORM)
+            _finish_diag(b_D2, b_Dq2, b_c2, b_be2, b_rk2, b_rq2, a_b + BC, r2, m2, scale, SA, BC, GATE, True, L2NORM)
         if NB >= 4:
             b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, _h = _row_blocks(
                 k_b,
@@ -721,9 +776,9 @@ def chunk_intra_blocks_kernel(
                 DOT_PREC,
                 GACT,
             )
-            _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, a_b, r3, m3, scale, SA, BC, GATE, True)
-            _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, a_b + BC, r3, m3, scale, SA, BC, GATE, True)
-            _finish_diag(b_D3, b_Dq3, b_c3, b_be3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, True)
+            _finish_off(b_A31, b_Aq31, b_c3, b_c1, b_be3, b_rk3, b_rq3, b_rk1, a_b, r3, m3, scale, SA, BC, GATE, True, L2NORM)
+            _finish_off(b_A32, b_Aq32, b_c3, b_c2, b_be3, b_rk3, b_rq3, b_rk2, a_b + BC, r3, m3, scale, SA, BC, GATE, True, L2NORM)
+            _finish_diag(b_D3, b_Dq3, b_c3, b_be3, b_rk3, b_rq3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, True, L2NORM)
             b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, _h = _row_blocks(
                 k_b,
                 q_b,
@@ -750,10 +805,10 @@ def chunk_intra_blocks_kernel(
                 DOT_PREC,
                 GACT,
             )
-            _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, a_b, r4, m4, scale, SA, BC, GATE, True)
-            _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, a_b + BC, r4, m4, scale, SA, BC, GATE, True)
-            _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, True)
-            _finish_diag(b_D4, b_Dq4, b_c4, b_be4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, True)
+            _finish_off(b_A41, b_Aq41, b_c4, b_c1, b_be4, b_rk4, b_rq4, b_rk1, a_b, r4, m4, scale, SA, BC, GATE, True, L2NORM)
+            _finish_off(b_A42, b_Aq42, b_c4, b_c2, b_be4, b_rk4, b_rq4, b_rk2, a_b + BC, r4, m4, scale, SA, BC, GATE, True, L2NORM)
+            _finish_off(b_A43, b_Aq43, b_c4, b_c3, b_be4, b_rk4, b_rq4, b_rk3, a_b + 2 * BC, r4, m4, scale, SA, BC, GATE, True, L2NORM)
+            _finish_diag(b_D4, b_Dq4, b_c4, b_be4, b_rk4, b_rq4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, True, L2NORM)
 
 
 def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:

@@ -49,11 +49,12 @@ import triton.language as tl
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, load_channel_gate
+from .common import chunk_bounds, load_beta, load_channel_gate
 from .intra_blocks import (
     _finish_diag,
     _finish_off,
     _inv_squaring,
+    _rnorms,
     _rows,
     _store_rows,
     _sub_row,
@@ -130,8 +131,11 @@ def chunk_intra_onepass_kernel(
     dt_bias=None,
     lower_bound=0.0,
     GACT: tl.constexpr = 0,
+    L2NORM: tl.constexpr = False,
+    BETA_ACT: tl.constexpr = 0,
 ):
-    """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate."""
+    """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate;
+    ``L2NORM``: q's and k's rows l2-normalised as they are loaded; ``BETA_ACT``: beta's activation."""
     tl.static_assert(NB == 1 or NB == 2, "INTRA='onepass' holds 1 or 2 sub-chunks per chunk")
     tl.static_assert(DIAG == 0 or DIAG == 1, "the exact pass (DIAG = 2) is the 'blocks' kernel's")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -159,13 +163,15 @@ def chunk_intra_onepass_kernel(
 
     r1 = o_c
     m1 = r1 < L
-    b_be1 = tl.load(be_b + r1 * HV, mask=m1, other=0).to(tl.float32)
+    b_be1 = load_beta(be_b + r1 * HV, m1, BETA_ACT)
+    b_rk1, b_rq1 = _rnorms(k_b, q_b, r1, m1, b_be1, SK, K, BK, NK, L2NORM)
     b_D1 = tl.zeros([BC, BC], dtype=tl.float32)
     b_Dq1 = tl.zeros([BC, BC], dtype=tl.float32)
     if NB == 2:
         r2 = BC + o_c
         m2 = r2 < L
-        b_be2 = tl.load(be_b + r2 * HV, mask=m2, other=0).to(tl.float32)
+        b_be2 = load_beta(be_b + r2 * HV, m2, BETA_ACT)
+        b_rk2, b_rq2 = _rnorms(k_b, q_b, r2, m2, b_be2, SK, K, BK, NK, L2NORM)
         b_D2 = tl.zeros([BC, BC], dtype=tl.float32)
         b_Dq2 = tl.zeros([BC, BC], dtype=tl.float32)
         b_A21 = tl.zeros([BC, BC], dtype=tl.float32)
@@ -188,6 +194,9 @@ def chunk_intra_onepass_kernel(
         b_eR = tl.exp2(b_gm[None, :] - b_gam)
         b_k = _rows(k_b, r1, SK, o_k, m1, m_k)
         b_q = _rows(q_b, r1, SK, o_k, m1, m_k)
+        if L2NORM:
+            b_k *= b_rk1[:, None]
+            b_q *= b_rq1[:, None]
         b_kL1 = b_k * b_eL  # k_i e^(γ_i − γ_m)
         b_kR1 = b_k * b_eR  # k_j e^(γ_m − γ_j)
         b_qL1 = b_q * b_eL
@@ -215,6 +224,9 @@ def chunk_intra_onepass_kernel(
             b_eR = tl.exp2(b_gm[None, :] - b_gam)
             b_k = _rows(k_b, r2, SK, o_k, m2, m_k)
             b_q = _rows(q_b, r2, SK, o_k, m2, m_k)
+            if L2NORM:
+                b_k *= b_rk2[:, None]
+                b_q *= b_rq2[:, None]
             b_kL = b_k * b_eL
             b_kR = b_k * b_eR
             b_qL = b_q * b_eL
@@ -239,12 +251,12 @@ def chunk_intra_onepass_kernel(
 
     # ---- 2. finish the blocks (β, scale, store A_qk), the inverse of I + A_kk ------------------------------------------
     b_c0 = tl.zeros([BC], dtype=tl.float32)  # no scalar gate
-    b_D1 = _finish_diag(b_D1, b_Dq1, b_c0, b_be1, a_b, r1, m1, scale, SA, BC, 2, True)
+    b_D1 = _finish_diag(b_D1, b_Dq1, b_c0, b_be1, b_c0, b_c0, a_b, r1, m1, scale, SA, BC, 2, True, False)
     b_T1 = -b_D1
     if NB == 2:
         _store_rows(a_b + BC, r1, SA, o_c, m1, o_c < BC, tl.zeros([BC, BC], dtype=tl.float32))
-        b_A21 = _finish_off(b_A21, b_Aq21, b_c0, b_c0, b_be2, a_b, r2, m2, scale, SA, BC, 2, True)
-        b_D2 = _finish_diag(b_D2, b_Dq2, b_c0, b_be2, a_b + BC, r2, m2, scale, SA, BC, 2, True)
+        b_A21 = _finish_off(b_A21, b_Aq21, b_c0, b_c0, b_be2, b_c0, b_c0, b_c0, a_b, r2, m2, scale, SA, BC, 2, True, False)
+        b_D2 = _finish_diag(b_D2, b_Dq2, b_c0, b_be2, b_c0, b_c0, a_b + BC, r2, m2, scale, SA, BC, 2, True, False)
         b_T2 = -b_D2
     if SOLVE == 0:  # forward substitution, row by row
         for i in range(1, BC):

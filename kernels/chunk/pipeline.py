@@ -139,8 +139,8 @@ def forward(
     """Launch the pipeline on validated inputs with a checked, complete config; same contract as fused_recurrent.
 
     ``seq_offsets``: ``cu_seqlens`` already copied to the host (``dtune.inputs.Problem.seq_offsets``), so that the
-    call reads it from the device no second time. ``in_kernel``: fla's ``use_gate_in_kernel`` applied by stage 1's
-    gate loads (``g`` raw), see :func:`.call.prepare_call`.
+    call reads it from the device no second time. ``in_kernel``: fla's options applied by the stages as they load
+    their inputs (``g`` raw with the gate activation), see :func:`.call.prepare_call`.
     """
     res = forward_with_intermediates(
         q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets, in_kernel

@@ -45,8 +45,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import Config
+from ..options import rnorm
 from .buffers import Intermediates, Outputs, SegmentScratch
 from .call import ChunkCall, tile
+from .common import load_beta
 
 
 @triton.jit
@@ -134,7 +136,12 @@ def chunk_state_kernel(
     LOOP_WS: tl.constexpr = False,
     STORE_STATES: tl.constexpr = False,
     GATE_PREFETCH: tl.constexpr = False,
+    L2NORM: tl.constexpr = False,
+    BETA_ACT: tl.constexpr = 0,
 ):
+    """``L2NORM``: q and k l2-normalised, their rows' factors computed from the tiles loaded (every key channel is in
+    them) and applied to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
+    ``BETA_ACT``: beta's activation where beta is loaded (``WU = "recomputed"``)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -221,6 +228,8 @@ def chunk_state_kernel(
             b_gam, b_gC = _gate(gout, t0, eos, i_hv, o_t, BT, HV)
         if EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
+            if L2NORM:
+                b_rk = rnorm(b_k.to(tl.float32), 1)
         if RECOMPUTE:
             b_hc = b_h.to(DT)
             # V_new = T (β ⊙ (V − e^γ ⊙ K S)): the chunk's inverse T (causal; stage 1 stores its upper blocks as 0)
@@ -229,10 +238,14 @@ def chunk_state_kernel(
                 b_ks = tl.dot(b_hc, tl.trans(b_k), input_precision=DOT_PREC)  # (K S)ᵀ [BV, BT]
             else:
                 b_ks = tl.dot(b_k, b_hc, input_precision=DOT_PREC)  # K S [BT, BV]
-            b_rf = tl.load(beta + row_hv + o_t * HV, mask=m_t, other=0).to(tl.float32)  # β per token row
+            b_rf = load_beta(beta + row_hv + o_t * HV, m_t, BETA_ACT)  # β per token row
             if GATE == 1:
                 b_eg = _exp(b_gam)
+                if L2NORM:  # (K S)'s rows times k's factors
+                    b_eg *= b_rk
                 b_x -= b_ks * (b_eg[None, :] if TRANS else b_eg[:, None])
+            elif L2NORM:
+                b_x -= b_ks * (b_rk[None, :] if TRANS else b_rk[:, None])
             else:
                 b_x -= b_ks
             b_x = (b_x * (b_rf[None, :] if TRANS else b_rf[:, None])).to(DT)
@@ -262,14 +275,21 @@ def chunk_state_kernel(
                 b_q = _tile(qg + row_hv * K, off_wk, m_tk, q_td, r0, c_w, USE_TMA, False)
             elif DIRECT:
                 b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(DT)
+                if L2NORM:
+                    b_rq = rnorm(b_q.to(tl.float32), 1)
             else:
-                b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32) * scale
+                b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32)
+                if L2NORM:
+                    b_q *= rnorm(b_q, 1)[:, None]
+                b_q *= scale
                 if GATE == 1:
                     b_q *= _exp(b_gam)[:, None]
                 b_q = b_q.to(DT)
             if QK_RECOMPUTE:  # scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j)), causal (j <= i), rows of this chunk
                 m_qk = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
                 b_A = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+                if L2NORM:
+                    b_A *= b_rq[:, None] * b_rk[None, :]
                 if GATE == 1:
                     b_A *= _exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
                     b_A = (b_A * scale).to(DT)
@@ -283,6 +303,8 @@ def chunk_state_kernel(
                 b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
             if GATE != 2 and DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
                 b_qf = tl.full([BT], scale, dtype=tl.float32)
+                if L2NORM:
+                    b_qf *= b_rq
                 if GATE == 1:
                     b_qf *= _exp(b_gam)
                 b_o *= b_qf[None, :] if TRANS else b_qf[:, None]
@@ -304,6 +326,8 @@ def chunk_state_kernel(
         b_vk = b_vnc  # V_new as the state update's operand
         if GATE != 2 and not EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
+            if L2NORM:
+                b_rk = rnorm(b_k.to(tl.float32), 1)
         if GATE == 2:
             b_kg = _tile(kg + row_hv * K, off_wk, m_tk, k_td, r0, c_w, USE_TMA, False)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
@@ -312,15 +336,19 @@ def chunk_state_kernel(
             else:
                 b_h *= b_dec[:, None]
         elif GATE == 1:
+            b_dk = _exp(b_gC - b_gam)
+            if L2NORM:
+                b_dk *= b_rk
             if DIRECT:  # k~ᵀ V_new = kᵀ (exp(γ_C − γ) ⊙ V_new): the factor on the token rows of V_new
                 b_kg = b_k
-                b_dk = _exp(b_gC - b_gam)
                 b_vk = (b_vn * (b_dk[None, :] if TRANS else b_dk[:, None])).to(DT)
             else:
-                b_kg = (b_k.to(tl.float32) * _exp(b_gC - b_gam)[:, None]).to(DT)
+                b_kg = (b_k.to(tl.float32) * b_dk[:, None]).to(DT)
             b_h *= _exp(b_gC)
         else:
             b_kg = b_k
+            if L2NORM:  # kᵀ diag(r_k) V_new: the factors on V_new's token rows
+                b_vk = (b_vn * (b_rk[None, :] if TRANS else b_rk[:, None])).to(DT)
         if TRANS:
             b_h += tl.dot(b_vk, b_kg, input_precision=DOT_PREC)
         else:
@@ -449,6 +477,7 @@ def _launch(
         **loop_options(call.config, bool(tds)),
         STORE_STATES=fuse and inter.h is not None,
         GATE_PREFETCH=call.config.get("GATE_LOADS", "pipelined") == "prefetched",
+        **call.in_kernel.chunk_args(),
         **launch,
     )
 
