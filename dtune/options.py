@@ -5,10 +5,10 @@ fla's ops take options that transform their inputs before the recurrence; real m
 ``GatedDeltaNet`` and ``KimiDeltaAttention`` layers pass all of them). :class:`Options` carries them, with fla's
 names. The fused-recurrent kernels (decoding) apply them to each token as they load it (:meth:`Options.in_kernel`;
 one launch per step, as fla's own kernels do). The chunk forward outside autograd applies them in its stages as they
-load g, q, k and beta (:meth:`Options.chunk_in_kernel`: no float32 gate, no normalised q and k written and read back;
-``state_v_first``'s states are transposed around the call). Otherwise :meth:`Options.apply` runs them all as passes that autograd
-differentiates (Triton kernels with their own backward for the l2norm and the gate, PyTorch ops for the rest), so
-every gradient (``A_log`` and ``dt_bias`` included) follows. The same formulas in float64 are
+load g, q, k and beta (:meth:`Options.chunk_in_kernel`: no float32 gate, no normalised q and k written and read
+back; ``state_v_first``'s states are transposed around the call). Otherwise :meth:`Options.apply` runs them all as
+passes that autograd differentiates (Triton kernels with their own backward for the l2norm and the gate, PyTorch
+ops for the rest), so every gradient (``A_log`` and ``dt_bias`` included) follows. The same formulas in float64 are
 ``dtune.kernels.reference.reference_with_options``.
 
 ====================================  =========================================================================

@@ -255,7 +255,9 @@ def chunk_intra_onepass_kernel(
     b_T1 = -b_D1
     if NB == 2:
         _store_rows(a_b + BC, r1, SA, o_c, m1, o_c < BC, tl.zeros([BC, BC], dtype=tl.float32))
-        b_A21 = _finish_off(b_A21, b_Aq21, b_c0, b_c0, b_be2, b_c0, b_c0, b_c0, a_b, r2, m2, scale, SA, BC, 2, True, False)
+        b_A21 = _finish_off(
+            b_A21, b_Aq21, b_c0, b_c0, b_be2, b_c0, b_c0, b_c0, a_b, r2, m2, scale, SA, BC, 2, True, False
+        )
         b_D2 = _finish_diag(b_D2, b_Dq2, b_c0, b_be2, b_c0, b_c0, a_b + BC, r2, m2, scale, SA, BC, 2, True, False)
         b_T2 = -b_D2
     if SOLVE == 0:  # forward substitution, row by row

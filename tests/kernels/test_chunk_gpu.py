@@ -58,29 +58,47 @@ def test_bf16_chunk_matches_float64_reference(shape: Shape, seq_lens: list[int] 
     assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g} (tolerance {tol})"
 
 
-@pytest.mark.parametrize("kernel", ["chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"])
+OPTION_CONFIGS: dict[str, dict[str, Any] | None] = {
+    "shipped": None,
+    "recomputed-vk-direct-tma": {
+        "WU": "recomputed", "AQK": "recomputed", "FUSE_OUTPUT": True, "STATE_LAYOUT": "vk", "QK_DIRECT": True,
+        "STATE_TMA": True, "h_BV": 64, "BT": 64, "BC": 16,
+    },
+    "unfused": {"FUSE_OUTPUT": False, "BT": 64, "BC": 16},
+}  # fmt: skip
+OPTION_CASES = [("chunk_gated_delta_rule", c) for c in OPTION_CONFIGS] + [
+    ("chunk_kda", "shipped"), ("chunk_kda", "unfused"), ("chunk_delta_rule", "shipped"),
+    ("fused_recurrent_kda", "shipped"), ("fused_recurrent_gated_delta_rule", "shipped"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kernel", "config"), OPTION_CASES, ids=[f"{k}-{c}" for k, c in OPTION_CASES])
 @pytest.mark.parametrize("bounded", [False, True], ids=["softplus", "bounded"])
-def test_bf16_gate_in_kernel_matches_float64_reference(kernel: str, bounded: bool) -> None:
+def test_bf16_options_in_kernel_match_float64_reference(kernel: str, config: str, bounded: bool) -> None:
     """fla's layers' options on raw bf16 inputs (l2norm, the raw gate with A_log / dt_bias, beta's sigmoid), outside
-    autograd: the chunk forward activates the gate in stage 1 (the shipped config), the fused-recurrent kernel
-    applies every option; against the float64 reference of the same call."""
+    autograd: the chunk forward's stages apply them as they load their inputs (the shipped config and the state
+    pass's variants), the fused-recurrent kernel token by token; against the float64 reference of the same call."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     B, T, H, HV, K, V = (2, 1000, 4, 8, 128, 128) if kernel.startswith("chunk") else (32, 1, 4, 8, 128, 128)
     kda = kernel.endswith("kda")
+    gated = kernel != "chunk_delta_rule"
 
     def rnd(*shape: int, s: float = 1.0) -> torch.Tensor:
         return (torch.randn(*shape, device="cuda", generator=gen) * s).to(torch.bfloat16)
 
-    args = (rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, HV, V), rnd(*((B, T, HV, K) if kda else (B, T, HV)), s=3.0))
-    args += (rnd(B, T, HV, s=3.0),)
-    opts: dict[str, Any] = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True}
-    opts |= {"use_beta_sigmoid_in_kernel": True, "A_log": torch.linspace(-1.0, 1.5, HV, device="cuda")}
-    opts |= {"dt_bias": torch.randn(HV * K if kda else HV, device="cuda", generator=gen)}
-    if bounded:
-        opts["lower_bound"] = -5.0
+    g = rnd(*((B, T, HV, K) if kda else (B, T, HV)), s=3.0) if gated else None
+    args = (rnd(B, T, H, K, s=4.0), rnd(B, T, H, K, s=0.5), rnd(B, T, HV, V), g, rnd(B, T, HV, s=3.0))
+    opts: dict[str, Any] = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True}
+    if gated:
+        opts |= {"use_gate_in_kernel": True, "A_log": torch.linspace(-1.0, 1.5, HV, device="cuda")}
+        opts |= {"dt_bias": torch.randn(HV * K if kda else HV, device="cuda", generator=gen)}
+        if bounded:
+            opts["lower_bound"] = -5.0
+    elif bounded:
+        opts["allow_neg_eigval"] = True
     kw = {"initial_state": torch.randn(B, HV, K, V, device="cuda", generator=gen), "output_final_state": True}
     with torch.no_grad():
-        o, s = ops.run_kernel(kernel, *args, **kw, options=Options(**opts))
+        o, s = ops.run_kernel(kernel, *args, **kw, config=OPTION_CONFIGS[config], options=Options(**opts))
     o_ref, s_ref = reference_with_options(*args, None, **kw, **opts)
     assert s is not None and s_ref is not None
     tol = load_space(kernel).tolerance["bf16"]

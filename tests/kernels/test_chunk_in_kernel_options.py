@@ -1,6 +1,8 @@
-"""fla's ``use_gate_in_kernel`` inside the chunk forward: stage 1 activates the raw gate as it loads it (every stage-1
-variant, both gates, both activation forms), against the float64 reference of the same call, with the separate gate
-pass made to raise."""
+"""fla's in-kernel options inside the chunk forward (outside autograd): stage 1 activates the raw gate as it loads it
+(every stage-1 variant, both gates, both activation forms); every stage that loads q, k or beta applies the l2norm and
+beta's sigmoid (every stage-1 variant, both state layouts, stored and recomputed W / U / A_qk, the separate output
+stage, the sequence-parallel pass). Against the float64 reference of the same call, with the separate passes made to
+raise."""
 
 from __future__ import annotations
 
@@ -92,9 +94,102 @@ def test_stage_one_activates_the_raw_gate(case: tuple[Any, ...], monkeypatch: py
     assert rel_err(ht, ht_ref) < 1e-4, rel_err(ht, ht_ref)
 
 
-def test_with_every_option_the_others_stay_passes() -> None:
-    """fla's KDA layer's options at once (l2norm, gate, beta's sigmoid, the [V, K] state): the gate in stage 1, the
-    rest as passes, the final state in the caller's layout."""
+# id -> (kernel, B, T, H, HV, K, V, seq_lens, config, with the gate activation)
+QK_CASES: dict[str, tuple[str, int, int, int, int, int, int, list[int] | None, dict[str, Any], bool]] = {
+    "gdn-rows-T37-K24": ("chunk_gated_delta_rule", 2, 37, 1, 2, 24, 16, None, {"BT": 16, "INTRA": "rows"}, True),
+    "gdn-blocks-unfused-varlen-K48": (
+        "chunk_gated_delta_rule", 1, 0, 2, 4, 48, 16, [19, 0, 1, 30],
+        {"BT": 32, "BC": 16, "INTRA": "blocks", "FUSE_OUTPUT": False, "o_BK": 32, "intra_BK": 32}, True,
+    ),
+    "gdn-recomputed-kv": (
+        "chunk_gated_delta_rule", 2, 45, 1, 2, 16, 32, None,
+        {"BT": 32, "BC": 16, "WU": "recomputed", "AQK": "recomputed", "FUSE_OUTPUT": True}, True,
+    ),
+    "gdn-recomputed-vk-qk-direct": (
+        "chunk_gated_delta_rule", 1, 50, 1, 1, 32, 16, None,
+        {"BT": 16, "WU": "recomputed", "STATE_LAYOUT": "vk", "QK_DIRECT": True, "FUSE_OUTPUT": True}, False,
+    ),
+    "gdn-qk-direct-vk": (
+        "chunk_gated_delta_rule", 2, 33, 2, 2, 16, 16, None, {"BT": 16, "QK_DIRECT": True, "STATE_LAYOUT": "vk"}, False,
+    ),
+    "gdn-segmented-T70": (
+        "chunk_gated_delta_rule", 1, 70, 1, 2, 16, 16, None, {"BT": 16, "SEG_CHUNKS": 2}, True,
+    ),
+    "dn-blocks-split-K24": (
+        "chunk_delta_rule", 2, 29, 1, 2, 24, 16, None, {"BT": 32, "BC": 16, "INTRA": "blocks_split"}, False,
+    ),
+    "dn-rows-unfused-K40": (
+        "chunk_delta_rule", 1, 40, 2, 2, 40, 16, None,
+        {"BT": 16, "INTRA": "rows", "FUSE_OUTPUT": False, "o_BK": 32, "intra_BK": 32}, False,
+    ),
+    "dn-recomputed-vk-segmented": (
+        "chunk_delta_rule", 1, 70, 1, 1, 16, 16, None,
+        {"BT": 16, "WU": "recomputed", "AQK": "recomputed", "STATE_LAYOUT": "vk", "SEG_CHUNKS": 2}, False,
+    ),
+    "kda-rows-T29-K24": ("chunk_kda", 2, 29, 1, 2, 24, 16, None, {"BT": 16, "INTRA": "rows"}, True),
+    "kda-blocks-split-varlen": (
+        "chunk_kda", 1, 0, 1, 2, 32, 16, [33, 0, 7], {"BT": 32, "BC": 16, "INTRA": "blocks_split"}, True,
+    ),
+    "kda-blocks-unfused-BT64": (
+        "chunk_kda", 1, 40, 2, 2, 16, 32, None, {"BT": 64, "BC": 16, "INTRA": "blocks", "FUSE_OUTPUT": False}, False,
+    ),
+    "kda-onepass-K48": (
+        "chunk_kda", 2, 23, 1, 2, 48, 16, None, {"BT": 32, "BC": 16, "INTRA": "onepass", "intra_BK": 32}, True,
+    ),
+}  # fmt: skip
+
+
+def _qk_inputs(case: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`_inputs` with q and k far from unit rows (norms ~0.5 to ~10, a different scale per token) and beta raw,
+    of both signs; without the gate activation, log gates down to −6 per token."""
+    kernel, B, T, H, HV, K, V, seq_lens, config, with_gate = case
+    x, gate = _inputs((kernel, B, T, H, HV, K, V, seq_lens, config, "softplus"))
+    gen = torch.Generator().manual_seed(11)
+    for name in ("q", "k"):
+        rows = x[name].shape[:-1]
+        x[name] = torch.randn(*x[name].shape, generator=gen) * (0.1 + 2.0 * torch.rand(*rows, 1, generator=gen))
+    x["beta"] = torch.randn(x["beta"].shape, generator=gen) * 3.0
+    if kernel == "chunk_delta_rule":
+        x["g"] = None
+    elif not with_gate:
+        x["g"] = -6.0 * torch.rand(x["g"].shape, generator=gen)
+    return x, gate if with_gate and x["g"] is not None else {}
+
+
+@pytest.mark.parametrize("case", list(QK_CASES.values()), ids=list(QK_CASES))
+def test_stages_apply_the_l2norm_and_beta_sigmoid(case: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel`` with ``allow_neg_eigval`` (and the gate where the
+    case has it) with no separate pass: every stage that loads q, k or beta applies them."""
+    import dtune.options as options_module
+
+    def no_pass(*_: Any, **__: Any) -> None:
+        raise AssertionError("a separate pass ran")
+
+    for name in ("l2norm", "gate_activation", "beta_activation"):
+        monkeypatch.setattr(options_module, name, no_pass)
+    kernel, config = case[0], case[8]
+    x, gate = _qk_inputs(case)
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    flags = {"use_qk_l2norm_in_kernel": True, "use_beta_sigmoid_in_kernel": True, "allow_neg_eigval": True}
+    flags |= {"use_gate_in_kernel": True} if gate else {}
+    o, ht = ops.run_kernel(kernel, *args, **kw, config=config, options=Options(**flags, **gate))
+    o_ref, ht_ref = reference_with_options(*args, None, **kw, **flags, **gate)
+    assert ht is not None and ht_ref is not None
+    assert rel_err(o, o_ref) < 1e-4, rel_err(o, o_ref)
+    assert rel_err(ht, ht_ref) < 1e-4, rel_err(ht, ht_ref)
+
+
+def test_with_every_option_no_pass_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fla's KDA layer's options at once (l2norm, gate, beta's sigmoid ×2, the [V, K] state): every one inside the
+    stages, the states transposed around the call, the final state in the caller's layout."""
+    import dtune.options as options_module
+
+    def no_pass(*_: Any, **__: Any) -> None:
+        raise AssertionError("a separate pass ran")
+
+    for name in ("l2norm", "gate_activation", "beta_activation"):
+        monkeypatch.setattr(options_module, name, no_pass)
     case = CASES["kda-rows-T29-K24"]
     x, gate = _inputs(case)
     x["beta"] = x["beta"] * 6.0 - 3.0  # raw, both signs
