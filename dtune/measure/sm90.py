@@ -90,11 +90,21 @@ def _gate_act_ptrs(gate_act: int, raw: str) -> dict[str, str]:
 
 
 def stage_kernels(
-    gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varlen: bool, gate_act: int = 0
+    gate: str,
+    dtype: str,
+    K: int,
+    V: int,
+    cfg: dict[str, Any],
+    varlen: bool,
+    gate_act: int = 0,
+    l2norm: bool = False,
+    beta_act: int = 0,
 ) -> list[tuple]:
     """(name, kernel, pointer args with their dtypes, constexprs, warps, stages) of every stage, as plan() launches
     (with ``SEG_CHUNKS``: the segmented state pass's three launches). ``gate_act``: stage 1 activating a raw gate of
-    ``dtype`` (fla's ``use_gate_in_kernel``, ``InKernel.gate_code``; 0: none)."""
+    ``dtype`` (fla's ``use_gate_in_kernel``, ``InKernel.gate_code``; 0: none); ``l2norm``, ``beta_act``: the stages
+    normalising q and k and activating beta (``InKernel.chunk_args``)."""
+    opts = ({"L2NORM": True} if l2norm else {}) | ({"BETA_ACT": beta_act} if beta_act else {})
     G = GATE_CODES[gate]
     p = f"*{dtype}"
     f32 = "*fp32"
@@ -125,7 +135,8 @@ def stage_kernels(
         | {"SOLVE": int(cfg["SOLVE"] == "squaring"), "DIAG_LOWP": bool(cfg.get("DIAG_BF16")) and dtype == "bf16"}
         | ({"STORE_AI": True} if recompute else {})
         | {"WU_OUT": not recompute, "QK_OUT": not recompute_qk}
-        | ({"GACT": gate_act} if gate_act else {}),
+        | ({"GACT": gate_act} if gate_act else {})
+        | opts,
         cfg["intra_num_warps"],
         cfg["intra_num_stages"],
     )
@@ -164,7 +175,8 @@ def stage_kernels(
         | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
         | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False)), RECOMPUTE=recompute, TMA=tma)
         | dict(QK_RECOMPUTE=recompute_qk, GATE_PREFETCH=cfg.get("GATE_LOADS", "pipelined") == "prefetched")
-        | loop_options(cfg, tma),
+        | loop_options(cfg, tma)
+        | opts,
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )
@@ -207,7 +219,8 @@ def stage_kernels(
                 chunk_output_kernel,
                 out_ptrs,
                 dict(H=2, HV=4, K=K, V=V, BT=BT, BK=o_BK, BV=_tile(cfg["o_BV"], V), NK=triton.cdiv(K, o_BK), GATE=G)
-                | dict(VARLEN=varlen, DOT_PREC=prec),
+                | dict(VARLEN=varlen, DOT_PREC=prec)
+                | ({"L2NORM": True} if l2norm else {}),
                 cfg["o_num_warps"],
                 cfg["o_num_stages"],
             )

@@ -160,6 +160,16 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         {"GACT": 13, "WU": "recomputed", "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True},
         True,
     ),
+    # the stages normalising q and k and activating beta (use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel)
+    (
+        "scalar",
+        "bf16",
+        128,
+        {"L2NORM": True, "BETA_ACT": 1, "GACT": 13, "WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True},
+        True,
+    ),
+    ("none", "bf16", 128, {"L2NORM": True, "BETA_ACT": 2, "FUSE_OUTPUT": False, "INTRA": "rows"}, False),
+    ("channel", "bf16", 128, {"L2NORM": True, "BETA_ACT": 1, "GACT": 13, "INTRA": "onepass"}, False),
 ]
 
 
@@ -168,10 +178,13 @@ def compile_case(index: int) -> dict[str, int]:
     gate, dtype, D, overrides, varlen = CASES[index]
     name = {"none": "chunk_delta_rule", "scalar": "chunk_gated_delta_rule", "channel": "chunk_kda"}[gate]
     overrides = dict(overrides)
-    gate_act = int(overrides.pop("GACT", 0))  # not a config parameter: the call's gate activation
+    # not config parameters: the call's in-kernel options
+    gate_act, beta_act = int(overrides.pop("GACT", 0)), int(overrides.pop("BETA_ACT", 0))
+    l2norm = bool(overrides.pop("L2NORM", False))
     cfg = KERNELS[name].check_config(D, D, overrides)
     smem = {}
-    for stage, fn, ptrs, consts, warps, stages in stage_kernels(gate, dtype, D, D, cfg, varlen, gate_act):
+    kernels = stage_kernels(gate, dtype, D, D, cfg, varlen, gate_act, l2norm, beta_act)
+    for stage, fn, ptrs, consts, warps, stages in kernels:
         smem[stage] = int(compile_sm90(fn, ptrs, consts, warps, stages).metadata.shared)
     return smem
 
