@@ -25,23 +25,23 @@ option (fla's name)                   what it does (fla-core 0.6.0), in the dtyp
 ====================================  =========================================================================
 
 What each separate pass costs per element of the tensor it transforms (16-bit q, k and raw gate: 2 bytes; float32: 4),
-and where it would fuse (the stage that loads that input):
+and where the kernels apply it instead:
 
 - l2norm of q and k (a Triton pass, :mod:`dtune.kernels.options`): forward one read and one write (2 + 2 B), backward
-  x, dy read and dx written (2 + 2 + 2 B). Fused: q and k are loaded by stage 1 (``intra*``: k for A_kk and W) and by
-  the state/output pass (q for O, k for the state update); the row norm is one reduction over K inside the tile, in
-  both stages; the backward's ``bwd_dqk`` stage would apply l2norm's Jacobian to dq and dk as it stores them.
+  x, dy read and dx written (2 + 2 + 2 B). In the chunk forward: stage 1 (``intra*``) sums the squares of its
+  chunk's q and k rows over the key tiles and puts the factors on A's blocks (rows and columns) and on W's operand,
+  q~ and k~; the state pass and the output stage take them from the full-row tiles they load, on the products' rows.
+  The backward's ``bwd_dqk`` stage could apply l2norm's Jacobian to dq and dk as it stores them (not yet: a pass).
 - the gate (a Triton pass): forward the raw g read and the float32 log gate written (2 + 4 B; the chunk kernel then
   reads that gate, as it would read one the caller computed); backward the gate's gradient and g read, dg written
-  (4 + 2 + 2 B), dA_log and ddt_bias from per-block partial sums. Fused: stage 1's
-  gate cumsum reads g (KDA: ``[B, T, HV, K]``, the largest per-token input after v) and would apply the activation as
-  it loads it; the backward's gate gradient (``bwd_dqk``) would multiply by the activation's derivative before its
-  reverse cumsum.
-- beta (PyTorch ops): ``[B, T, HV]``, a float32 copy (2 + 4 B per token and head): negligible; fused into stage 1,
-  which loads beta for A_kk, W and U.
+  (4 + 2 + 2 B), dA_log and ddt_bias from per-block partial sums. In the chunk forward: stage 1's gate cumsum
+  activates g as it loads it (KDA: ``[B, T, HV, K]``, the largest per-token input after v); the backward's gate
+  gradient (``bwd_dqk``) could multiply by the activation's derivative before its reverse cumsum (not yet: a pass).
+- beta (PyTorch ops): ``[B, T, HV]``, a float32 copy (2 + 4 B per token and head): negligible; in the chunk forward
+  every load of beta (stage 1, the state pass with ``WU = "recomputed"``) activates it.
 - ``state_v_first``: a transposed copy of the initial state (read and write, 8 B per state element) and of the final
-  state: ``N · HV · K · V`` elements, independent of T. Fused: the state pass's first load and last store
-  (``STATE_LAYOUT = "vk"`` already holds the state as ``[V, K]`` in registers).
+  state: ``N · HV · K · V`` elements, independent of T (the chunk forward's caller transposes them; the
+  fused-recurrent kernel reads and writes ``[V, K]`` states directly).
 - ``cu_seqlens`` int32 or int64: the kernels take both. ``cu_seqlens_cpu`` (a host copy) saves the one host read
   of ``cu_seqlens`` (:func:`dtune.kernels.chunk.tables.remember_host_offsets`).
 """
