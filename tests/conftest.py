@@ -20,6 +20,19 @@ def poison_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_kernel_config, "POISON_OUTPUTS", True)
 
 
+@pytest.fixture
+def no_option_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fla's options as separate passes (``dtune.options``' l2norm, gate and beta activations) raise: a test using it
+    checks that the kernels applied them."""
+    import dtune.options as options_module
+
+    def no_pass(*_: object, **__: object) -> None:
+        raise AssertionError("a separate option pass ran")
+
+    for name in ("l2norm", "gate_activation", "beta_activation"):
+        monkeypatch.setattr(options_module, name, no_pass)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """Every output a launcher allocates sits between two guard regions filled with a sentinel

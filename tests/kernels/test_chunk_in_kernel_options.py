@@ -75,13 +75,7 @@ def _inputs(case: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
-def test_stage_one_activates_the_raw_gate(case: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> None:
-    import dtune.options as options_module
-
-    def no_pass(*_: Any, **__: Any) -> None:
-        raise AssertionError("the separate gate pass ran")
-
-    monkeypatch.setattr(options_module, "gate_activation", no_pass)
+def test_stage_one_activates_the_raw_gate(case: tuple[Any, ...], no_option_passes: None) -> None:
     kernel, config = case[0], case[8]
     x, gate = _inputs(case)
     kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
@@ -157,16 +151,9 @@ def _qk_inputs(case: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @pytest.mark.parametrize("case", list(QK_CASES.values()), ids=list(QK_CASES))
-def test_stages_apply_the_l2norm_and_beta_sigmoid(case: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stages_apply_the_l2norm_and_beta_sigmoid(case: tuple[Any, ...], no_option_passes: None) -> None:
     """``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel`` with ``allow_neg_eigval`` (and the gate where the
     case has it) with no separate pass: every stage that loads q, k or beta applies them."""
-    import dtune.options as options_module
-
-    def no_pass(*_: Any, **__: Any) -> None:
-        raise AssertionError("a separate pass ran")
-
-    for name in ("l2norm", "gate_activation", "beta_activation"):
-        monkeypatch.setattr(options_module, name, no_pass)
     kernel, config = case[0], case[8]
     x, gate = _qk_inputs(case)
     kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
@@ -180,16 +167,9 @@ def test_stages_apply_the_l2norm_and_beta_sigmoid(case: tuple[Any, ...], monkeyp
     assert rel_err(ht, ht_ref) < 1e-4, rel_err(ht, ht_ref)
 
 
-def test_with_every_option_no_pass_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_every_option_no_pass_runs(no_option_passes: None) -> None:
     """fla's KDA layer's options at once (l2norm, gate, beta's sigmoid ×2, the [V, K] state): every one inside the
     stages, the states transposed around the call, the final state in the caller's layout."""
-    import dtune.options as options_module
-
-    def no_pass(*_: Any, **__: Any) -> None:
-        raise AssertionError("a separate pass ran")
-
-    for name in ("l2norm", "gate_activation", "beta_activation"):
-        monkeypatch.setattr(options_module, name, no_pass)
     case = CASES["kda-rows-T29-K24"]
     x, gate = _inputs(case)
     x["beta"] = x["beta"] * 6.0 - 3.0  # raw, both signs
