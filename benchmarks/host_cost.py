@@ -12,6 +12,7 @@ initial state in and the final state out, as a model's layer calls them):
                   as the layers of a model share it: dtune reads it once, fla caches its index tables per tensor)
   decode-B1       T = 1, B = 1 (the state of the previous step in, the next one out)
   decode-B32      T = 1, B = 32
+  prefill-32k     B = 1, T = 32768 (only when ``--cases`` names it: the GPU's time decides its loop_us)
 
 the default call (``dtune.ops.<op>(q, k, v, [g,] beta, initial_state=..., output_final_state=True, cu_seqlens=...)``;
 fla's with the same arguments by keyword) is timed three ways, after three warm-up calls (compiles, fla's autotuning):
@@ -85,6 +86,8 @@ GPU_CASES = (
     Case("decode-B1", 1, 1),
     Case("decode-B32", 32, 1),
 )
+# on request only (--cases): a long prompt, where the GPU's time is the call's (loop_us)
+EXTRA_CASES = (Case("prefill-32k", 1, 32768),)
 CPU_CASES = (
     Case("prefill", 1, 16),
     Case("prefill-varlen", 1, 0, (5, 11)),
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = CPU_CASES if args.interpret else GPU_CASES
     if args.cases:
         want = {c.strip() for c in args.cases.split(",") if c.strip()}
-        cases = tuple(c for c in cases if c.name in want)
+        cases = tuple(c for c in cases + (() if args.interpret else EXTRA_CASES) if c.name in want)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     calls, repeats = (3, 2) if args.interpret else (args.calls, args.repeats)
     clock = Clock() if cuda else None
