@@ -8,6 +8,7 @@ tiles in one loop (``dqk_KLOOP``) is checked for spills too: its register budget
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -45,11 +46,13 @@ H100_SMEM = 232448
 
 
 def compile_sm90(fn: Any, args: dict[str, Any], num_warps: int, num_stages: int) -> Any:
-    """``args``: a type string for runtime arguments ("*bf16", "i32", "fp32"), else the constexpr value."""
+    """``args``: a type string for runtime arguments ("*bf16", "i32", "fp32"), else the constexpr value (not named:
+    the argument's declared default, as a launch that omits it; None without one)."""
     sig: dict[str, str] = {}
     consts: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
-        value = args.get(name)
+        default = fn.params[i].default
+        value = args.get(name, None if default is inspect.Parameter.empty else default)
         if isinstance(value, str) and (value.startswith(("*", "tensordesc")) or value in ("i32", "fp32")):
             sig[name] = value
         else:
