@@ -51,10 +51,18 @@ class NoToolchain(RuntimeError):
 H100_SMEM = 232448  # bytes of shared memory per block on sm_90
 
 
-def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_warps: int, num_stages: int) -> Any:
+def compile_sm90(
+    fn: Any,
+    ptrs: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    num_stages: int,
+    maxnreg: int | None = None,
+) -> Any:
     """``triton.compile`` of one JIT function for sm_90 (pointers 16-byte aligned, as a real launch specialises
     them; ``scale`` fp32, ``T`` i32, every other argument a constexpr, its declared default where ``constexprs``
-    does not name it, else None); ``lower_bound`` fp32 too; NoToolchain where no ptxas is shipped."""
+    does not name it, else None); ``lower_bound`` fp32 too; ``maxnreg``: a register cap (a config's
+    ``*_maxnreg``); NoToolchain where no ptxas is shipped."""
     sig: dict[str, str] = {}
     consts: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -71,7 +79,8 @@ def compile_sm90(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], num_
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in ptrs.items() if t.startswith("*")}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     try:
-        return triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
+        options = {"num_warps": num_warps, "num_stages": num_stages} | ({"maxnreg": maxnreg} if maxnreg else {})
+        return triton.compile(src, target=SM90, options=options)
     except RuntimeError as e:  # no CUDA toolchain in this Triton build
         if "ptxas" in str(e).lower():
             raise NoToolchain(f"cannot build CUDA code here: {e}") from None

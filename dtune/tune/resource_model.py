@@ -71,8 +71,9 @@ def _tile(choice: int, dim: int) -> int:
     return max(16, min(choice, next_power_of_2(dim)))
 
 
-def _cap(warps: int) -> int:
-    return min(MAX_REGS, 65536 // (32 * warps))
+def _cap(warps: int, maxnreg: int = 0) -> int:
+    """Registers a thread may use: 255, fewer at many warps, and no more than the config's cap (``*_maxnreg``)."""
+    return min(MAX_REGS, 65536 // (32 * warps), maxnreg or MAX_REGS)
 
 
 def _dot(name: str, x: tuple[float, ...]) -> float:
@@ -99,7 +100,7 @@ def chunk_prediction(gate: str, config: Mapping[str, Any], K: int, V: int, elem:
     )
     variant = "intra-blocks" if config["INTRA"] == "blocks" else "intra-rows"
     intra_smem = (config["intra_num_stages"] * elem * BT * (BK + BV) + 4 * BT * BT) // 3  # fitted scale
-    out["intra"] = StagePrediction(_dot(variant, x), intra_smem, _cap(w))
+    out["intra"] = StagePrediction(_dot(variant, x), intra_smem, _cap(w, int(config.get("intra_maxnreg", 0))))
 
     w = config["h_num_warps"]
     P = 32 * w
@@ -115,7 +116,7 @@ def chunk_prediction(gate: str, config: Mapping[str, Any], K: int, V: int, elem:
     )
     # pipelined loads per stage (16-bit: 2 bytes): W, k~ [BT, K], U [BT, h_BV], and fused also q~ [BT, K], A_qk [BT, BT]
     state_smem = 3 * config["h_num_stages"] * elem * BT * ((3 if fuse else 2) * Kp + hBV + BT) // 4
-    out["state"] = StagePrediction(_dot("state", x), state_smem, _cap(w))
+    out["state"] = StagePrediction(_dot("state", x), state_smem, _cap(w, int(config.get("h_maxnreg", 0))))
 
     if not fuse:
         w = config["o_num_warps"]

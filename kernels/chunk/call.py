@@ -121,8 +121,11 @@ class ChunkCall:
         return tile(self.config["h_BV"], self.V)
 
     def warps(self, stage: str) -> dict[str, Any]:
-        """Launch options of a stage (``intra``, ``h`` or ``o``)."""
-        return {"num_warps": self.config[f"{stage}_num_warps"], "num_stages": self.config[f"{stage}_num_stages"]}
+        """Launch options of a stage (``intra``, ``h`` or ``o``): warps, pipeline stages and the register cap where the
+        config sets one (``intra_maxnreg``, ``h_maxnreg``; the interpreter ignores it)."""
+        cfg = self.config
+        opts = {"num_warps": cfg[f"{stage}_num_warps"], "num_stages": cfg[f"{stage}_num_stages"]}
+        return opts | ({"maxnreg": int(cfg[f"{stage}_maxnreg"])} if cfg.get(f"{stage}_maxnreg") else {})
 
 
 def intra_launch_options(call: ChunkCall) -> dict[str, Any]:

@@ -56,6 +56,12 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # specialisation, tl.range(warp_specialize=True): producer warps fetch the next chunk's tiles while consumer warps
     # compute this one's). tl.range(num_stages=...) alone compiles to the same PTX as "range" (Triton 3.6, sm_90a)
     "STATE_LOOP": ("range", "specialized"),
+    # a cap on the registers per thread of stage 1 and of the state pass (ptx .maxnreg; 0: none, ptxas takes up to
+    # 255): fewer registers, more programs resident per SM to hide the loads' latency, at the price of spills
+    # (sm_90a, Triton 3.6, D 128: Gated DeltaNet's stage 1 152 -> 128 registers with 16 bytes of spills, its state
+    # pass 242 -> 168 with none, KDA's one-pass stage 1 255 -> 168 with 704 bytes)
+    "intra_maxnreg": (0, 96, 128, 168),
+    "h_maxnreg": (0, 128, 168),
 }
 
 
@@ -123,6 +129,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
     cfg["AQK"] = "stored"
     cfg["STATE_TMA"] = False
     cfg["STATE_LOOP"] = "range"
+    cfg["intra_maxnreg"] = 0
+    cfg["h_maxnreg"] = 0
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
         cfg["DIAG_BF16"] = False

@@ -302,6 +302,26 @@ def test_defaults_are_legal(gate: Gate) -> None:
             assert cfg["SAFE_DIAG"] is True  # safe for every gate strength
 
 
+def test_register_caps_are_launch_options() -> None:
+    """``intra_maxnreg`` / ``h_maxnreg`` reach stage 1's, the state pass's and phase 1's launches as Triton's
+    ``maxnreg`` (a GPU compile obeys it: test_chunk_compile.py), a stage without a cap launches without one, and the
+    interpreter, which drops the option, computes the reference's result."""
+    from dtune.kernels.chunk.call import prepare_call
+    from dtune.kernels.chunk.state import transitions_tile
+
+    p = Problem(1, 70, 1, 2, 32, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=4)
+    caps = {**SMALL, "intra_maxnreg": 128, "h_maxnreg": 168, "SEG_CHUNKS": 1, "FUSE_OUTPUT": False}
+    cfg = KERNELS[CHUNK[p.gate]].check_config(p.K, p.V, caps)
+    call = prepare_call(x["q"], x["k"], x["v"], x["g"], x["beta"], "scalar", 0.5, None, False, None, cfg)
+    assert call.warps("intra")["maxnreg"] == 128 and call.warps("h")["maxnreg"] == 168
+    assert "maxnreg" not in call.warps("o")
+    assert transitions_tile(cfg, p.K, p.V)[1]["maxnreg"] == 168
+    default = KERNELS[CHUNK[p.gate]].check_config(p.K, p.V, SMALL)
+    assert "maxnreg" not in {**transitions_tile(default, p.K, p.V)[1], **call.warps("o")}
+    check(p, x, caps)
+
+
 @pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
 def test_plan_stages_produce_outputs(fuse: bool) -> None:
     p = Problem(1, 40, 1, 2, 32, 32, 1, Gate.CHANNEL)
@@ -568,6 +588,8 @@ GPU_VARIANTS: dict[str, dict[str, Any]] = {
     # the scalar gate's rows loaded a chunk ahead in registers
     "wu-tma-gatepf": {"WU": "recomputed", "STATE_TMA": True, "GATE_LOADS": "prefetched"},
     "tma-ws-gatepf": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2, "GATE_LOADS": "prefetched"},
+    # register caps on stage 1 and the state pass (ptxas spills under them)
+    "tma-maxnreg": {"STATE_TMA": True, "intra_maxnreg": 128, "h_maxnreg": 168},
 }
 GPU_BASE = {"BT": 32, "BC": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True, "FUSE_OUTPUT": True}
 # the same heads and head dims where possible, so that the cases share their compiled kernels
@@ -589,9 +611,9 @@ GPU_CASES = [
         ("B2-T300-K96-V64", BF16),
         ("B2-T777-H2-HV4-D128", F32),
     )
-    if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws"))
+    if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws", "tma-maxnreg"))
     and (gate is Gate.SCALAR or not v.endswith("gatepf"))
-    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws", "wu-tma-gatepf"))
+    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws", "wu-tma-gatepf", "tma-maxnreg"))
     and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws", "wu-tma-gatepf"))
     and (dt == BF16 or v in ("wu-tma-ws", "tma-ws", "tma-ws-gatepf"))
 ]

@@ -20,7 +20,7 @@ from dtune.kernels import KERNELS
 from dtune._env import child_env
 
 try:
-    from dtune.measure.sm90 import H100_SMEM, NoToolchain, compile_sm90, stage_kernels
+    from dtune.measure.sm90 import H100_SMEM, NoToolchain, compile_sm90, ptxas_usage, stage_kernels
 except ImportError:  # pragma: no cover
     pytest.skip("this Triton has no AOT compile API", allow_module_level=True)
 
@@ -170,11 +170,21 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ),
     ("none", "bf16", 128, {"L2NORM": True, "BETA_ACT": 2, "FUSE_OUTPUT": False, "INTRA": "rows"}, False),
     ("channel", "bf16", 128, {"L2NORM": True, "BETA_ACT": 1, "GACT": 13, "INTRA": "onepass"}, False),
+    # register caps (intra_maxnreg, h_maxnreg): ptxas keeps every capped stage within its cap
+    (
+        "scalar",
+        "bf16",
+        128,
+        {"intra_maxnreg": 128, "h_maxnreg": 168, "WU": "recomputed", "STATE_TMA": True, "SEG_CHUNKS": 8},
+        False,
+    ),
+    ("channel", "bf16", 128, {"intra_maxnreg": 96, "h_maxnreg": 128, "INTRA": "onepass"}, True),
 ]
 
 
-def compile_case(index: int) -> dict[str, int]:
-    """Compile every stage of CASES[index]; shared memory per stage (bytes)."""
+def compile_case(index: int) -> dict[str, Any]:
+    """Compile every stage of CASES[index]; shared memory per stage (bytes), and for a stage under a register cap
+    (``intra_maxnreg``, ``h_maxnreg``) ``[cap, registers ptxas gave it]`` under ``"<stage> registers"``."""
     gate, dtype, D, overrides, varlen = CASES[index]
     name = {"none": "chunk_delta_rule", "scalar": "chunk_gated_delta_rule", "channel": "chunk_kda"}[gate]
     overrides = dict(overrides)
@@ -182,10 +192,15 @@ def compile_case(index: int) -> dict[str, int]:
     gate_act, beta_act = int(overrides.pop("GACT", 0)), int(overrides.pop("BETA_ACT", 0))
     l2norm = bool(overrides.pop("L2NORM", False))
     cfg = KERNELS[name].check_config(D, D, overrides)
-    smem = {}
+    smem: dict[str, Any] = {}
+    caps = {"intra": cfg["intra_maxnreg"], "intra-exact": cfg["intra_maxnreg"]}
+    caps |= {"state": cfg["h_maxnreg"], "transitions": cfg["h_maxnreg"]}
     kernels = stage_kernels(gate, dtype, D, D, cfg, varlen, gate_act, l2norm, beta_act)
     for stage, fn, ptrs, consts, warps, stages in kernels:
-        smem[stage] = int(compile_sm90(fn, ptrs, consts, warps, stages).metadata.shared)
+        compiled = compile_sm90(fn, ptrs, consts, warps, stages, caps.get(stage) or None)
+        smem[stage] = int(compiled.metadata.shared)
+        if caps.get(stage):
+            smem[f"{stage} registers"] = [caps[stage], ptxas_usage(compiled.asm["ptx"])[0]]
     return smem
 
 
@@ -208,7 +223,11 @@ def test_stages_compile_for_sm90(index: int) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     smem = json.loads(proc.stdout.strip().splitlines()[-1])
     for stage, nbytes in smem.items():
-        assert nbytes <= H100_SMEM, f"{stage}: {nbytes} bytes of shared memory"
+        if stage.endswith(" registers"):
+            cap, regs = nbytes
+            assert regs <= cap, f"{stage}: {regs} under a cap of {cap}"
+        else:
+            assert nbytes <= H100_SMEM, f"{stage}: {nbytes} bytes of shared memory"
 
 
 if __name__ == "__main__":

@@ -82,3 +82,15 @@ def test_the_search_prunes_what_the_model_drops(tmp_path: Path) -> None:
     assert search.rejected(Candidate(disaster, is_default=True), config) == (None, "")  # the baseline always runs
     cfg.resource_model = False
     assert search.rejected(Candidate(disaster), config) == (None, "")
+
+
+def test_a_register_cap_is_the_stages_cap() -> None:
+    """``intra_maxnreg`` / ``h_maxnreg`` lower the cap the model holds the stage's demand against (KDA's stage 1 at
+    96 registers spilled 2.2 KB in a sm_90a compile: dropped), and leave the other stages' caps alone."""
+    capped = pred("chunk_kda", 128, {"intra_maxnreg": 96, "h_maxnreg": 168})
+    plain = pred("chunk_kda", 128, {})
+    assert capped is not None and plain is not None
+    assert capped["intra"].cap == 96 and capped["state"].cap == min(168, plain["state"].cap)
+    assert plain["intra"].cap > 96
+    reason = rm.drop_reason(capped, H200_SMEM)
+    assert reason is not None and "stage intra" in reason and "cap 96" in reason
