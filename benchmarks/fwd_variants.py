@@ -98,6 +98,13 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     # config and on WU recomputed + TMA (the B8 shipped one)
     ("gate-prefetch", {"GATE_LOADS": "prefetched"}, GDN),
     ("wu+tma gate-prefetch", {**WU, **TMA, "GATE_LOADS": "prefetched"}, GDN),
+    # register caps (ptx .maxnreg) on the shipped configs: stage 1 at 128 (DeltaNet / Gated DeltaNet 148-152 registers
+    # -> 128 with 16 bytes of spills, sm_90a, Triton 3.6) or 168 (KDA's one-pass 255 -> 168, 704 bytes), the state
+    # pass at 168 (206-242 -> 168, no spills)
+    ("intra cap128", {"intra_maxnreg": 128}, DN_GDN),
+    ("intra cap168", {"intra_maxnreg": 168}, KDA),
+    ("state cap168", {"h_maxnreg": 168}, ALL),
+    ("intra cap128 state cap168", {"intra_maxnreg": 128, "h_maxnreg": 168}, DN_GDN),
 ]
 
 
