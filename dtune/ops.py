@@ -30,7 +30,7 @@ from dtune.autograd import chunk_with_grad, needs_grad
 from dtune.inputs import check_inputs, check_interpretable
 from dtune.kernels import get_kernel
 from dtune.kernels.options import NO_IN_KERNEL
-from dtune.options import Options
+from dtune.options import Options, in_kernel_pays
 from dtune.shape import Gate
 from dtune.store import tuned_config
 
@@ -83,7 +83,7 @@ def run_kernel(
         )
     in_kernel, route = NO_IN_KERNEL, None
     if options is not None:
-        route = _route(spec.family, options, check_gate, bwd_config, q, k, v, g, beta, initial_state)
+        route = _route(spec.family, options, check_gate, bwd_config, cu_seqlens, q, k, v, g, beta, initial_state)
         if route == "passes":
             call = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
             return _run_with_options(kernel, *call, config, bwd_config, check_gate, options)
@@ -140,15 +140,23 @@ def _route(
     options: Options,
     check_gate: bool | None,
     bwd_config: dict[str, Any] | None,
+    cu_seqlens: Tensor | None,
     *tensors: Tensor | None,
 ) -> str:
     """Where a call's options are applied: ``"kernel"`` (all inside the fused-recurrent kernel), ``"chunk"`` (inside
     the chunk forward's stages: the gate, the l2norm and beta's activation as they load them; ``state_v_first``'s
     states transposed around the call) or ``"passes"`` (every option a separate pass: under autograd, where the
-    passes' backward gives every gradient, dA_log and ddt_bias included, and with the gate check, which checks the
-    activated gate and syncs with the host anyway)."""
+    passes' backward gives every gradient, dA_log and ddt_bias included, with the gate check, which checks the
+    activated gate and syncs with the host anyway, and for calls longer than the kernels pay for:
+    :func:`dtune.options.in_kernel_pays`)."""
     if inputs.CHECK_GATE if check_gate is None else check_gate:
         return "passes"
+    q = tensors[0]
+    if isinstance(q, Tensor) and q.dim() == 4:
+        tokens = q.shape[0] * q.shape[1]
+        seqs = q.shape[0] if cu_seqlens is None else max(1, cu_seqlens.numel() - 1)
+        if not in_kernel_pays(family, tokens, tokens / seqs):
+            return "passes"
     if family == "fused_recurrent":
         return "kernel"
     grad = needs_grad(*tensors, options.A_log, options.dt_bias)

@@ -211,3 +211,37 @@ def test_under_autograd_the_gate_is_a_pass_with_gradients(monkeypatch: pytest.Mo
     assert calls == [1]
     (dA,) = torch.autograd.grad(o.sum(), [gate["A_log"]])
     assert dA.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kernel", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
+def test_calls_longer_than_the_kernels_pay_for_take_the_passes(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``IN_KERNEL_MAX_TOKENS`` tokens a call (chunk) or ``IN_KERNEL_MAX_SEQ_LEN`` a sequence (fused recurrent;
+    a packed batch counts its average) the options run as the passes, where they measured faster; the result is the
+    same. The limits are lowered here to the test's sizes."""
+    import dtune.options as options_module
+
+    calls: list[str] = []
+    real = options_module.l2norm
+
+    def counted(x: torch.Tensor, *a: Any) -> torch.Tensor:
+        calls.append("l2norm")
+        return real(x, *a)
+
+    monkeypatch.setattr(options_module, "l2norm", counted)
+    monkeypatch.setattr(options_module, "IN_KERNEL_MAX_TOKENS", 40)
+    monkeypatch.setattr(options_module, "IN_KERNEL_MAX_SEQ_LEN", 20)
+    x, _ = _qk_inputs(QK_CASES["gdn-rows-T37-K24"])  # B 2, T 37: 74 tokens, 37 a sequence
+    args = (x["q"], x["k"], x["v"], -torch.rand_like(x["g"]), x["beta"])
+    options = Options(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    kw = {"initial_state": x["initial_state"], "output_final_state": True}
+    o, ht = ops.run_kernel(kernel, *args, **kw, options=options)
+    assert calls == ["l2norm", "l2norm"]
+    o_ref, ht_ref = reference_with_options(
+        *args, None, **kw, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True
+    )
+    assert ht is not None and ht_ref is not None
+    assert rel_err(o, o_ref) < 1e-4 and rel_err(ht, ht_ref) < 1e-4
+    calls.clear()
+    short = tuple(a[:, :9] for a in args)  # 18 tokens, 9 a sequence: inside the kernels
+    ops.run_kernel(kernel, *short, **kw, options=options)
+    assert calls == []
