@@ -20,6 +20,26 @@ def poison_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_kernel_config, "POISON_OUTPUTS", True)
 
 
+@pytest.fixture(autouse=True)
+def launch_arguments_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch's keyword arguments are the kernel's parameters or Triton's launch options: the interpreter drops any
+    other silently, where a GPU launch raises (a misnamed or misrouted argument fails here, not first on a GPU)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # pragma: no cover
+        return
+    options = set(CUDAOptions.__dataclass_fields__)
+    launch = InterpretedFunction.run
+
+    def checked(self: InterpretedFunction, *args: object, grid: object, warmup: bool, **kwargs: object) -> object:
+        unknown = set(kwargs) - set(self.arg_names) - options
+        assert not unknown, f"{self.fn.__name__} launched with unknown arguments {sorted(unknown)}"
+        return launch(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", checked)
+
+
 @pytest.fixture
 def no_option_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """fla's options as separate passes (``dtune.options``' l2norm, gate and beta activations) raise: a test using it

@@ -41,6 +41,9 @@ class Intermediates:
       registers)
     * ``flags`` ``[NC · HV]`` int32: the guarded diagonal's marks (KDA with ``SAFE_DIAG``: chunks the first intra
       pass found too steep for the middle-row dot, which the second pass redoes exactly), else None
+    * ``rnorm`` ``[2, tokens, H]`` float32: the l2norm's factors ``1 / sqrt(Σ x² + eps)`` of q's (``[0]``) and k's
+      (``[1]``) rows, stored by stage 1 for the state and output passes (fla's ``use_qk_l2norm_in_kernel``, DeltaNet
+      and Gated DeltaNet; KDA's q̃ and k̃ come normalised), else None
 
     Chunk ``c``'s rows start at token ``chunk_info[c, 0]`` (varlen) or ``(c // ⌈T/BT⌉) · T + (c mod ⌈T/BT⌉) · BT``.
     """
@@ -55,6 +58,11 @@ class Intermediates:
     v_new: Tensor | None
     flags: Tensor | None
     ai: Tensor | None = None
+    rnorm: Tensor | None = None
+
+    def rnorm_args(self) -> dict[str, Tensor]:
+        """The kernels' ``rq``, ``rk`` arguments (none without the stored factors)."""
+        return {} if self.rnorm is None else {"rq": self.rnorm[0], "rk": self.rnorm[1]}
 
 
 @dataclass
@@ -102,6 +110,9 @@ def allocate(call: ChunkCall) -> tuple[Intermediates, Outputs]:
         v_new=None if call.fuse else new_output(tokens, HV, V, dtype=dt, device=dev),
         flags=torch.empty(NC1 * HV, dtype=torch.int32, device=dev) if two_pass else None,
         ai=None if stored else new_output(tokens, HV, call.BT, dtype=dt, device=dev),
+        rnorm=new_output(2, tokens, call.H, dtype=torch.float32, device=dev)
+        if call.in_kernel.l2norm and call.gate != 2
+        else None,
     )
     return inter, Outputs(o, ht)
 

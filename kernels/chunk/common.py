@@ -79,6 +79,16 @@ def row_rnorm(base, rows, stride, m_r, K: tl.constexpr, BK: tl.constexpr, NK: tl
 
 
 @triton.jit
+def store_row_factors(rq, rk, row0, rows, m_r, b_rq, b_rk, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr):
+    """Store the l2norm factors of q's and k's rows ``rows`` (from the chunk's first token ``row0``) into
+    ``[tokens, H]`` buffers, once per key head (from the first value head of its group)."""
+    if i_hv % (HV // H) == 0:
+        off = (row0 + rows) * H + i_h
+        tl.store(rq + off, b_rq, mask=m_r)
+        tl.store(rk + off, b_rk, mask=m_r)
+
+
+@triton.jit
 def floor_gate(b_g, FLOOR: tl.constexpr):
     """``max(b_g, FLOOR)`` that keeps NaN: Triton's default ``maximum`` returns the other operand for a NaN one (maxnum),
     which would read a NaN gate as a full forget and return a finite wrong answer; NaN must reach the outputs."""

@@ -33,7 +33,16 @@ import triton.language as tl
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, diag_exact, diag_ref, load_beta, load_channel_gate, load_scalar_gate, row_rnorm
+from .common import (
+    chunk_bounds,
+    diag_exact,
+    diag_ref,
+    load_beta,
+    load_channel_gate,
+    load_scalar_gate,
+    row_rnorm,
+    store_row_factors,
+)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -74,10 +83,13 @@ def chunk_intra_kernel(
     GACT: tl.constexpr = 0,
     L2NORM: tl.constexpr = False,
     BETA_ACT: tl.constexpr = 0,
+    rq=None,
+    rk=None,
 ):
     """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``: ``InKernel.gate_code``) the raw gate
     that every load activates with ``A_log``, ``dt_bias`` and ``lower_bound``; ``L2NORM``: q and k l2-normalised
-    (their rows' factors on the products and on W's operand); ``BETA_ACT``: beta's activation (:func:`load_beta`)."""
+    (their rows' factors on the products and on W's operand; DeltaNet and Gated DeltaNet store them in ``rq``, ``rk``
+    for the later stages); ``BETA_ACT``: beta's activation (:func:`load_beta`)."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
         # second pass of the guarded KDA diagonal: only the chunks the first pass flagged
@@ -124,6 +136,8 @@ def chunk_intra_kernel(
             if L2NORM:
                 b_rk = row_rnorm(k_b, rows, H * K, m_r, K, BK, NK)
                 b_rq = row_rnorm(q_b, rows, H * K, m_r, K, BK, NK)
+                if GATE != 2:
+                    store_row_factors(rq, rk, bos, rows, m_r, b_rq, b_rk, i_h, i_hv, H, HV)
             b_A = tl.zeros([BC, BT], dtype=tl.float32)  # A_kk[I, :I] (without beta)
             b_Aq = tl.zeros([BC, BT], dtype=tl.float32)  # A_qk[I, :I] (without scale)
             b_D = tl.zeros([BC, BC], dtype=tl.float32)  # A_kk[I, I]
@@ -307,7 +321,7 @@ def launch_intra_rows(call: ChunkCall, inter: Intermediates) -> Any:
         call.tables.chunk_info, inter.flags, call.scale, call.T,
     )  # fmt: skip
     grid = (call.NC, call.HV)
-    kw = intra_launch_options(call)
+    kw = intra_launch_options(call) | inter.rnorm_args()
     two_pass = inter.flags is not None
     first = chunk_intra_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
     if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)

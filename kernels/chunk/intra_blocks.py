@@ -36,7 +36,16 @@ import triton.language as tl
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
-from .common import chunk_bounds, diag_exact, diag_ref, load_beta, load_channel_gate, load_scalar_gate, row_rnorm
+from .common import (
+    chunk_bounds,
+    diag_exact,
+    diag_ref,
+    load_beta,
+    load_channel_gate,
+    load_scalar_gate,
+    row_rnorm,
+    store_row_factors,
+)
 
 
 @triton.jit
@@ -401,10 +410,13 @@ def chunk_intra_blocks_kernel(
     GACT: tl.constexpr = 0,
     L2NORM: tl.constexpr = False,
     BETA_ACT: tl.constexpr = 0,
+    rq=None,
+    rk=None,
 ):
     """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate;
-    ``L2NORM``: q and k l2-normalised (their rows' factors on A's blocks and on W's operand, q~ and k~); ``BETA_ACT``:
-    beta's activation (:func:`.common.load_beta`)."""
+    ``L2NORM``: q and k l2-normalised (their rows' factors on A's blocks and on W's operand, q~ and k~; DeltaNet and
+    Gated DeltaNet store them in ``rq``, ``rk`` for the later stages); ``BETA_ACT``: beta's activation
+    (:func:`.common.load_beta`)."""
     tl.static_assert(NB == 1 or NB == 2 or NB == 4, "INTRA='blocks' holds 1, 2 or 4 sub-chunks per chunk")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     if DIAG == 2:  # noqa: SIM102 (a constexpr test, then a runtime one)
@@ -452,11 +464,15 @@ def chunk_intra_blocks_kernel(
     m1 = r1 < L
     b_be1 = load_beta(be_b + r1 * HV, m1, BETA_ACT)
     b_rk1, b_rq1 = _rnorms(k_b, q_b, r1, m1, b_be1, SK, K, BK, NK, L2NORM)
+    if L2NORM and GATE != 2 and DIAG != 2:
+        store_row_factors(rq, rk, bos, r1, m1, b_rq1, b_rk1, i_h, i_hv, H, HV)
     if NB >= 2:
         r2 = BC + o_c
         m2 = r2 < L
         b_be2 = load_beta(be_b + r2 * HV, m2, BETA_ACT)
         b_rk2, b_rq2 = _rnorms(k_b, q_b, r2, m2, b_be2, SK, K, BK, NK, L2NORM)
+        if L2NORM and GATE != 2 and DIAG != 2:
+            store_row_factors(rq, rk, bos, r2, m2, b_rq2, b_rk2, i_h, i_hv, H, HV)
     if NB >= 4:
         r3 = 2 * BC + o_c
         r4 = 3 * BC + o_c
@@ -464,8 +480,12 @@ def chunk_intra_blocks_kernel(
         m4 = r4 < L
         b_be3 = load_beta(be_b + r3 * HV, m3, BETA_ACT)
         b_rk3, b_rq3 = _rnorms(k_b, q_b, r3, m3, b_be3, SK, K, BK, NK, L2NORM)
+        if L2NORM and GATE != 2 and DIAG != 2:
+            store_row_factors(rq, rk, bos, r3, m3, b_rq3, b_rk3, i_h, i_hv, H, HV)
         b_be4 = load_beta(be_b + r4 * HV, m4, BETA_ACT)
         b_rk4, b_rq4 = _rnorms(k_b, q_b, r4, m4, b_be4, SK, K, BK, NK, L2NORM)
+        if L2NORM and GATE != 2 and DIAG != 2:
+            store_row_factors(rq, rk, bos, r4, m4, b_rq4, b_rk4, i_h, i_hv, H, HV)
 
     # scalar gate: the cumulative gate of every block (a vector each), stored for the later stages; other gates
     # pass zeros to the helpers below, which only read them under GATE == 1
@@ -1040,12 +1060,16 @@ def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
         call.tables.chunk_info, inter.flags, call.scale, call.T,
     )  # fmt: skip
     grid = (call.NC, call.HV)
-    kw = intra_launch_options(call) | {
-        "SPLIT_QK": call.config["INTRA"] == "blocks_split",
-        "SOLVE": int(call.config["SOLVE"] == "squaring"),
-        "WU_OUT": not call.recompute,
-        "QK_OUT": not call.recompute_qk,
-    }
+    kw = (
+        intra_launch_options(call)
+        | inter.rnorm_args()
+        | {
+            "SPLIT_QK": call.config["INTRA"] == "blocks_split",
+            "SOLVE": int(call.config["SOLVE"] == "squaring"),
+            "WU_OUT": not call.recompute,
+            "QK_OUT": not call.recompute_qk,
+        }
+    )
     if inter.ai is not None:
         kw |= {"ai": inter.ai, "STORE_AI": True}
     two_pass = inter.flags is not None

@@ -11,7 +11,6 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ..options import L2NORM_EPS
 from .buffers import Intermediates, Outputs
 from .call import ChunkCall, tile
 from .common import chunk_bounds
@@ -41,9 +40,10 @@ def chunk_output_kernel(
     VARLEN: tl.constexpr,
     DOT_PREC: tl.constexpr,
     L2NORM: tl.constexpr = False,
+    rq=None,
 ):
-    """``L2NORM``: q l2-normalised (DeltaNet, Gated DeltaNet; KDA's q~ is stage 1's): the squares of its rows summed over
-    the key tiles and the factor applied to ``q S_c``'s rows (A_qk comes normalised from stage 1)."""
+    """``L2NORM``: q l2-normalised (DeltaNet, Gated DeltaNet; KDA's q~ is stage 1's): its rows' factors (``rq``
+    ``[tokens, H]``, stored by stage 1) on ``q S_c``'s rows (A_qk comes normalised from stage 1)."""
     i_c, i_v, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
@@ -64,7 +64,6 @@ def chunk_output_kernel(
         q_stride = H * K
     h_b = hbuf + (i_c.to(tl.int64) * HV + i_hv) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    b_ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(NK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -73,13 +72,11 @@ def chunk_output_kernel(
             b_q = tl.load(q_b + o_t[:, None] * q_stride + o_k[None, :], mask=m_tk, other=0)
         else:
             b_q = tl.load(q_b + o_t[:, None] * q_stride + o_k[None, :], mask=m_tk, other=0).to(tl.float32)
-            if L2NORM:
-                b_ss += tl.sum(b_q * b_q, 1)
             b_q = (b_q * (b_eg[:, None] if GATE == 1 else scale)).to(DT)
         b_h = tl.load(h_b + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0)
         b_o += tl.dot(b_q, b_h, input_precision=DOT_PREC)
     if L2NORM and GATE != 2:
-        b_o *= (1.0 / tl.sqrt(b_ss + L2NORM_EPS))[:, None]
+        b_o *= tl.load(rq + (bos * H + i_h) + o_t * H, mask=m_t, other=0.0)[:, None]
     b_A = tl.load(aqk + (bos * HV + i_hv) * BT + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0)
     b_vn = tl.load(vnew + (bos * HV + i_hv) * V + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_tv, other=0)
     b_o += tl.dot(b_A, b_vn, input_precision=DOT_PREC)
@@ -95,5 +92,6 @@ def launch_output(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
     return chunk_output_kernel[(call.NC, triton.cdiv(call.V, BV), call.HV)](
         call.q, inter.aqk, inter.qg, inter.gout, inter.h, inter.v_new, out.o, call.tables.chunk_info, call.scale,
         call.T, H=call.H, HV=call.HV, K=call.K, V=call.V, BT=call.BT, BK=BK, BV=BV, NK=triton.cdiv(call.K, BK),
-        GATE=call.gate, VARLEN=call.varlen, DOT_PREC=call.dot_prec, L2NORM=call.in_kernel.l2norm, **call.warps("o"),
+        GATE=call.gate, VARLEN=call.varlen, DOT_PREC=call.dot_prec, L2NORM=call.in_kernel.l2norm,
+        rq=None if inter.rnorm is None else inter.rnorm[0], **call.warps("o"),
     )  # fmt: skip

@@ -45,7 +45,6 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import Config
-from ..options import rnorm
 from .buffers import Intermediates, Outputs, SegmentScratch
 from .call import ChunkCall, tile
 from .common import load_beta
@@ -138,9 +137,11 @@ def chunk_state_kernel(
     GATE_PREFETCH: tl.constexpr = False,
     L2NORM: tl.constexpr = False,
     BETA_ACT: tl.constexpr = 0,
+    rq=None,
+    rk=None,
 ):
-    """``L2NORM``: q and k l2-normalised, their rows' factors computed from the tiles loaded (every key channel is in
-    them) and applied to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
+    """``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1)
+    applied to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
     ``BETA_ACT``: beta's activation where beta is loaded (``WU = "recomputed"``)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -229,7 +230,7 @@ def chunk_state_kernel(
         if EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
             if L2NORM:
-                b_rk = rnorm(b_k.to(tl.float32), 1)
+                b_rk = tl.load(rk + row_h + o_t * H, mask=m_t, other=0.0)
         if RECOMPUTE:
             b_hc = b_h.to(DT)
             # V_new = T (β ⊙ (V − e^γ ⊙ K S)): the chunk's inverse T (causal; stage 1 stores its upper blocks as 0)
@@ -276,11 +277,11 @@ def chunk_state_kernel(
             elif DIRECT:
                 b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(DT)
                 if L2NORM:
-                    b_rq = rnorm(b_q.to(tl.float32), 1)
+                    b_rq = tl.load(rq + row_h + o_t * H, mask=m_t, other=0.0)
             else:
                 b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32)
                 if L2NORM:
-                    b_q *= rnorm(b_q, 1)[:, None]
+                    b_q *= tl.load(rq + row_h + o_t * H, mask=m_t, other=0.0)[:, None]
                 b_q *= scale
                 if GATE == 1:
                     b_q *= _exp(b_gam)[:, None]
@@ -327,7 +328,7 @@ def chunk_state_kernel(
         if GATE != 2 and not EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
             if L2NORM:
-                b_rk = rnorm(b_k.to(tl.float32), 1)
+                b_rk = tl.load(rk + row_h + o_t * H, mask=m_t, other=0.0)
         if GATE == 2:
             b_kg = _tile(kg + row_hv * K, off_wk, m_tk, k_td, r0, c_w, USE_TMA, False)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
@@ -478,6 +479,7 @@ def _launch(
         STORE_STATES=fuse and inter.h is not None,
         GATE_PREFETCH=call.config.get("GATE_LOADS", "pipelined") == "prefetched",
         **call.in_kernel.chunk_args(),
+        **inter.rnorm_args(),
         **launch,
     )
 
