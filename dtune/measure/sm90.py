@@ -115,6 +115,7 @@ def stage_kernels(
     normalising q and k and activating beta (``InKernel.chunk_args``)."""
     opts = ({"L2NORM": True} if l2norm else {}) | ({"BETA_ACT": beta_act} if beta_act else {})
     G = GATE_CODES[gate]
+    rnorm = {"rq": "*fp32", "rk": "*fp32"} if l2norm and G != 2 else {}  # the row factors stage 1 stores
     p = f"*{dtype}"
     f32 = "*fp32"
     prec = cfg["F32_DOT"] if dtype == "fp32" else "tf32"
@@ -136,7 +137,8 @@ def stage_kernels(
         {"q": p, "k": p, "v": p, "beta": p, "w": p, "u": p, "aqk": p, **gated, **chan, **table}
         | ({"ai": p} if recompute else {})
         | ({"flags": "*i32"} if G == 2 and safe else {})
-        | (_gate_act_ptrs(gate_act, p) if G and gate_act else {}),
+        | (_gate_act_ptrs(gate_act, p) if G and gate_act else {})
+        | rnorm,
         dict(H=2, HV=4, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=G, NB=BT // BC, NK=triton.cdiv(K, i_BK))
         | dict(NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=prec)
         | diag
@@ -151,6 +153,7 @@ def stage_kernels(
     )
     state_ptrs = {"q": p, "k": p, "w": p, "u": p, "aqk": p, "h0": f32, "ht": f32, "o": p, **chan}
     state_ptrs |= {"gout": f32} if G else {}
+    state_ptrs |= rnorm
     state_ptrs |= {} if fuse else {"hbuf": p, "vnew": p}
     seg = cfg.get("SEG_CHUNKS", 0) > 0
     state_ptrs |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen or seg else {}
@@ -222,6 +225,7 @@ def stage_kernels(
         out_ptrs = {"q": p, "aqk": p, "hbuf": p, "vnew": p, "o": p, **table}
         out_ptrs |= {"gout": f32} if G else {}
         out_ptrs |= {"qg": p} if G == 2 else {}
+        out_ptrs |= {"rq": f32} if rnorm else {}
         out.append(
             (
                 "output",
