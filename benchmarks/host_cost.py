@@ -31,9 +31,10 @@ fla's with the same arguments by keyword) is timed three ways, after three warm-
 
 ``--layer-options``: every call as fla's layers make it (raw q, k, gate and beta; ``use_qk_l2norm_in_kernel``,
 ``use_gate_in_kernel`` with ``A_log`` and ``dt_bias``, ``use_beta_sigmoid_in_kernel``; DeltaNet: the l2norm and the
-sigmoid), and a third contestant ``dtune-passes``: the same options as separate passes before dtune's call
-(:meth:`dtune.options.Options.apply`, what the chunk ops do), so the fused-recurrent kernels' in-kernel options are
-timed against the passes they replace.
+sigmoid), and two more contestants: ``dtune-kernels``, the options inside the kernels whatever the call's length
+(dtune's default call takes the passes above the lengths of :func:`dtune.options.in_kernel_pays`), and
+``dtune-passes``, the same options as separate passes before dtune's call (:meth:`dtune.options.Options.apply`), so
+the options inside the kernels are timed against the passes they replace.
 
 Writes under $OUT (default ./out): host_cost.csv (one row per op, case and implementation) and, for dtune's decode-B1
 calls (and every case of the chunk ops), profile_<op>.txt / profile_<op>_<case>.txt (cProfile of 200 calls, by own
@@ -160,6 +161,27 @@ def dtune_call(op: str, x: dict[str, Any], opts: dict[str, Any] | None = None) -
     q, k, v, beta, h0, cu = x["q"], x["k"], x["v"], x["beta"], x["initial_state"], x["cu_seqlens"]
     options = None if opts is None else Options(**opts)
     return lambda: fn(q, k, v, *gates, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, options=options)
+
+
+def dtune_kernels_call(op: str, x: dict[str, Any], opts: dict[str, Any]) -> Callable[[], Any]:
+    """dtune's call with fla's ``opts`` applied inside the kernels whatever its length (the limits of
+    :func:`dtune.options.in_kernel_pays` lifted for the call)."""
+    import dtune.options as options_module
+
+    call = dtune_call(op, x, opts)
+    limits = ("IN_KERNEL_MAX_TOKENS", "IN_KERNEL_MAX_SEQ_LEN")
+
+    def forced() -> Any:
+        saved = [getattr(options_module, n) for n in limits]
+        for n in limits:
+            setattr(options_module, n, 1 << 62)
+        try:
+            return call()
+        finally:
+            for n, v in zip(limits, saved, strict=True):
+                setattr(options_module, n, v)
+
+    return forced
 
 
 def dtune_passes_call(op: str, x: dict[str, Any], opts: dict[str, Any]) -> Callable[[], Any]:
@@ -306,12 +328,13 @@ def profile(call: Callable[[], Any], path: Path, calls: int = 200) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """dtune's and fla's host time per op and case, fla / dtune, and the loop times (``dtune-passes`` too when
-    timed)."""
+    """dtune's and fla's host time per op and case, fla / dtune, and the loop times (``dtune-kernels`` and
+    ``dtune-passes`` too when timed)."""
     by = {(r["op"], r["case"], r["impl"]): r for r in rows}
     keys = list(dict.fromkeys((r["op"], r["case"]) for r in rows))
     passes = any(r["impl"] == "dtune-passes" for r in rows)
-    head = ["op", "case", "dtune us", "fla us", "fla/dtune", "dtune loop", "fla loop"] + (["passes loop"] * passes)
+    head = ["op", "case", "dtune us", "fla us", "fla/dtune", "dtune loop", "fla loop"]
+    head += ["kernels loop", "passes loop"] if passes else []
     lines = [f"{head[0]:34s} {head[1]:15s} " + " ".join(f"{h:>11s}" for h in head[2:])]
 
     def cell(r: dict[str, Any] | None, col: str) -> str:
@@ -320,10 +343,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         return f"{r[col]:.1f}" + ("*" if col == "host_us" and r["waits"] else "")
 
     for op, case in keys:
-        d, f, p = (by.get((op, case, impl)) for impl in ("dtune", "fla", "dtune-passes"))
+        d, f, k, p = (by.get((op, case, impl)) for impl in ("dtune", "fla", "dtune-kernels", "dtune-passes"))
         ratio = f"{f['host_us'] / d['host_us']:.2f}" if d and f and d.get("host_us") and f.get("host_us") else "-"
         cells = [cell(d, "host_us"), cell(f, "host_us"), ratio, cell(d, "loop_us"), cell(f, "loop_us")]
-        cells += [cell(p, "loop_us")] * passes
+        cells += [cell(k, "loop_us"), cell(p, "loop_us")] if passes else []
         lines.append(f"{op:34s} {case:15s} " + " ".join(f"{c:>11s}" for c in cells))
     lines.append("host us: CPU time per call before its launches are queued (* the call waits for the GPU: a sync);")
     lines.append("loop us: per call of back-to-back calls with one synchronize at the end")
@@ -367,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             opts = layer_options(x) if args.layer_options else None
             impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x, opts), "")]
             if opts is not None:
+                impls.append(("dtune-kernels", dtune_kernels_call(op, x, opts), ""))
                 impls.append(("dtune-passes", dtune_passes_call(op, x, opts), ""))
             if not args.no_fla:
                 fn, why = fla_call(op, x, opts) if cuda else (None, "fla needs a CUDA GPU")

@@ -39,11 +39,27 @@ RECURRENT = ["fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "fused_r
 
 @pytest.mark.parametrize("op", RECURRENT)
 def test_layer_options_time_the_same_call_in_the_kernel_and_as_passes(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--layer-options``: dtune's call (options inside the kernel) and ``dtune-passes`` compute the same thing."""
+    """``--layer-options``: dtune's call, ``dtune-kernels`` (options inside the kernel) and ``dtune-passes`` compute
+    the same thing."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     x = hc.build_inputs(op, hc.Case("decode-B4", 4, 3), interpret=True)
     opts = hc.layer_options(x)
     assert opts["use_qk_l2norm_in_kernel"] and ("A_log" in opts) == (x["g"] is not None)
-    fused, passes = hc.dtune_call(op, x, opts)(), hc.dtune_passes_call(op, x, opts)()
-    for a, b in zip(fused, passes):
-        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+    calls = (hc.dtune_call(op, x, opts), hc.dtune_kernels_call(op, x, opts), hc.dtune_passes_call(op, x, opts))
+    default, fused, passes = (call() for call in calls)
+    for a, b, c in zip(default, fused, passes, strict=True):
+        assert (a - c).abs().max() <= 1e-5 * c.abs().max() and (b - c).abs().max() <= 1e-5 * c.abs().max()
+
+
+def test_the_kernels_contestant_lifts_the_length_limits(
+    no_option_passes: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dtune-kernels`` applies the options inside the kernel above the default call's length limits (no separate
+    pass runs here) and leaves the limits as they were."""
+    import dtune.options as options_module
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(options_module, "IN_KERNEL_MAX_SEQ_LEN", 1)
+    x = hc.build_inputs("fused_recurrent_kda", hc.Case("decode-B4", 4, 3), interpret=True)
+    hc.dtune_kernels_call("fused_recurrent_kda", x, hc.layer_options(x))()
+    assert options_module.IN_KERNEL_MAX_SEQ_LEN == 1
