@@ -505,8 +505,9 @@ def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: S
 
 def transitions_tile(config: Config, K: int, V: int) -> tuple[int, dict[str, Any]]:
     """Phase 1's column tile of the extended state ``[K, V + K]`` and its launch options: ``tr_BV`` and
-    ``tr_num_warps``, or the state pass's ``h_BV`` and ``h_num_warps`` where they are 0; ``h_num_stages``, ``h_maxnreg``. Clipped
-    like ``h_BV`` (to the padded V): the N columns take ``⌈V / BV⌉`` tiles, the M columns ``⌈K / BV⌉``."""
+    ``tr_num_warps``, or the state pass's ``h_BV`` and ``h_num_warps`` where they are 0; ``h_num_stages``,
+    ``h_maxnreg``. Clipped like ``h_BV`` (to the padded V): the N columns take ``⌈V / BV⌉`` tiles, the M columns
+    ``⌈K / BV⌉``."""
     BV = tile(int(config["tr_BV"]) or int(config["h_BV"]), V)
     warps = int(config["tr_num_warps"]) or int(config["h_num_warps"])
     launch = {"num_warps": warps, "num_stages": int(config["h_num_stages"])}
