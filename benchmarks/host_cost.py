@@ -209,7 +209,9 @@ def fla_call(op: str, x: dict[str, Any], opts: dict[str, Any] | None = None) -> 
     if fn is None:
         return None, why
     if opts:
-        missing = sorted(set(opts) - set(inspect.signature(fn).parameters))
+        params = inspect.signature(fn).parameters
+        takes_more = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())  # (fla reads **kwargs)
+        missing = [] if takes_more else sorted(set(opts) - set(params))
         if missing:
             return None, f"fla's {op} takes no {', '.join(missing)}"
         fn = functools.partial(fn, **opts)
