@@ -443,6 +443,9 @@ def chunk_intra_blocks_kernel(
     w_b = w + (bos * HV + i_hv) * K
     u_b = u + (bos * HV + i_hv) * V
     a_b = aqk + (bos * HV + i_hv) * BT
+    a_2 = a_b + BC  # A_qk's column blocks 2-4 of the chunk's rows
+    a_3 = a_b + 2 * BC
+    a_4 = a_b + 3 * BC
     if GATE == 2:
         g_b = g + (bos * HV + i_hv) * K
         qg_b = qg + (bos * HV + i_hv) * K
@@ -527,14 +530,12 @@ def chunk_intra_blocks_kernel(
         b_A21 = _finish_off(
             b_A21, b_Aq21, b_c2, b_c1, b_be2, b_rk2, b_rq2, b_rk1, a_b, r2, m2, scale, SA, BC, GATE, STORE_QK, L2NORM
         )
-        b_D2 = _finish_diag(
-            b_D2, b_Dq2, b_c2, b_be2, b_rk2, b_rq2, a_b + BC, r2, m2, scale, SA, BC, GATE, STORE_QK, L2NORM
-        )
+        b_D2 = _finish_diag(b_D2, b_Dq2, b_c2, b_be2, b_rk2, b_rq2, a_2, r2, m2, scale, SA, BC, GATE, STORE_QK, L2NORM)
     if NB >= 4:
         if QK_OUT:
             for i_z in range(2, 4):
                 _store_rows(a_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zero)
-            _store_rows(a_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zero)
+            _store_rows(a_4, r3, SA, o_c, m3, o_c < BC, b_zero)
         b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, b_h = _row_blocks(
             k_b, q_b, g_b, act, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE, DIAG, DOT_PREC, GACT
         )
@@ -543,27 +544,9 @@ def chunk_intra_blocks_kernel(
             b_A31, b_Aq31, b_c3, b_c1, b_be3, b_rk3, b_rq3, b_rk1, a_b, r3, m3, scale, SA, BC, GATE, STORE_QK, L2NORM
         )
         b_A32 = _finish_off(
-            b_A32,
-            b_Aq32,
-            b_c3,
-            b_c2,
-            b_be3,
-            b_rk3,
-            b_rq3,
-            b_rk2,
-            a_b + BC,
-            r3,
-            m3,
-            scale,
-            SA,
-            BC,
-            GATE,
-            STORE_QK,
-            L2NORM,
-        )
-        b_D3 = _finish_diag(
-            b_D3, b_Dq3, b_c3, b_be3, b_rk3, b_rq3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, STORE_QK, L2NORM
-        )
+            b_A32, b_Aq32, b_c3, b_c2, b_be3, b_rk3, b_rq3, b_rk2, a_2, r3, m3, scale, SA, BC, GATE, STORE_QK, L2NORM,
+        )  # fmt: skip
+        b_D3 = _finish_diag(b_D3, b_Dq3, b_c3, b_be3, b_rk3, b_rq3, a_3, r3, m3, scale, SA, BC, GATE, STORE_QK, L2NORM)
         b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, b_h = _row_blocks(
             k_b, q_b, g_b, act, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE, DIAG, DOT_PREC, GACT
         )
@@ -572,46 +555,12 @@ def chunk_intra_blocks_kernel(
             b_A41, b_Aq41, b_c4, b_c1, b_be4, b_rk4, b_rq4, b_rk1, a_b, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM
         )
         b_A42 = _finish_off(
-            b_A42,
-            b_Aq42,
-            b_c4,
-            b_c2,
-            b_be4,
-            b_rk4,
-            b_rq4,
-            b_rk2,
-            a_b + BC,
-            r4,
-            m4,
-            scale,
-            SA,
-            BC,
-            GATE,
-            STORE_QK,
-            L2NORM,
-        )
+            b_A42, b_Aq42, b_c4, b_c2, b_be4, b_rk4, b_rq4, b_rk2, a_2, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM,
+        )  # fmt: skip
         b_A43 = _finish_off(
-            b_A43,
-            b_Aq43,
-            b_c4,
-            b_c3,
-            b_be4,
-            b_rk4,
-            b_rq4,
-            b_rk3,
-            a_b + 2 * BC,
-            r4,
-            m4,
-            scale,
-            SA,
-            BC,
-            GATE,
-            STORE_QK,
-            L2NORM,
-        )
-        b_D4 = _finish_diag(
-            b_D4, b_Dq4, b_c4, b_be4, b_rk4, b_rq4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM
-        )
+            b_A43, b_Aq43, b_c4, b_c3, b_be4, b_rk4, b_rq4, b_rk3, a_3, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM,
+        )  # fmt: skip
+        b_D4 = _finish_diag(b_D4, b_Dq4, b_c4, b_be4, b_rk4, b_rq4, a_4, r4, m4, scale, SA, BC, GATE, STORE_QK, L2NORM)
 
     if DIAG == 1:  # a diagonal block too steep for the middle-row dot: the second pass redoes this chunk exactly
         tl.store(flags + i_c * HV + i_hv, (b_flag > 80.0).to(tl.int32))
@@ -718,106 +667,26 @@ def chunk_intra_blocks_kernel(
                 b_gC += tl.sum(_gate_rows(g_b, act, r4, SG, o_k, m4, m_k, GACT), 0)
             tl.store(gout + (i_c.to(tl.int64) * HV + i_hv) * K + o_k, tl.exp(b_gC), mask=m_k)
         b_x1 = _w_operand(
-            k_b,
-            q_b,
-            g_b,
-            act,
-            qg_b,
-            kg_b,
-            r1,
-            m1,
-            o_k,
-            m_k,
-            b_be1,
-            b_rk1,
-            b_rq1,
-            b_c1,
-            b_gC - b_gC,
-            b_gC,
-            scale,
-            SK,
-            SG,
-            GATE,
-            GACT,
-            L2NORM,
-        )
+            k_b, q_b, g_b, act, qg_b, kg_b, r1, m1, o_k, m_k, b_be1, b_rk1, b_rq1, b_c1, b_gC - b_gC, b_gC, scale, SK,
+            SG, GATE, GACT, L2NORM,
+        )  # fmt: skip
         b_x1 = b_x1.to(DT)
         if NB >= 2:
             b_x2 = _w_operand(
-                k_b,
-                q_b,
-                g_b,
-                act,
-                qg_b,
-                kg_b,
-                r2,
-                m2,
-                o_k,
-                m_k,
-                b_be2,
-                b_rk2,
-                b_rq2,
-                b_c2,
-                b_s1,
-                b_gC,
-                scale,
-                SK,
-                SG,
-                GATE,
-                GACT,
-                L2NORM,
-            )
+                k_b, q_b, g_b, act, qg_b, kg_b, r2, m2, o_k, m_k, b_be2, b_rk2, b_rq2, b_c2, b_s1, b_gC, scale, SK,
+                SG, GATE, GACT, L2NORM,
+            )  # fmt: skip
             b_x2 = b_x2.to(DT)
         if NB >= 4:
             b_x3 = _w_operand(
-                k_b,
-                q_b,
-                g_b,
-                act,
-                qg_b,
-                kg_b,
-                r3,
-                m3,
-                o_k,
-                m_k,
-                b_be3,
-                b_rk3,
-                b_rq3,
-                b_c3,
-                b_s2,
-                b_gC,
-                scale,
-                SK,
-                SG,
-                GATE,
-                GACT,
-                L2NORM,
-            )
+                k_b, q_b, g_b, act, qg_b, kg_b, r3, m3, o_k, m_k, b_be3, b_rk3, b_rq3, b_c3, b_s2, b_gC, scale, SK,
+                SG, GATE, GACT, L2NORM,
+            )  # fmt: skip
             b_x3 = b_x3.to(DT)
             b_x4 = _w_operand(
-                k_b,
-                q_b,
-                g_b,
-                act,
-                qg_b,
-                kg_b,
-                r4,
-                m4,
-                o_k,
-                m_k,
-                b_be4,
-                b_rk4,
-                b_rq4,
-                b_c4,
-                b_s3,
-                b_gC,
-                scale,
-                SK,
-                SG,
-                GATE,
-                GACT,
-                L2NORM,
-            )
+                k_b, q_b, g_b, act, qg_b, kg_b, r4, m4, o_k, m_k, b_be4, b_rk4, b_rq4, b_c4, b_s3, b_gC, scale, SK,
+                SG, GATE, GACT, L2NORM,
+            )  # fmt: skip
             b_x4 = b_x4.to(DT)
         _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
         if NB >= 2:
@@ -864,185 +733,45 @@ def chunk_intra_blocks_kernel(
         # accumulators and no q tiles (at BT = 64 the two together spill at the 255-register cap). The diagonal: the
         # exact loop in the guard's second launch (DIAG = 2), else the middle-row dot ------------------------------
         b_D1, b_Dq1, _a, _b, _c, _d, _e, _f, _h = _row_blocks(
-            k_b,
-            q_b,
-            g_b,
-            act,
-            r1,
-            m1,
-            r1,
-            m1,
-            r1,
-            m1,
-            r1,
-            m1,
-            w,
-            SK,
-            SG,
-            K,
-            BK,
-            BC,
-            NK,
-            0,
-            GATE,
-            (DIAG // 2) * 2,
-            DOT_PREC,
-            GACT,
-        )
+            k_b, q_b, g_b, act, r1, m1, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 0, GATE, (DIAG // 2) * 2,
+            DOT_PREC, GACT,
+        )  # fmt: skip
         _finish_diag(b_D1, b_Dq1, b_c1, b_be1, b_rk1, b_rq1, a_b, r1, m1, scale, SA, BC, GATE, True, L2NORM)
         if NB >= 2:
             b_D2, b_Dq2, b_A21, b_Aq21, _c, _d, _e, _f, _h = _row_blocks(
-                k_b,
-                q_b,
-                g_b,
-                act,
-                r2,
-                m2,
-                r1,
-                m1,
-                r1,
-                m1,
-                r1,
-                m1,
-                w,
-                SK,
-                SG,
-                K,
-                BK,
-                BC,
-                NK,
-                1,
-                GATE,
-                (DIAG // 2) * 2,
-                DOT_PREC,
-                GACT,
-            )
+                k_b, q_b, g_b, act, r2, m2, r1, m1, r1, m1, r1, m1, w, SK, SG, K, BK, BC, NK, 1, GATE,
+                (DIAG // 2) * 2, DOT_PREC, GACT,
+            )  # fmt: skip
             _finish_off(
                 b_A21, b_Aq21, b_c2, b_c1, b_be2, b_rk2, b_rq2, b_rk1, a_b, r2, m2, scale, SA, BC, GATE, True, L2NORM
             )
-            _finish_diag(b_D2, b_Dq2, b_c2, b_be2, b_rk2, b_rq2, a_b + BC, r2, m2, scale, SA, BC, GATE, True, L2NORM)
+            _finish_diag(b_D2, b_Dq2, b_c2, b_be2, b_rk2, b_rq2, a_2, r2, m2, scale, SA, BC, GATE, True, L2NORM)
         if NB >= 4:
             b_D3, b_Dq3, b_A31, b_Aq31, b_A32, b_Aq32, _e, _f, _h = _row_blocks(
-                k_b,
-                q_b,
-                g_b,
-                act,
-                r3,
-                m3,
-                r1,
-                m1,
-                r2,
-                m2,
-                r1,
-                m1,
-                w,
-                SK,
-                SG,
-                K,
-                BK,
-                BC,
-                NK,
-                2,
-                GATE,
-                (DIAG // 2) * 2,
-                DOT_PREC,
-                GACT,
-            )
+                k_b, q_b, g_b, act, r3, m3, r1, m1, r2, m2, r1, m1, w, SK, SG, K, BK, BC, NK, 2, GATE,
+                (DIAG // 2) * 2, DOT_PREC, GACT,
+            )  # fmt: skip
             _finish_off(
                 b_A31, b_Aq31, b_c3, b_c1, b_be3, b_rk3, b_rq3, b_rk1, a_b, r3, m3, scale, SA, BC, GATE, True, L2NORM
             )
             _finish_off(
-                b_A32,
-                b_Aq32,
-                b_c3,
-                b_c2,
-                b_be3,
-                b_rk3,
-                b_rq3,
-                b_rk2,
-                a_b + BC,
-                r3,
-                m3,
-                scale,
-                SA,
-                BC,
-                GATE,
-                True,
-                L2NORM,
-            )
-            _finish_diag(
-                b_D3, b_Dq3, b_c3, b_be3, b_rk3, b_rq3, a_b + 2 * BC, r3, m3, scale, SA, BC, GATE, True, L2NORM
-            )
+                b_A32, b_Aq32, b_c3, b_c2, b_be3, b_rk3, b_rq3, b_rk2, a_2, r3, m3, scale, SA, BC, GATE, True, L2NORM,
+            )  # fmt: skip
+            _finish_diag(b_D3, b_Dq3, b_c3, b_be3, b_rk3, b_rq3, a_3, r3, m3, scale, SA, BC, GATE, True, L2NORM)
             b_D4, b_Dq4, b_A41, b_Aq41, b_A42, b_Aq42, b_A43, b_Aq43, _h = _row_blocks(
-                k_b,
-                q_b,
-                g_b,
-                act,
-                r4,
-                m4,
-                r1,
-                m1,
-                r2,
-                m2,
-                r3,
-                m3,
-                w,
-                SK,
-                SG,
-                K,
-                BK,
-                BC,
-                NK,
-                3,
-                GATE,
-                (DIAG // 2) * 2,
-                DOT_PREC,
-                GACT,
-            )
+                k_b, q_b, g_b, act, r4, m4, r1, m1, r2, m2, r3, m3, w, SK, SG, K, BK, BC, NK, 3, GATE,
+                (DIAG // 2) * 2, DOT_PREC, GACT,
+            )  # fmt: skip
             _finish_off(
                 b_A41, b_Aq41, b_c4, b_c1, b_be4, b_rk4, b_rq4, b_rk1, a_b, r4, m4, scale, SA, BC, GATE, True, L2NORM
             )
             _finish_off(
-                b_A42,
-                b_Aq42,
-                b_c4,
-                b_c2,
-                b_be4,
-                b_rk4,
-                b_rq4,
-                b_rk2,
-                a_b + BC,
-                r4,
-                m4,
-                scale,
-                SA,
-                BC,
-                GATE,
-                True,
-                L2NORM,
-            )
+                b_A42, b_Aq42, b_c4, b_c2, b_be4, b_rk4, b_rq4, b_rk2, a_2, r4, m4, scale, SA, BC, GATE, True, L2NORM,
+            )  # fmt: skip
             _finish_off(
-                b_A43,
-                b_Aq43,
-                b_c4,
-                b_c3,
-                b_be4,
-                b_rk4,
-                b_rq4,
-                b_rk3,
-                a_b + 2 * BC,
-                r4,
-                m4,
-                scale,
-                SA,
-                BC,
-                GATE,
-                True,
-                L2NORM,
-            )
-            _finish_diag(
-                b_D4, b_Dq4, b_c4, b_be4, b_rk4, b_rq4, a_b + 3 * BC, r4, m4, scale, SA, BC, GATE, True, L2NORM
-            )
+                b_A43, b_Aq43, b_c4, b_c3, b_be4, b_rk4, b_rq4, b_rk3, a_3, r4, m4, scale, SA, BC, GATE, True, L2NORM,
+            )  # fmt: skip
+            _finish_diag(b_D4, b_Dq4, b_c4, b_be4, b_rk4, b_rq4, a_4, r4, m4, scale, SA, BC, GATE, True, L2NORM)
 
 
 def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
