@@ -30,7 +30,8 @@ and where the kernels apply it instead:
 - l2norm of q and k (a Triton pass, :mod:`dtune.kernels.options`): forward one read and one write (2 + 2 B), backward
   x, dy read and dx written (2 + 2 + 2 B). In the chunk forward: stage 1 (``intra*``) sums the squares of its
   chunk's q and k rows over the key tiles and puts the factors on A's blocks (rows and columns) and on W's operand,
-  q~ and k~; the state pass and the output stage take them from the full-row tiles they load, on the products' rows.
+  q~ and k~, and stores them (``[tokens, H]`` float32) for the state pass and the output stage, which put them on
+  their products' rows.
   The backward's ``bwd_dqk`` stage could apply l2norm's Jacobian to dq and dk as it stores them (not yet: a pass).
 - the gate (a Triton pass): forward the raw g read and the float32 log gate written (2 + 4 B; the chunk kernel then
   reads that gate, as it would read one the caller computed); backward the gate's gradient and g read, dg written
