@@ -65,8 +65,9 @@ Tensor = torch.Tensor
 L2NORM_EPS: float = option_kernels.L2NORM_EPS.value  # fla's l2norm_fwd default, as the kernels apply it
 SAFE_LOWER_BOUND = (-5.0, 0.0)  # fla's range for lower_bound with safe_gate and the gate in the kernel
 # The longest calls the kernels apply the options in (longer ones take the passes). Measured on an H100 (2026-12-06,
-# commit 5550107, `benchmarks/host_cost.py --layer-options`, bf16, H 16, D 128, back-to-back calls): in the kernels a
-# call queues in about half the host time (chunk: 245-310 us against 417-506; fused recurrent: 58 against 206), but
+# commit 5550107, `benchmarks/host_cost.py --layer-options --repeats 5`, bf16, H 16, D 128; host times the median of 5
+# batches, GPU-bound times per call of one loop of 50 back-to-back calls): in the kernels a call queues in about half
+# the host time (chunk: 245-310 us against 417-506; fused recurrent: 58 against 206), but
 # the work they add runs inside the sequential passes: at B 1, T 32768 the chunk ops took 1.370 ms (Gated DeltaNet)
 # and 2.097 ms (KDA) against 1.119 and 2.045 with the passes, the fused-recurrent KDA at B 1, T 2048 4.35 ms against
 # 3.33. With host time and GPU time both linear in the length, the chunk ops break even near 10k tokens a call

@@ -467,14 +467,14 @@ def chunk_intra_blocks_kernel(
     m1 = r1 < L
     b_be1 = load_beta(be_b + r1 * HV, m1, BETA_ACT)
     b_rk1, b_rq1 = _rnorms(k_b, q_b, r1, m1, b_be1, SK, K, BK, NK, L2NORM)
-    if L2NORM and GATE != 2 and DIAG != 2:
+    if L2NORM and GATE != 2:
         store_row_factors(rq, rk, bos, r1, m1, b_rq1, b_rk1, i_h, i_hv, H, HV)
     if NB >= 2:
         r2 = BC + o_c
         m2 = r2 < L
         b_be2 = load_beta(be_b + r2 * HV, m2, BETA_ACT)
         b_rk2, b_rq2 = _rnorms(k_b, q_b, r2, m2, b_be2, SK, K, BK, NK, L2NORM)
-        if L2NORM and GATE != 2 and DIAG != 2:
+        if L2NORM and GATE != 2:
             store_row_factors(rq, rk, bos, r2, m2, b_rq2, b_rk2, i_h, i_hv, H, HV)
     if NB >= 4:
         r3 = 2 * BC + o_c
@@ -483,11 +483,11 @@ def chunk_intra_blocks_kernel(
         m4 = r4 < L
         b_be3 = load_beta(be_b + r3 * HV, m3, BETA_ACT)
         b_rk3, b_rq3 = _rnorms(k_b, q_b, r3, m3, b_be3, SK, K, BK, NK, L2NORM)
-        if L2NORM and GATE != 2 and DIAG != 2:
+        if L2NORM and GATE != 2:
             store_row_factors(rq, rk, bos, r3, m3, b_rq3, b_rk3, i_h, i_hv, H, HV)
         b_be4 = load_beta(be_b + r4 * HV, m4, BETA_ACT)
         b_rk4, b_rq4 = _rnorms(k_b, q_b, r4, m4, b_be4, SK, K, BK, NK, L2NORM)
-        if L2NORM and GATE != 2 and DIAG != 2:
+        if L2NORM and GATE != 2:
             store_row_factors(rq, rk, bos, r4, m4, b_rq4, b_rk4, i_h, i_hv, H, HV)
 
     # scalar gate: the cumulative gate of every block (a vector each), stored for the later stages; other gates
