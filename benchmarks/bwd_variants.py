@@ -112,27 +112,21 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # without spills for Gated DeltaNet but runs two waves of programs (its launch 0.922 ms, 0.796 by TMA double
 # buffered, against the shipped 0.723; DeltaNet's step 2.422 ms against 2.069).
 # The variants this list held before (the reverse pass double buffered, the dq/dk stage by TMA, no W at B1, W rebuilt,
-# dh_ACC in both forms), with their measured times in the comments, are in this file's history.
-# (one pipeline stage: two of the fused pass need 262 KB of shared memory)
-_DQK = {"REVERSE_DV": True, "REVERSE_DQK": True, "dh_num_stages": 1}
-_DQK_W4 = {"dqk_BK": 64, "dqk_BV": 32, "dqk_num_warps": 4, "dqk_num_stages": 2}
+# dh_ACC in both forms; then REVERSE_DQK whole, by pointers, by TMA, at BT 32 and by value tiles, the dq/dk stage at 4
+# warps and with its key loop: all slower on the H100 at commit 5550107, reports/h100/training/bwd_variants*.csv),
+# with their measured times in the comments, are in this file's history.
+_BK64 = {"dqk_BK": 64, "dqk_BV": 64, "dqk_num_warps": 8, "dqk_num_stages": 2}
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), DN_GDN),
-    # the chunk-parallel stages' work inside the reverse pass (REVERSE_DQK: no adjoints or dVβ stored, no dq/dk or
-    # finish launch; sm_90a, Triton 3.6, K = V = 128, 8 warps: 255 registers, 0.9-3 KB of spills at BT 64, 0.6-1 KB
-    # at 32), at the chunk of 64 and 32, and in phase 3 of the segmented pass
-    ("rev-dqk", OnShipped(_DQK), ("b8", "b1"), DN_GDN),
-    ("rev-dqk tma", OnShipped(_DQK, dh_TMA=True), ("b8",), DN_GDN),
-    ("rev-dqk ptr", OnShipped(_DQK, dh_TMA=False), ("b8",), DN_GDN),
-    ("rev-dqk BT32", OnShipped(_DQK, BT=32), ("b8",), DN_GDN),
-    # ... by value tiles of 32, the adjoint in a float32 scratch (612 / 932 bytes of spills at 8 warps)
-    ("rev-dqk tiled", OnShipped(_DQK, dh_BV=32, dh_LAYOUT="kv", dh_TMA=False, dh_num_warps=8), ("b8", "b1"), DN_GDN),
-    # the dq/dk stage at 4 warps by key tiles of 64 (two programs per SM, spilling 0-192 bytes), and its key tiles in a
-    # loop (the dA once per chunk): at 8 warps by 64 (no spills), at 4 by 32 (DeltaNet: no spills, 190 registers)
-    ("dqk w4", OnShipped(_DQK_W4), ("b8", "b1"), DN_GDN),
-    ("dqk w4 bv64", OnShipped(_DQK_W4, dqk_BV=64), ("b8",), DN_GDN),
-    ("dqk kloop", OnShipped(_DQK_W4, dqk_BV=64, dqk_num_warps=8, dqk_KLOOP=True), ("b8", "b1"), DN_GDN),
-    ("dqk kloop w4", OnShipped(_DQK_W4, dqk_BK=32, dqk_BV=64, dqk_KLOOP=True), ("b8",), DN_GDN),
+    # the dq/dk stage under a register cap (dqk_maxnreg), two programs per SM so that one's loads overlap the other's
+    # epilogue (the shipped stage holds 255 registers at 8 warps: one program per SM, 12% occupancy, 2x its floor).
+    # sm_90a, Triton 3.6, K = V = 128, BT 64: by key tiles of 64 at 128 registers 344 / 104 bytes of spills (Gated
+    # DeltaNet / DeltaNet; 192 / 163 registers uncapped), by 64 x 32 568 / 288; by key tiles of 32 at 4 warps 255
+    # registers uncapped (two programs per SM, 4 / 0 bytes)
+    ("dqk bk64", OnShipped(_BK64), ("b8",), DN_GDN),
+    ("dqk bk64 cap128", OnShipped(_BK64, dqk_maxnreg=128), ("b8", "b1"), DN_GDN),
+    ("dqk bk64 bv32 cap128", OnShipped(_BK64, dqk_BV=32, dqk_maxnreg=128), ("b8",), DN_GDN),
+    ("dqk bk32 w4", OnShipped(_BK64, dqk_BK=32, dqk_num_warps=4), ("b8",), DN_GDN),
 ]
 
 

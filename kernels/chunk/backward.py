@@ -118,6 +118,10 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # ... and its loads: by pointers (False), or its value-side and state tiles by TMA descriptors (True, fused, on
     # shapes that allow them: dqk_BK dividing K, dqk_BV dividing V)
     "dqk_TMA": (False, True),
+    # ... and a cap on its registers per thread (ptx .maxnreg; 0: none, ptxas takes up to 255): at 8 warps 128 leaves
+    # room for two programs per SM, at 4 warps 168 for three, so that one program's loads overlap another's epilogue
+    # (one chunk's local terms and stores), at the price of spills
+    "dqk_maxnreg": (0, 128, 168),
     "F32_DOT": ("ieee", "tf32"),
     # the forward's state pass under autograd and in the re-run (at the backward's BT): its value tile, warps and
     # pipeline stages, 0 = the forward config's
@@ -207,6 +211,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dqk_num_stages": 2,
         "dqk_KLOOP": False,
         "dqk_TMA": False,
+        "dqk_maxnreg": 0,
         "F32_DOT": "ieee",
         "fh_BV": 0,
         "fh_num_warps": 0,
@@ -251,6 +256,11 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
             f"BC={full['BC']}"
         )
     return full
+
+
+def dqk_cap(config: dict[str, Any]) -> dict[str, int]:
+    """The dq/dk stage's register cap as a launch option (``dqk_maxnreg``; none at 0; the interpreter ignores it)."""
+    return {"maxnreg": int(config["dqk_maxnreg"])} if config.get("dqk_maxnreg") else {}
 
 
 @dataclass
@@ -744,7 +754,7 @@ class BackwardPass:
             H=self.H, HV=HV, K=K, V=V, BT=BT, BC=cfg.get("dqk_BC", self.cfg["BC"]), BK=self.dqk_BK, BV=self.dqk_BV,
             NV=triton.cdiv(V, self.dqk_BV), GATE=GATE, FUSED=fused, VARLEN=self.varlen, DOT_PREC=self.dot_prec,
             FLOOR=GATE_FLOOR, DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, num_warps=cfg["dqk_num_warps"],
-            num_stages=cfg["dqk_num_stages"], **tds,
+            num_stages=cfg["dqk_num_stages"], **tds, **dqk_cap(cfg),
         )  # fmt: skip
         if not self.keep:
             inter.hbuf = inter.vnew = inter.ai = None

@@ -534,6 +534,26 @@ def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [(d["grid"][1], d["KLOOP"], d["NK"]) for d in dqk] == [(1, True, 2), (2, False, 2), (1, False, 1)]
 
 
+def test_dqk_register_cap_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dqk_maxnreg reaches the dq/dk stage's launch as Triton's ``maxnreg`` (a GPU compile obeys it:
+    test_chunk_bwd_compile.py), no other backward launch gets one, and without a cap the stage launches without one;
+    the interpreter, which drops the option, computes the reference's gradients."""
+    from dtune.kernels.chunk import bwd_state
+
+    dqk: list[dict[str, Any]] = []
+    rev: list[dict[str, Any]] = []
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_dqk_kernel", _Spy(chunk_bwd.chunk_bwd_dqk_kernel, dqk))
+    monkeypatch.setattr(bwd_state, "chunk_bwd_state_kernel", _Spy(bwd_state.chunk_bwd_state_kernel, rev))
+    p = Shape(1, 37, 1, 2, 32, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=6, gate_min=-60.0)
+    assert_close(gradients_vs_loop(p, x, {**BT16, "dqk_maxnreg": 128, "dqk_BK": 16}), TOL[torch.float32])
+    gradients_vs_loop(p, x, {**BT16, "dqk_BK": 16})
+    assert [d.get("maxnreg") for d in dqk] == [128, None]
+    assert rev and all("maxnreg" not in r for r in rev)
+    with pytest.raises(ValueError, match="dqk_maxnreg"):
+        chunk_bwd.check_config(16, 16, "scalar", {"dqk_maxnreg": 100})
+
+
 # A forward config that recomputes W, U and A_qk in its state pass (and loads its tiles by TMA): the forward under
 # autograd still gives the backward what it reads, whatever it saves
 RECOMPUTING_FWD = {"BT": 16, "BC": 16, "WU": "recomputed", "AQK": "recomputed", "STATE_TMA": True, "h_BV": 16}

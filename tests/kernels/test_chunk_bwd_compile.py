@@ -45,9 +45,10 @@ SKIP_CODE = 77
 H100_SMEM = 232448
 
 
-def compile_sm90(fn: Any, args: dict[str, Any], num_warps: int, num_stages: int) -> Any:
+def compile_sm90(fn: Any, args: dict[str, Any], num_warps: int, num_stages: int, maxnreg: int = 0) -> Any:
     """``args``: a type string for runtime arguments ("*bf16", "i32", "fp32"), else the constexpr value (not named:
-    the argument's declared default, as a launch that omits it; None without one)."""
+    the argument's declared default, as a launch that omits it; None without one); ``maxnreg``: a register cap
+    (0: none)."""
     sig: dict[str, str] = {}
     consts: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -61,7 +62,8 @@ def compile_sm90(fn: Any, args: dict[str, Any], num_warps: int, num_stages: int)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in args.items() if str(t).startswith("*")}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     try:
-        return triton.compile(src, target=SM90, options={"num_warps": num_warps, "num_stages": num_stages})
+        options = {"num_warps": num_warps, "num_stages": num_stages} | ({"maxnreg": maxnreg} if maxnreg else {})
+        return triton.compile(src, target=SM90, options=options)
     except RuntimeError as e:
         if "ptxas" in str(e).lower():
             print(f"cannot build CUDA code here: {e}")
@@ -249,20 +251,27 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     # KDA's dq/dk key tiles in one program per chunk (dqk_KLOOP), as seeded and in bwd_variants.py
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32}, False),
     ("channel", "bf16", 128, {"SAVE": "none", "dqk_KLOOP": True, "dqk_BC": 32, "dqk_BK": 32}, True),
+    # the dq/dk stage under a register cap (dqk_maxnreg): ptxas keeps it within the cap
+    ("scalar", "bf16", 128, {**_SHIP64, "dqk_BK": 64, "dqk_maxnreg": 128}, False),
+    ("none", "bf16", 128, {**_SHIP64, "dqk_num_warps": 4, "dqk_maxnreg": 168}, True),
 ]
 
 
 def compile_case(index: int, stats: bool = False, only: str | None = None) -> dict[str, Any]:
     """Compile every backward stage of CASES[index] (or the stage ``only``): shared memory (and with ``stats``
-    registers, spills)."""
+    registers, spills); the dq/dk stage under a register cap (``dqk_maxnreg``) also ``[cap, registers ptxas gave
+    it]`` under ``"dqk registers"``."""
     gate, dtype, D, overrides, varlen = CASES[index]
     cfg = chunk_bwd.check_config(D, D, gate, overrides)
     out: dict[str, Any] = {}
     for name, fn, args, warps, stages in bwd_stages(gate, dtype, D, D, cfg, varlen):
         if only is not None and name != only:
             continue
-        k = compile_sm90(fn, args, warps, stages)
+        cap = int(cfg["dqk_maxnreg"]) if name == "dqk" else 0
+        k = compile_sm90(fn, args, warps, stages, cap)
         out[name] = int(k.metadata.shared)
+        if cap:
+            out[f"{name} registers"] = [cap, ptxas_usage(k.asm["ptx"])[0]]
         if stats:
             regs, spills = ptxas_usage(k.asm["ptx"])
             out[name] = {"smem": out[name], "regs": regs, "spills": spills}
@@ -304,7 +313,11 @@ def test_backward_stages_compile_for_sm90(index: int) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     smem = json.loads(proc.stdout.strip().splitlines()[-1])
     for stage, nbytes in smem.items():
-        assert nbytes <= H100_SMEM, f"{stage}: {nbytes} bytes of shared memory"
+        if stage.endswith(" registers"):
+            cap, regs = nbytes
+            assert regs <= cap, f"{stage}: {regs} under a cap of {cap}"
+        else:
+            assert nbytes <= H100_SMEM, f"{stage}: {nbytes} bytes of shared memory"
 
 
 KLOOP_CASES = [i for i, c in enumerate(CASES) if c[3].get("dqk_KLOOP")]
