@@ -354,7 +354,7 @@ def backward_stages(
         rev_bytes -= S + ta * V * e + n_v * ta * f
         rev_flops += ta * 2 * (3 * K * V + 2 * C * V) + pair_flops
         add("bwd reverse state pass + dq/dk", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
-        return out
+        return out + _group_sum(p, e, f)
     add("bwd reverse state pass", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
     gate_io = {Gate.NONE: 0, Gate.SCALAR: ta * f * (1 + NK), Gate.CHANNEL: 2 * ta * K * f}[gate]
     if bwd_config["FUSE_DV"] and rev_dv:  # dVβ read instead of dV_new; no T, v, dv, v part
@@ -375,4 +375,12 @@ def backward_stages(
         add("bwd dq/dk", "chunk_bwd_dqk_kernel", ta * 2 * 3 * K * V + pair_flops, dqk_bytes)
     fin_bytes = (n_v + NK) * ta * f + ta * e + (ta * f * (NK + 2) if gate is Gate.SCALAR else 0)
     add("bwd finish (dβ)", "chunk_bwd_finish_kernel", 0.0, fin_bytes)
-    return out
+    return out + _group_sum(p, e, f)
+
+
+def _group_sum(p: Shape, e: int, f: int) -> list[StageWork]:
+    """Grouped value heads: dq and dk per value head (float32) read once, summed per key head, written in ``e``."""
+    if p.HV == p.H:
+        return []
+    nbytes = 2 * _tokens(p) * p.K * (p.HV * f + p.H * e)
+    return [StageWork("bwd group sum (dq, dk)", "chunk_bwd_group_sum_kernel", Work(0.0, float(nbytes)))]

@@ -22,7 +22,7 @@ on the whole state per program (:mod:`.bwd_reverse_dqk`): no adjoints, ``dVβ`` 
 launched after the reverse pass but the group sum.
 
 Grouped value heads (``HV = G·H``): stage 2 writes ``dq``, ``dk`` per value head (float32) and the group's value
-heads are summed at the end.
+heads are summed at the end, in one pass that writes the inputs' dtypes (:mod:`.bwd_group`).
 
 Where the time goes (H200, bf16, B·T = 32768, H = 16, K = V = 128; floors per stage in
 :func:`dtune.measure.work.backward_stages`): the sequential passes (the forward's state pass, its re-run with
@@ -74,6 +74,7 @@ from .bwd_dqk import chunk_bwd_dqk_kernel
 from .bwd_dqk import descriptors as dqk_descriptors
 from .bwd_dv import chunk_bwd_dv_kernel
 from .bwd_finish import chunk_bwd_finish_kernel
+from .bwd_group import launch_group_sum
 from .bwd_state import launch_reverse
 from .call import prepare_call
 from .call import tile as _tile
@@ -774,8 +775,9 @@ class BackwardPass:
             self._grad_outputs()
         assert self.dq is not None and self.dk is not None
         B, T, H, K = self.B, self.T, self.H, self.K
-        self.dq_sum = self.dq.view(B, T, H, self.HV // H, K).sum(3).to(self.q.dtype)
-        self.dk_sum = self.dk.view(B, T, H, self.HV // H, K).sum(3).to(self.k.dtype)
+        self.dq_sum = self._new(self.dq_sum, B, T, H, K, dtype=self.q.dtype)
+        self.dk_sum = self._new(self.dk_sum, B, T, H, K, dtype=self.k.dtype)
+        launch_group_sum(self.dq, self.dk, self.dq_sum, self.dk_sum, H, self.HV, K)
 
     def grads(self) -> dict[str, Tensor | None]:
         """Gradients ``{"q", "k", "v", "g", "beta", "initial_state"}`` after every stage ran."""

@@ -26,12 +26,15 @@ from dtune.kernels.chunk import backward as chunk_bwd  # noqa: E402
 from dtune.kernels.chunk.bwd_dqk import chunk_bwd_dqk_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_dv import chunk_bwd_dv_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_finish import chunk_bwd_finish_kernel  # noqa: E402
+from dtune.kernels.chunk.bwd_group import ROWS as GROUP_ROWS  # noqa: E402
+from dtune.kernels.chunk.bwd_group import WARPS as GROUP_WARPS  # noqa: E402
+from dtune.kernels.chunk.bwd_group import chunk_bwd_group_sum_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_reverse_dqk import chunk_bwd_reverse_dqk_tiled_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_segments import chunk_bwd_segment_ends_kernel  # noqa: E402
 from dtune.kernels.chunk.bwd_state import ENDS_LAUNCH, ENDS_MAX_BV, chunk_bwd_state_kernel  # noqa: E402
 from dtune.kernels.chunk.call import tile as _tile  # noqa: E402
 from dtune.kernels.chunk.state import chunk_state_kernel  # noqa: E402
-from dtune.kernels.config import GATE_CODES  # noqa: E402
+from dtune.kernels.config import GATE_CODES, next_power_of_2  # noqa: E402
 from dtune.kernels.reference_bwd import GATE_FLOOR  # noqa: E402
 
 try:
@@ -157,6 +160,9 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     fin |= table | {"FLOOR": GATE_FLOOR}
     fin |= {"g": f32, "dg_part": f32, "dg": f32} if G == 1 else {}
     out.append(("finish", chunk_bwd_finish_kernel, fin, 4, 1))
+    # grouped value heads (HV = 2H here): dq, dk summed per key head
+    group = dict(dq=f32, dk=f32, dq_out=p, dk_out=p, rows="i32", G=2, K=K, BK=next_power_of_2(K), BR=GROUP_ROWS)
+    out.append(("group-sum", chunk_bwd_group_sum_kernel, group, GROUP_WARPS, 1))
     return out + _forward_stage(cfg, common, state["BK"], G, p, f32, varlen, qk_rec)
 
 

@@ -187,3 +187,21 @@ def test_dq_dk_in_the_reverse_pass_moves_fewer_bytes() -> None:
     saved = sum(w.bytes for w in staged.values()) - sum(w.bytes for w in fused.values())
     assert saved >= 2 * S + 3 * ta * 128 * e
     assert sum(w.flops for w in fused.values()) == sum(w.flops for w in staged.values())
+
+
+def test_grouped_value_heads_add_one_group_sum_launch() -> None:
+    """HV = G·H: one more launch, the group sum, reading dq and dk per value head in float32 once and writing them per
+    key head in the inputs' dtype (with REVERSE_DQK too); none where HV = H."""
+    from dtune.kernels import chunk
+    from dtune.kernels.chunk import backward as chunk_bwd
+
+    fwd = chunk.default_config(128, 128, "scalar")
+    cfg = chunk_bwd.check_config(128, 128, "scalar", {"BT": 64, "BC": 16, "SAVE": "all", "REVERSE_DV": True})
+    grouped = Shape(1, 8192, 16, 32, 128, 128, 1, Gate.SCALAR)
+    name = "bwd group sum (dq, dk)"
+    for c in (cfg, {**cfg, "REVERSE_DQK": True, "dh_BV": 128}):
+        stages = {s.name: s for s in roofline.backward_stages(grouped, torch.bfloat16, fwd, c)}
+        assert stages[name].kernel == "chunk_bwd_group_sum_kernel"
+        assert stages[name].work.bytes == 2 * 8192 * 128 * (32 * 4 + 16 * 2) and stages[name].work.flops == 0
+    plain = roofline.backward_stages(prob(1, 8192, 16, 128, Gate.SCALAR), torch.bfloat16, fwd, cfg)
+    assert name not in {s.name for s in plain}
