@@ -113,20 +113,12 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # buffered, against the shipped 0.723; DeltaNet's step 2.422 ms against 2.069).
 # The variants this list held before (the reverse pass double buffered, the dq/dk stage by TMA, no W at B1, W rebuilt,
 # dh_ACC in both forms; then REVERSE_DQK whole, by pointers, by TMA, at BT 32 and by value tiles, the dq/dk stage at 4
-# warps and with its key loop: all slower on the H100 at commit 5550107, reports/h100/training/bwd_variants*.csv),
-# with their measured times in the comments, are in this file's history.
-_BK64 = {"dqk_BK": 64, "dqk_BV": 64, "dqk_num_warps": 8, "dqk_num_stages": 2}
+# warps and with its key loop: all slower on the H100 at commit 5550107, reports/h100/training/bwd_variants*.csv; then
+# the dq/dk stage under a register cap (dqk_maxnreg 128, two programs per SM) by key tiles of 64 and 64 x 32, and by
+# key tiles of 32 at 4 warps: all slower on the H100 at commit 9d750f0, reports/h100/training/dqk_caps/), with their
+# measured times in the comments, are in this file's history.
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), DN_GDN),
-    # the dq/dk stage under a register cap (dqk_maxnreg), two programs per SM so that one's loads overlap the other's
-    # epilogue (the shipped stage holds 255 registers at 8 warps: one program per SM, 12% occupancy, 2x its floor).
-    # sm_90a, Triton 3.6, K = V = 128, BT 64: by key tiles of 64 at 128 registers 344 / 104 bytes of spills (Gated
-    # DeltaNet / DeltaNet; 192 / 163 registers uncapped), by 64 x 32 568 / 288; by key tiles of 32 at 4 warps 255
-    # registers uncapped (two programs per SM, 4 / 0 bytes)
-    ("dqk bk64", OnShipped(_BK64), ("b8",), DN_GDN),
-    ("dqk bk64 cap128", OnShipped(_BK64, dqk_maxnreg=128), ("b8", "b1"), DN_GDN),
-    ("dqk bk64 bv32 cap128", OnShipped(_BK64, dqk_BV=32, dqk_maxnreg=128), ("b8",), DN_GDN),
-    ("dqk bk32 w4", OnShipped(_BK64, dqk_BK=32, dqk_num_warps=4), ("b8",), DN_GDN),
 ]
 
 

@@ -169,7 +169,7 @@ def dtune_kernels_call(op: str, x: dict[str, Any], opts: dict[str, Any]) -> Call
     import dtune.options as options_module
 
     call = dtune_call(op, x, opts)
-    limits = ("IN_KERNEL_MAX_TOKENS", "IN_KERNEL_MAX_SEQ_LEN")
+    limits = ("IN_KERNEL_MAX_TOKENS", "IN_KERNEL_MAX_TOKENS_KDA", "IN_KERNEL_MAX_SEQ_LEN")
 
     def forced() -> Any:
         saved = [getattr(options_module, n) for n in limits]

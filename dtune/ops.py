@@ -83,7 +83,8 @@ def run_kernel(
         )
     in_kernel, route = NO_IN_KERNEL, None
     if options is not None:
-        route = _route(spec.family, options, check_gate, bwd_config, cu_seqlens, q, k, v, g, beta, initial_state)
+        route = _route(spec.family, spec.gate, options, check_gate, bwd_config, cu_seqlens, q, k, v, g, beta,
+                       initial_state)  # fmt: skip
         if route == "passes":
             call = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
             return _run_with_options(kernel, *call, config, bwd_config, check_gate, options)
@@ -137,6 +138,7 @@ GATES = {gate.value: gate for gate in Gate}
 
 def _route(
     family: str,
+    gate: str,
     options: Options,
     check_gate: bool | None,
     bwd_config: dict[str, Any] | None,
@@ -155,7 +157,7 @@ def _route(
     if isinstance(q, Tensor) and q.dim() == 4:
         tokens = q.shape[0] * q.shape[1]
         seqs = q.shape[0] if cu_seqlens is None else max(1, cu_seqlens.numel() - 1)
-        if not in_kernel_pays(family, tokens, tokens / seqs):
+        if not in_kernel_pays(family, tokens, tokens / seqs, gate):
             return "passes"
     if family == "fused_recurrent":
         return "kernel"

@@ -65,14 +65,15 @@ Tensor = torch.Tensor
 L2NORM_EPS: float = option_kernels.L2NORM_EPS.value  # fla's l2norm_fwd default, as the kernels apply it
 SAFE_LOWER_BOUND = (-5.0, 0.0)  # fla's range for lower_bound with safe_gate and the gate in the kernel
 # The longest calls the kernels apply the options in (longer ones take the passes). Measured on an H100 (2026-12-06,
-# commit 5550107, `benchmarks/host_cost.py --layer-options --repeats 5`, bf16, H 16, D 128; host times the median of 5
-# batches, GPU-bound times per call of one loop of 50 back-to-back calls): in the kernels a call queues in about half
-# the host time (chunk: 245-310 us against 417-506; fused recurrent: 58 against 206), but
-# the work they add runs inside the sequential passes: at B 1, T 32768 the chunk ops took 1.370 ms (Gated DeltaNet)
-# and 2.097 ms (KDA) against 1.119 and 2.045 with the passes, the fused-recurrent KDA at B 1, T 2048 4.35 ms against
-# 3.33. With host time and GPU time both linear in the length, the chunk ops break even near 10k tokens a call
-# (Gated DeltaNet) and the fused-recurrent kernel near 280 tokens a sequence.
-IN_KERNEL_MAX_TOKENS = 8192  # chunk forward: tokens per call
+# commit 9d750f0, `benchmarks/host_cost.py --layer-options --repeats 5`, bf16, H 16, D 128; host times the median of 5
+# batches, GPU-bound times per call of one loop of 50 back-to-back calls): in the kernels a call queues in about 60%
+# of the host time (chunk: 275-308 us against 435-497; fused recurrent: 65 against 209), but the work they add runs
+# inside the sequential passes: at B 1, T 32768 the chunk ops took 1.742 ms (Gated DeltaNet) and 3.819 ms (KDA)
+# against 1.110 and 2.945 with the passes, the fused-recurrent KDA at B 1, T 2048 4.34 ms against 3.32. With host
+# time and GPU time both linear in the length, the chunk ops break even near 8k tokens a call (Gated DeltaNet; KDA,
+# whose in-kernel work per token is larger, near 4k) and the fused-recurrent kernel near 280 tokens a sequence.
+IN_KERNEL_MAX_TOKENS = 8192  # chunk forward: tokens per call (DeltaNet, Gated DeltaNet)
+IN_KERNEL_MAX_TOKENS_KDA = 4096  # chunk forward, KDA: tokens per call
 IN_KERNEL_MAX_SEQ_LEN = 256  # fused recurrent: tokens per sequence
 
 
@@ -174,13 +175,14 @@ class Options:
 NO_OPTIONS = Options()
 
 
-def in_kernel_pays(family: str, tokens: int, seq_len: float) -> bool:
+def in_kernel_pays(family: str, tokens: int, seq_len: float, gate: str = "scalar") -> bool:
     """Whether the kernels should apply the options of a call of ``tokens`` tokens in all, ``seq_len`` per sequence
-    (``family``: ``"chunk"`` or ``"fused_recurrent"``), rather than separate passes: see
-    :data:`IN_KERNEL_MAX_TOKENS`, :data:`IN_KERNEL_MAX_SEQ_LEN`."""
+    (``family``: ``"chunk"`` or ``"fused_recurrent"``; ``gate``: the op's gate mode, ``"channel"`` for KDA), rather
+    than separate passes: see :data:`IN_KERNEL_MAX_TOKENS`, :data:`IN_KERNEL_MAX_TOKENS_KDA`,
+    :data:`IN_KERNEL_MAX_SEQ_LEN`."""
     if family == "fused_recurrent":
         return seq_len <= IN_KERNEL_MAX_SEQ_LEN
-    return tokens <= IN_KERNEL_MAX_TOKENS
+    return tokens <= (IN_KERNEL_MAX_TOKENS_KDA if gate == "channel" else IN_KERNEL_MAX_TOKENS)
 
 
 class _L2Norm(torch.autograd.Function):

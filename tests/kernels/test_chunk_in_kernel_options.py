@@ -245,3 +245,40 @@ def test_calls_longer_than_the_kernels_pay_for_take_the_passes(kernel: str, monk
     short = tuple(a[:, :9] for a in args)  # 18 tokens, 9 a sequence: inside the kernels
     ops.run_kernel(kernel, *short, **kw, options=options)
     assert calls == []
+
+
+def test_kda_takes_the_passes_from_a_shorter_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KDA's chunk forward does more in-kernel work per token than Gated DeltaNet's: its limit is lower (measured:
+    :data:`dtune.options.IN_KERNEL_MAX_TOKENS_KDA`); a call between the two limits runs KDA's options as passes and
+    Gated DeltaNet's in the kernels (the op's own call, limits lowered to the test's sizes), the fused-recurrent rule
+    is per sequence whatever the gate."""
+    import dtune.options as options_module
+    from dtune.options import IN_KERNEL_MAX_SEQ_LEN, IN_KERNEL_MAX_TOKENS, IN_KERNEL_MAX_TOKENS_KDA, in_kernel_pays
+
+    calls: list[str] = []
+    real = options_module.l2norm
+
+    def counted(x: torch.Tensor, *a: Any) -> torch.Tensor:
+        calls.append("l2norm")
+        return real(x, *a)
+
+    monkeypatch.setattr(options_module, "l2norm", counted)
+    with monkeypatch.context() as m:
+        m.setattr(options_module, "IN_KERNEL_MAX_TOKENS", 100)
+        m.setattr(options_module, "IN_KERNEL_MAX_TOKENS_KDA", 40)
+        options = Options(use_qk_l2norm_in_kernel=True)
+        for case, passes in (("gdn-rows-T37-K24", False), ("kda-rows-T29-K24", True)):  # 74 and 58 tokens
+            x, _ = _qk_inputs(QK_CASES[case])
+            op = getattr(ops, QK_CASES[case][0])
+            calls.clear()
+            op(x["q"], x["k"], x["v"], -torch.rand_like(x["g"]), x["beta"], options=options)
+            assert calls == (["l2norm", "l2norm"] if passes else []), case
+
+    between = (IN_KERNEL_MAX_TOKENS_KDA + IN_KERNEL_MAX_TOKENS) // 2
+    assert IN_KERNEL_MAX_TOKENS_KDA < between < IN_KERNEL_MAX_TOKENS
+    assert in_kernel_pays("chunk", between, between, "scalar") and in_kernel_pays("chunk", between, between, "none")
+    assert not in_kernel_pays("chunk", between, between, "channel")
+    assert in_kernel_pays("chunk", IN_KERNEL_MAX_TOKENS_KDA, 1.0, "channel")
+    for gate in ("none", "scalar", "channel"):
+        assert in_kernel_pays("fused_recurrent", 10**6, IN_KERNEL_MAX_SEQ_LEN, gate)
+        assert not in_kernel_pays("fused_recurrent", 10, IN_KERNEL_MAX_SEQ_LEN + 1, gate)
