@@ -74,6 +74,15 @@ def _gate(gout, t0, eos, i_hv, o_t, BT: tl.constexpr, HV: tl.constexpr):
 
 
 @triton.jit
+def _factors(rq, rk, t0, eos, i_h, o_t, H: tl.constexpr):
+    """The l2norm factors of q's and k's rows of the chunk from token ``t0`` (``[tokens, H]``, stored by stage 1), 0
+    past ``eos`` (no load there)."""
+    m = o_t < (eos - t0).to(tl.int32)
+    off = t0 * H + i_h + o_t * H
+    return tl.load(rq + off, mask=m, other=0.0), tl.load(rk + off, mask=m, other=0.0)
+
+
+@triton.jit
 def _exp(x):
     """e^x as 2^(x log2 e): ex2.approx.ftz on sm_90a; ``tl.exp`` (ex2.approx without ftz) costs three more
     instructions each for the denormal results that float32 products here never need."""
@@ -212,6 +221,11 @@ def chunk_state_kernel(
     PREFETCH: tl.constexpr = GATE == 1 and GATE_PREFETCH
     if PREFETCH:  # the first chunk's gate; each chunk then loads the next one's, a whole chunk ahead of its use
         b_gam_n, b_gC_n = _gate(gout, bos, eos, i_hv, o_t, BT, HV)
+    # the same for the l2norm's row factors (DeltaNet, Gated DeltaNet: KDA's q~, k~ come normalised): loaded in the
+    # chunk that uses them, the loop's pipelining left them on the chain
+    FACTORS: tl.constexpr = L2NORM and GATE != 2
+    if FACTORS:
+        b_rq_n, b_rk_n = _factors(rq, rk, bos, eos, i_h, o_t, H)
     for i_t in tl.range(0, NTn, num_stages=LOOP_STAGES, warp_specialize=LOOP_WS):
         t0 = bos + i_t * BT
         r0 = t0.to(tl.int32)  # descriptor row
@@ -219,6 +233,9 @@ def chunk_state_kernel(
         if PREFETCH:
             b_gam, b_gC = b_gam_n, b_gC_n
             b_gam_n, b_gC_n = _gate(gout, t0 + BT, eos, i_hv, o_t, BT, HV)
+        if FACTORS:
+            b_rq, b_rk = b_rq_n, b_rk_n
+            b_rq_n, b_rk_n = _factors(rq, rk, t0 + BT, eos, i_h, o_t, H)
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = (m_v[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_v[None, :])
         m_tu = (m_u[:, None] & m_t[None, :]) if TRANS else (m_t[:, None] & m_u[None, :])
@@ -229,8 +246,6 @@ def chunk_state_kernel(
             b_gam, b_gC = _gate(gout, t0, eos, i_hv, o_t, BT, HV)
         if EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
-            if L2NORM:
-                b_rk = tl.load(rk + row_h + o_t * H, mask=m_t, other=0.0)
         if RECOMPUTE:
             b_hc = b_h.to(DT)
             # V_new = T (β ⊙ (V − e^γ ⊙ K S)): the chunk's inverse T (causal; stage 1 stores its upper blocks as 0)
@@ -276,12 +291,10 @@ def chunk_state_kernel(
                 b_q = _tile(qg + row_hv * K, off_wk, m_tk, q_td, r0, c_w, USE_TMA, False)
             elif DIRECT:
                 b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(DT)
-                if L2NORM:
-                    b_rq = tl.load(rq + row_h + o_t * H, mask=m_t, other=0.0)
             else:
                 b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32)
                 if L2NORM:
-                    b_q *= tl.load(rq + row_h + o_t * H, mask=m_t, other=0.0)[:, None]
+                    b_q *= b_rq[:, None]
                 b_q *= scale
                 if GATE == 1:
                     b_q *= _exp(b_gam)[:, None]
@@ -327,8 +340,6 @@ def chunk_state_kernel(
         b_vk = b_vnc  # V_new as the state update's operand
         if GATE != 2 and not EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
-            if L2NORM:
-                b_rk = tl.load(rk + row_h + o_t * H, mask=m_t, other=0.0)
         if GATE == 2:
             b_kg = _tile(kg + row_hv * K, off_wk, m_tk, k_td, r0, c_w, USE_TMA, False)
             b_dec = tl.load(gout + ((c0 + i_t) * HV + i_hv) * K + o_k, mask=m_k, other=0)
