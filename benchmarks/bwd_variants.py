@@ -115,7 +115,7 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # dh_ACC in both forms; then REVERSE_DQK whole, by pointers, by TMA, at BT 32 and by value tiles, the dq/dk stage at 4
 # warps and with its key loop: all slower on the H100 at commit 5550107, reports/h100/training/bwd_variants*.csv; then
 # the dq/dk stage under a register cap (dqk_maxnreg 128, two programs per SM) by key tiles of 64 and 64 x 32, and by
-# key tiles of 32 at 4 warps: all slower on the H100 at commit 9d750f0, reports/h100/training/dqk_caps/), with their
+# key tiles of 32 at 4 warps: all slower on the H100 at commit 7b29413, reports/h100/training/dqk_caps/), with their
 # measured times in the comments, are in this file's history.
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), DN_GDN),

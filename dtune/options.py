@@ -65,7 +65,7 @@ Tensor = torch.Tensor
 L2NORM_EPS: float = option_kernels.L2NORM_EPS.value  # fla's l2norm_fwd default, as the kernels apply it
 SAFE_LOWER_BOUND = (-5.0, 0.0)  # fla's range for lower_bound with safe_gate and the gate in the kernel
 # The longest calls the kernels apply the options in (longer ones take the passes). Measured on an H100 (2026-12-06,
-# commit 9d750f0, `benchmarks/host_cost.py --layer-options --repeats 5`, bf16, H 16, D 128; host times the median of 5
+# commit 7b29413, `benchmarks/host_cost.py --layer-options --repeats 5`, bf16, H 16, D 128; host times the median of 5
 # batches, GPU-bound times per call of one loop of 50 back-to-back calls): in the kernels a call queues in about 60%
 # of the host time (chunk: 275-308 us against 435-497; fused recurrent: 65 against 209), but the work they add runs
 # inside the sequential passes: at B 1, T 32768 the chunk ops took 1.742 ms (Gated DeltaNet) and 3.819 ms (KDA)
