@@ -124,7 +124,7 @@ class TorchShortConv(nn.Module):
 class TorchGatedNorm(nn.Module):
     """CPU stand-in of fla's FusedRMSNormGated: RMSNorm of o times act(g)."""
 
-    def __init__(self, norm: nn.Module) -> None:
+    def __init__(self, norm: Any) -> None:  # fla's FusedRMSNormGated (its attributes untyped here)
         super().__init__()
         self.weight, self.eps, self.activation = norm.weight, norm.eps, norm.activation
 
@@ -134,7 +134,7 @@ class TorchGatedNorm(nn.Module):
         return (y * act(g.float())).to(o.dtype)
 
 
-def cpu_stand_ins(layer: nn.Module) -> None:
+def cpu_stand_ins(layer: Any) -> None:
     for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
         setattr(layer, name, TorchShortConv(getattr(layer, name)))
     layer.o_norm = TorchGatedNorm(layer.o_norm)
@@ -164,7 +164,7 @@ def layer_row(
     tiny = device.type != "cuda"
     dtype = torch.bfloat16 if not tiny else torch.float32
     torch.manual_seed(0)
-    layer = build_layer(classes, model, tp, tiny).to(device, dtype)
+    layer: Any = build_layer(classes, model, tp, tiny).to(device, dtype)  # (fla's layer: attributes untyped)
     module = sys.modules[type(layer).__module__]
     op_name = "chunk_kda" if SHAPES["models"][model]["family"] == "kda" else "chunk_gated_delta_rule"
     if tiny:

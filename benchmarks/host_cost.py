@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda and not torch.cuda.is_available():
         print("no CUDA GPU: run with --interpret for the CPU dry run", file=sys.stderr)
         return 2
-    cases = CPU_CASES if args.interpret else GPU_CASES
+    cases: tuple[Case, ...] = CPU_CASES if args.interpret else GPU_CASES
     if args.cases:
         want = {c.strip() for c in args.cases.split(",") if c.strip()}
         cases = tuple(c for c in cases + (() if args.interpret else EXTRA_CASES) if c.name in want)
