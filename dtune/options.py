@@ -175,7 +175,7 @@ class Options:
 NO_OPTIONS = Options()
 
 
-def in_kernel_pays(family: str, tokens: int, seq_len: float, gate: str = "scalar") -> bool:
+def in_kernel_pays(family: str, tokens: int, seq_len: float, gate: str) -> bool:
     """Whether the kernels should apply the options of a call of ``tokens`` tokens in all, ``seq_len`` per sequence
     (``family``: ``"chunk"`` or ``"fused_recurrent"``; ``gate``: the op's gate mode, ``"channel"`` for KDA), rather
     than separate passes: see :data:`IN_KERNEL_MAX_TOKENS`, :data:`IN_KERNEL_MAX_TOKENS_KDA`,

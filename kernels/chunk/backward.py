@@ -76,7 +76,7 @@ from .bwd_dv import chunk_bwd_dv_kernel
 from .bwd_finish import chunk_bwd_finish_kernel
 from .bwd_group import launch_group_sum
 from .bwd_state import launch_reverse
-from .call import prepare_call
+from .call import prepare_call, register_cap
 from .call import tile as _tile
 from .intra_blocks import chunk_intra_blocks_kernel
 from .intra_kda import chunk_intra_onepass_kernel
@@ -257,11 +257,6 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
             f"BC={full['BC']}"
         )
     return full
-
-
-def dqk_cap(config: dict[str, Any]) -> dict[str, int]:
-    """The dq/dk stage's register cap as a launch option (``dqk_maxnreg``; none at 0; the interpreter ignores it)."""
-    return {"maxnreg": int(config["dqk_maxnreg"])} if config.get("dqk_maxnreg") else {}
 
 
 @dataclass
@@ -755,7 +750,7 @@ class BackwardPass:
             H=self.H, HV=HV, K=K, V=V, BT=BT, BC=cfg.get("dqk_BC", self.cfg["BC"]), BK=self.dqk_BK, BV=self.dqk_BV,
             NV=triton.cdiv(V, self.dqk_BV), GATE=GATE, FUSED=fused, VARLEN=self.varlen, DOT_PREC=self.dot_prec,
             FLOOR=GATE_FLOOR, DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, num_warps=cfg["dqk_num_warps"],
-            num_stages=cfg["dqk_num_stages"], **tds, **dqk_cap(cfg),
+            num_stages=cfg["dqk_num_stages"], **tds, **register_cap(cfg, "dqk"),
         )  # fmt: skip
         if not self.keep:
             inter.hbuf = inter.vnew = inter.ai = None

@@ -125,7 +125,14 @@ class ChunkCall:
         config sets one (``intra_maxnreg``, ``h_maxnreg``; the interpreter ignores it)."""
         cfg = self.config
         opts = {"num_warps": cfg[f"{stage}_num_warps"], "num_stages": cfg[f"{stage}_num_stages"]}
-        return opts | ({"maxnreg": int(cfg[f"{stage}_maxnreg"])} if cfg.get(f"{stage}_maxnreg") else {})
+        return opts | register_cap(cfg, stage)
+
+
+def register_cap(config: Config, stage: str) -> dict[str, int]:
+    """A stage's register cap as a launch option: Triton's ``maxnreg`` from ``<stage>_maxnreg`` (``intra``, ``h``,
+    the backward's ``dqk``), none where it is 0 or absent (the interpreter ignores it)."""
+    cap = int(config.get(f"{stage}_maxnreg", 0))
+    return {"maxnreg": cap} if cap else {}
 
 
 def intra_launch_options(call: ChunkCall) -> dict[str, Any]:

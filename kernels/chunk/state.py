@@ -46,7 +46,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
-from .call import ChunkCall, tile
+from .call import ChunkCall, register_cap, tile
 from .common import load_beta
 
 
@@ -522,7 +522,7 @@ def transitions_tile(config: Config, K: int, V: int) -> tuple[int, dict[str, Any
     BV = tile(int(config["tr_BV"]) or int(config["h_BV"]), V)
     warps = int(config["tr_num_warps"]) or int(config["h_num_warps"])
     launch = {"num_warps": warps, "num_stages": int(config["h_num_stages"])}
-    return BV, launch | ({"maxnreg": int(config["h_maxnreg"])} if config.get("h_maxnreg") else {})
+    return BV, launch | register_cap(config, "h")
 
 
 def launch_transitions(call: ChunkCall, inter: Intermediates, scratch: SegmentScratch) -> Any:

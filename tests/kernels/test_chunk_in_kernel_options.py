@@ -213,11 +213,10 @@ def test_under_autograd_the_gate_is_a_pass_with_gradients(monkeypatch: pytest.Mo
     assert dA.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kernel", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
-def test_calls_longer_than_the_kernels_pay_for_take_the_passes(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above ``IN_KERNEL_MAX_TOKENS`` tokens a call (chunk) or ``IN_KERNEL_MAX_SEQ_LEN`` a sequence (fused recurrent;
-    a packed batch counts its average) the options run as the passes, where they measured faster; the result is the
-    same. The limits are lowered here to the test's sizes."""
+@pytest.fixture
+def l2norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every call of the l2norm pass (``dtune.options.l2norm``), recorded as it runs: empty when the kernels normalised
+    q and k themselves."""
     import dtune.options as options_module
 
     calls: list[str] = []
@@ -228,6 +227,18 @@ def test_calls_longer_than_the_kernels_pay_for_take_the_passes(kernel: str, monk
         return real(x, *a)
 
     monkeypatch.setattr(options_module, "l2norm", counted)
+    return calls
+
+
+@pytest.mark.parametrize("kernel", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
+def test_calls_longer_than_the_kernels_pay_for_take_the_passes(
+    kernel: str, monkeypatch: pytest.MonkeyPatch, l2norm_calls: list[str]
+) -> None:
+    """Above ``IN_KERNEL_MAX_TOKENS`` tokens a call (chunk) or ``IN_KERNEL_MAX_SEQ_LEN`` a sequence (fused recurrent;
+    a packed batch counts its average) the options run as the passes, where they measured faster; the result is the
+    same. The limits are lowered here to the test's sizes."""
+    import dtune.options as options_module
+
     monkeypatch.setattr(options_module, "IN_KERNEL_MAX_TOKENS", 40)
     monkeypatch.setattr(options_module, "IN_KERNEL_MAX_SEQ_LEN", 20)
     x, _ = _qk_inputs(QK_CASES["gdn-rows-T37-K24"])  # B 2, T 37: 74 tokens, 37 a sequence
@@ -235,19 +246,19 @@ def test_calls_longer_than_the_kernels_pay_for_take_the_passes(kernel: str, monk
     options = Options(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
     kw = {"initial_state": x["initial_state"], "output_final_state": True}
     o, ht = ops.run_kernel(kernel, *args, **kw, options=options)
-    assert calls == ["l2norm", "l2norm"]
+    assert l2norm_calls == ["l2norm", "l2norm"]
     o_ref, ht_ref = reference_with_options(
         *args, None, **kw, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True
     )
     assert ht is not None and ht_ref is not None
     assert rel_err(o, o_ref) < 1e-4 and rel_err(ht, ht_ref) < 1e-4
-    calls.clear()
+    l2norm_calls.clear()
     short = tuple(a[:, :9] for a in args)  # 18 tokens, 9 a sequence: inside the kernels
     ops.run_kernel(kernel, *short, **kw, options=options)
-    assert calls == []
+    assert l2norm_calls == []
 
 
-def test_kda_takes_the_passes_from_a_shorter_call(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kda_takes_the_passes_from_a_shorter_call(monkeypatch: pytest.MonkeyPatch, l2norm_calls: list[str]) -> None:
     """KDA's chunk forward does more in-kernel work per token than Gated DeltaNet's: its limit is lower (measured:
     :data:`dtune.options.IN_KERNEL_MAX_TOKENS_KDA`); a call between the two limits runs KDA's options as passes and
     Gated DeltaNet's in the kernels (the op's own call, limits lowered to the test's sizes), the fused-recurrent rule
@@ -255,24 +266,16 @@ def test_kda_takes_the_passes_from_a_shorter_call(monkeypatch: pytest.MonkeyPatc
     import dtune.options as options_module
     from dtune.options import IN_KERNEL_MAX_SEQ_LEN, IN_KERNEL_MAX_TOKENS, IN_KERNEL_MAX_TOKENS_KDA, in_kernel_pays
 
-    calls: list[str] = []
-    real = options_module.l2norm
-
-    def counted(x: torch.Tensor, *a: Any) -> torch.Tensor:
-        calls.append("l2norm")
-        return real(x, *a)
-
-    monkeypatch.setattr(options_module, "l2norm", counted)
-    with monkeypatch.context() as m:
-        m.setattr(options_module, "IN_KERNEL_MAX_TOKENS", 100)
-        m.setattr(options_module, "IN_KERNEL_MAX_TOKENS_KDA", 40)
-        options = Options(use_qk_l2norm_in_kernel=True)
-        for case, passes in (("gdn-rows-T37-K24", False), ("kda-rows-T29-K24", True)):  # 74 and 58 tokens
-            x, _ = _qk_inputs(QK_CASES[case])
-            op = getattr(ops, QK_CASES[case][0])
-            calls.clear()
+    options = Options(use_qk_l2norm_in_kernel=True)
+    for case, passes in (("gdn-rows-T37-K24", False), ("kda-rows-T29-K24", True)):  # 74 and 58 tokens
+        x, _ = _qk_inputs(QK_CASES[case])
+        op = getattr(ops, QK_CASES[case][0])
+        l2norm_calls.clear()
+        with monkeypatch.context() as m:  # limits at the test's sizes for the call only: the checks below use the real
+            m.setattr(options_module, "IN_KERNEL_MAX_TOKENS", 100)
+            m.setattr(options_module, "IN_KERNEL_MAX_TOKENS_KDA", 40)
             op(x["q"], x["k"], x["v"], -torch.rand_like(x["g"]), x["beta"], options=options)
-            assert calls == (["l2norm", "l2norm"] if passes else []), case
+        assert l2norm_calls == (["l2norm", "l2norm"] if passes else []), case
 
     between = (IN_KERNEL_MAX_TOKENS_KDA + IN_KERNEL_MAX_TOKENS) // 2
     assert IN_KERNEL_MAX_TOKENS_KDA < between < IN_KERNEL_MAX_TOKENS
