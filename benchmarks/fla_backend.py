@@ -189,6 +189,7 @@ def layer_row(
                            "HV": layer.num_v_heads, "D": layer.head_k_dim, "note": ""}  # fmt: skip
     results: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
     launches: dict[str, list[Launch]] = {}
+    lifted: list[Any] = []  # fla's module whose check was lifted (restored after its side: users have the check)
     for side in ("fla", "dtune"):
         dtune_fla.enable("always") if side == "dtune" else dtune_fla.disable()
         original = getattr(module, op_name)
@@ -205,6 +206,7 @@ def layer_row(
                     import fla.ops.common.chunk_o as chunk_o
 
                     chunk_o.TRITON_ABOVE_3_7_1 = True  # fla refuses its Gated DeltaNet backward on this Triton
+                    lifted.append(chunk_o)
                     row["note"] += "fla's gated backward check lifted for timing (fla issue 640: its grads are wrong); "
                     results[side] = step()
                 if device.type == "cuda":
@@ -215,6 +217,8 @@ def layer_row(
             launches[side] = by_name(record(step, device, calls=3)[0])
         finally:
             setattr(module, op_name, original)
+            for chunk_o in lifted:
+                chunk_o.TRITON_ABOVE_3_7_1 = False
     dtune_fla.disable()
     split_launches(row, launches, launch_rows)
     (o_f, g_f), (o_d, g_d) = results["fla"], results["dtune"]
@@ -267,7 +271,7 @@ def measured_verdict(step: Callable[[], Any], module: types.ModuleType, op_name:
         return "-"
     except _Verdict as v:
         accepted, reason = v.args
-        return "dtune" if accepted else f"yields: {reason}"
+        return ("dtune" + (f" ({reason})" if reason else "")) if accepted else f"yields: {reason}"
     finally:
         dtune_fla.disable()
         setattr(module, op_name, original)

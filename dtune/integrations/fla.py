@@ -42,13 +42,17 @@ declined (the next one in fla's order whose own verifier accepts it, else ``"fla
 only where the tuned-config entry of the call's bucket records, side by side in one run, dtune at least as fast as
 that one (``side_by_side_ms``: the forward entry for a call without gradients, the ``*_bwd`` entry's training step for
 one with them). No such measurement near the call's shape (within a factor of :data:`NEAR` in tokens per sequence,
-sequences and heads), or a faster peer: dtune declines and says why. The verdict is cached by shape, dtype, options and
-what would run instead (the other backends' verifiers are asked on every call: their verdicts may read any argument),
-so a call pays attribute reads and those verifiers; :func:`decisions` lists the verdicts so far.
+sequences and heads), or a faster peer: dtune declines and says why. One exception: where fla's own function would
+raise on the call (its Gated DeltaNet backward on Hopper with Triton >= 3.4, < 3.7.1, fla issue 640) and no other
+backend takes it, dtune takes it, measured or not (:func:`fla_refusal`): the alternative is an error. The verdict is
+cached by shape, dtype, options and what would run instead (the other backends' verifiers are asked on every call:
+their verdicts may read any argument), so a call pays attribute reads and those verifiers; :func:`decisions` lists the
+verdicts so far.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
@@ -247,6 +251,29 @@ def _bucket_text(b: Mapping[str, int]) -> str:
     return f"B{b['B']} T{b['T']} H{b['H']} HV{b['HV']} K{b['K']} V{b['V']}"
 
 
+def fla_refusal(call: Call, grad: bool, peer: str | None) -> str | None:
+    """Why fla's own function would raise on this call where dtune computes it (None: it would not). fla 0.6.0 refuses
+    the Gated DeltaNet backward on Hopper with Triton >= 3.4, < 3.7.1 (its issue 640: a miscompile that gives wrong
+    ``dg``; its ``chunk_bwd_dqkwg`` raises unless a backend of its ``'common'`` operation, TileLang, serves it). Read
+    from fla's own flags, once per verdict."""
+    if not grad or peer != "fla" or call.kernel != "chunk_gated_delta_rule":
+        return None
+    try:
+        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
+    except Exception:  # another fla layout: no known refusal
+        return None
+    flags = (getattr(chunk_o, n, None) for n in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1"))
+    if tuple(flags) != (True, True, False):
+        return None
+    common = getattr(fla_backends, "_operation_registries", {}).get("common")
+    if any(b.get_implementation("chunk_bwd_dqkwg") is not None for b in _others(common)):
+        return None  # fla hands that kernel to another backend and does not raise
+    return (
+        "fla's own Gated DeltaNet backward raises on Hopper with Triton >= 3.4, < 3.7.1 (fla issue 640): "
+        "dtune takes the training step"
+    )
+
+
 def measured_verdict(call: Call, peer: str | None, grad: bool) -> tuple[bool, str | None]:
     """The speed rule: accept when the nearest tuned bucket (near enough, :data:`NEAR`) records dtune at least as
     fast as ``peer`` (None: as every other implementation it records), side by side."""
@@ -284,6 +311,11 @@ def measured_verdict(call: Call, peer: str | None, grad: bool) -> tuple[bool, st
 
 
 _verdicts: dict[tuple[Any, ...], tuple[bool, str | None]] = {}
+
+
+def _verdict_text(verdict: tuple[bool, str | None]) -> str:
+    ok, why = verdict
+    return ("dtune" + (f" ({why})" if why else "")) if ok else f"declined: {why}"
 
 
 def clear_cache() -> None:
@@ -342,9 +374,10 @@ class DtuneBackend(BaseBackend):
         key = _key(call, grad, peer)
         verdict = _verdicts.get(key)
         if verdict is None:
-            verdict = measured_verdict(call, peer, grad)
+            refusal = fla_refusal(call, grad, peer)  # dtune, or an error: no speed to compare
+            verdict = (True, refusal) if refusal else measured_verdict(call, peer, grad)
             _verdicts[key] = verdict
-            logger.info("%s %s: %s", entry, key[1:4], "dtune" if verdict[0] else f"declined: {verdict[1]}")
+            logger.info("%s %s: %s", entry, key[1:4], _verdict_text(verdict))
         return verdict
 
     def _run(self, entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -353,6 +353,70 @@ def test_dtune_takes_calls_the_faster_backend_declines(
     assert accepted, why
 
 
+@pytest.fixture
+def fla_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fla's flags as on an H100 with Triton 3.6: its Gated DeltaNet backward raises (fla issue 640)."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    for name, value in (("IS_NVIDIA_HOPPER", True), ("TRITON_ABOVE_3_4_0", True), ("TRITON_ABOVE_3_7_1", False)):
+        monkeypatch.setattr(chunk_o, name, value)
+
+
+class FakeCommon(fb.BaseBackend):
+    """A backend of fla's 'common' operation serving chunk_bwd_dqkwg (TileLang's place): fla then does not raise."""
+
+    backend_type = "fake_common"
+    priority = 1
+
+    def chunk_bwd_dqkwg(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("never run here")
+
+
+REFUSAL_CASES: list[tuple[str, bool, bool, bool, str]] = [
+    # (id, training, a 'common' backend serves fla's kernel, the K = 16 peer is registered, reason fragment)
+    ("training", True, False, False, "fla issue 640"),
+    ("forward", False, False, False, "no tuned chunk_gated_delta_rule entry"),
+    ("tilelang-serves-fla", True, True, False, "no tuned chunk_gated_delta_rule_bwd entry"),
+    ("another-backend-runs-it", True, False, True, "no tuned chunk_gated_delta_rule_bwd entry"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "train", "common", "with_peer", "reason"), REFUSAL_CASES, ids=[c[0] for c in REFUSAL_CASES]
+)
+def test_dtune_takes_the_training_step_fla_would_refuse(
+    backend: ModuleType,
+    fla_refuses: None,
+    name: str,
+    train: bool,
+    common: bool,
+    with_peer: bool,
+    reason: str,
+) -> None:
+    """No measurement at the bucket, yet where fla's own function would raise, dtune takes the call (accepted, the
+    reason kept in the decisions); not where fla hands its kernel to another backend or a peer runs the call."""
+    registries = []
+    if common:
+        import fla.ops.common.chunk_o  # noqa: F401 (loads fla's 'common' registry)
+
+        registries.append((fb._operation_registries["common"], FakeCommon()))
+    if with_peer:
+        registries.append((fb._operation_registries["gated_delta_rule"], FakePeer()))
+    for registry, b in registries:
+        registry.register(b)
+    try:
+        backend.enable()
+        (q, *rest), kw = gdn()
+        accepted, why = backend.DtuneBackend().verify(FWD, q.requires_grad_(train), *rest, **kw)
+    finally:
+        for registry, b in registries:
+            registry._backends.pop(b.backend_type)
+    assert accepted == (name == "training"), why
+    assert why is not None and reason in why, why
+    if accepted:
+        assert backend.decisions()[-1]["accepted"] and "fla issue 640" in backend.decisions()[-1]["reason"]
+
+
 def test_verdicts_are_cached_by_shape(
     backend: ModuleType, tuned: Callable[[list[dict[str, Any]]], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
