@@ -69,7 +69,8 @@ SAFE_LOWER_BOUND = (-5.0, 0.0)  # fla's range for lower_bound with safe_gate and
 # batches, GPU-bound times per call of one loop of 50 back-to-back calls): in the kernels a call queues in about 60%
 # of the host time (chunk: 275-308 us against 435-497; fused recurrent: 65 against 209), but the work they add runs
 # inside the sequential passes: at B 1, T 32768 the chunk ops took 1.742 ms (Gated DeltaNet) and 3.819 ms (KDA)
-# against 1.110 and 2.945 with the passes, the fused-recurrent KDA at B 1, T 2048 4.34 ms against 3.32. With host
+# against 1.110 and 2.945 with the passes (a rerun at commit 0490a7f: 1.502 against 1.276, 2.538 against 2.317), the
+# fused-recurrent KDA at B 1, T 2048 4.34 ms against 3.32. With host
 # time and GPU time both linear in the length, the chunk ops break even near 8k tokens a call (Gated DeltaNet; KDA,
 # whose in-kernel work per token is larger, near 4k) and the fused-recurrent kernel near 280 tokens a sequence.
 IN_KERNEL_MAX_TOKENS = 8192  # chunk forward: tokens per call (DeltaNet, Gated DeltaNet)
