@@ -474,6 +474,22 @@ class _Record(Reporter):
         self.reporter.bucket_done(bucket, summary)
 
 
+def _report(job: Job, result: JobResult, reporter: JobReporter) -> None:
+    """The job's HTML report; the tuned configs are exported by then, so a report that cannot be built (its charting
+    library missing, nothing to draw) is skipped with its reason and never fails the job."""
+    try:
+        from dtune.report import build_report
+    except ImportError as e:
+        reporter.skipped("the report", f"ImportError: {e}")
+        return
+    try:
+        result.report, _ = build_report([job.out], job.report_file)
+    except (OSError, ValueError) as e:  # NothingToReport is a ValueError
+        reporter.skipped("the report", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return
+    reporter.reported(result.report)
+
+
 def _search(job: Job, step: Step, todo: list[Bucket], ledger: Ledger, result: JobResult,
             reporter: JobReporter, deadline: float | None = None) -> bool:  # fmt: skip
     """One search of ``todo`` (stopped at ``deadline``, the job's ``--timeout``, its bucket in progress left for the
@@ -597,9 +613,6 @@ def _run(job: Job, reporter: JobReporter, ledger: Ledger, result: JobResult, dea
             except KeyboardInterrupt:
                 result.interrupted = True
     if not result.interrupted:
-        from dtune.report import build_report
-
-        result.report, _ = build_report([job.out], job.report_file)
-        reporter.reported(result.report)
+        _report(job, result, reporter)
     if job.config_file.is_file():
         result.entries = len(json.loads(job.config_file.read_text(encoding="utf-8"))["entries"])

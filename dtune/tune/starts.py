@@ -9,6 +9,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from dtune.borrow import borrow
 from dtune.shape import Shape
 from dtune.tune import results, transfer
 from dtune.tune.bookkeeping import FINISHED, params_key, retryable
@@ -37,10 +38,14 @@ def starting_configs(
     here = (cfg.kernel, cfg.gpu.key, cfg.dtype, shape.bucket())
     donors += [d for d in transfer.run_donors(Path(cfg.out)) if (d.kernel, d.gpu, d.dtype, d.bucket) != here]
     out = [Candidate(dict(baseline), source="default", is_default=True)]
+    seen = [dict(baseline)]  # a donor of the default's own config: the default stands for it
     for d in transfer.nearest(donors, cfg.kernel, cfg.gpu.key, cfg.dtype, shape, cfg.transfer_count):
-        params = {n: v for n, v in d.config.items() if n in choices and v in choices[n]}
-        if {**baseline, **params} != baseline:  # a donor of the default's own config: the default stands for it
-            out.append(Candidate({**baseline, **params}, source="transfer:" + d.describe()))
+        fitted, changes = fit_donor(d, cfg.kernel, shape, cfg.gpu.sm_count)
+        for config, note in ((fitted, f" (fitted: {changes})" if changes else ""), (d.config, " (verbatim)")):
+            params = {**baseline, **{n: v for n, v in config.items() if n in choices and v in choices[n]}}
+            if params not in seen:
+                seen.append(params)
+                out.append(Candidate(params, source="transfer:" + d.describe() + (note if changes else "")))
     if cfg.seeds:
         out += [Candidate({**baseline, **s}, source="seed") for s in cfg.space.seeds]
     if cfg.resume:
@@ -49,6 +54,20 @@ def starting_configs(
             out.append(Candidate(dict(best.params), source="resume"))
         out += retries(trials)
     return out
+
+
+def fit_donor(d: transfer.Donor, kernel: str, shape: Shape, sm_count: int) -> tuple[dict[str, Any], str]:
+    """A donor's config adjusted to ``shape`` as the lookup adjusts a borrowed one (:func:`dtune.borrow.borrow`:
+    tiles cut to the head dims, segments for the shape's sequences and length), and the changes in words ("": none).
+    A donor tuned at other head dims is often illegal verbatim (a key tile of 128 at K = 64): fitted, it is a start
+    the search can time. A config the template refuses at its own bucket stays as it is."""
+    try:
+        choice = borrow([d], kernel, d.dtype, shape, sm_count)
+    except (ValueError, KeyError, TypeError):  # a config of another template version: pruned or timed as it is
+        return dict(d.config), ""
+    if choice is None:
+        return dict(d.config), ""
+    return dict(choice.config), ", ".join(f"{c.param} {c.old}->{c.new}" for c in choice.changes)
 
 
 def retries(trials: list[FrozenTrial]) -> list[Candidate]:

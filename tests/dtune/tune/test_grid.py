@@ -231,3 +231,23 @@ def test_missing_from_drops_the_buckets_a_config_file_has_and_empty_steps() -> N
     assert [b.key for b in got.steps[0].buckets] == [b.key for b in rest.buckets[3:]]  # an fp32 entry is no bf16 one
     assert got.steps[0].seconds == rest.seconds
     assert grid.missing_from(plan, None) == plan
+
+
+@pytest.mark.parametrize("cause", ["no charting library", "nothing to report"])
+def test_a_report_that_cannot_be_built_is_skipped_and_the_job_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cause: str
+) -> None:
+    """The configs are exported before the report: a GPU machine without plotly, or a job folder with nothing to draw,
+    gets a skipped line, not a traceback after the whole job (a tune-gpu run on an H100 ended so)."""
+    import sys
+    from types import SimpleNamespace
+
+    if cause == "no charting library":
+        monkeypatch.setitem(sys.modules, "dtune.report", None)  # importing it raises ImportError
+    skipped: list[tuple[str, str]] = []
+    reporter = SimpleNamespace(skipped=lambda what, why: skipped.append((what, why)), reported=pytest.fail)
+    job = SimpleNamespace(out=tmp_path, report_file=tmp_path / "report.html")
+    result = grid.JobResult()
+    grid._report(job, result, reporter)  # type: ignore[arg-type]
+    assert result.report is None and [w for w, _ in skipped] == ["the report"]
+    assert ("ImportError" if cause == "no charting library" else "NothingToReport") in skipped[0][1]

@@ -446,3 +446,26 @@ def test_the_shipped_entry_of_the_bucket_itself_is_the_first_transferred_start(t
     }
     n = len([c for c in starts if c.source.startswith("transfer")])
     assert all(c.source.startswith("transfer") for c in starts[1 : 1 + n])  # then the seeds
+
+
+@pytest.mark.parametrize(
+    "kernel", ["chunk_delta_rule_bwd", "chunk_gated_delta_rule_bwd", "chunk_kda_bwd", "chunk_kda", "chunk_delta_rule"]
+)
+def test_transferred_starts_are_fitted_to_the_head_dims(tmp_path: Path, kernel: str) -> None:
+    """A K = 64 bucket's donors are K = 128 entries: verbatim, their tiles break the space's constraints (a tune-gpu run
+    on an H100 pruned every one of them and shipped the default). Fitted as the lookup fits a borrowed config, the
+    nearest donor is a start the search can time, and says what changed."""
+    from dtune.tune.starts import starting_configs
+
+    shape = Shape(8, 4096, 16, 16, 64, 64)
+    gpu = get_profile("h100")
+    cfg = SearchConfig(kernel=kernel, gpu=gpu, space=load_space(kernel), shapes=[shape], out=tmp_path, dtype="bf16")
+    default = get_kernel(kernel).default_config(64, 64)
+    params = cfg.space.params
+    choices = {n: tuple(sorted({*v, default[n]} if n in default else set(v), key=str)) for n, v in params.items()}
+    starts = starting_configs(cfg, shape, {n: default[n] for n in choices if n in default}, choices, [])
+    moved = [c for c in starts if c.source.startswith("transfer:") and "(fitted:" in c.source]
+    assert moved, [c.source for c in starts]
+    for c in moved:
+        assert c.params is not None
+        assert cfg.space.violations({**default, **c.params}, shape, gpu.constraint_fields()) == [], c.source
