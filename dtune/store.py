@@ -253,19 +253,26 @@ def _configs_for(gpu: str) -> TunedConfigs | None:
             found = read_configs(env, gpu)
         except ConfigFileError as e:
             warnings.warn(f"dtune: {e}; using default configs", RuntimeWarning, stacklevel=4)
-    else:  # this GPU's shipped file over its kin's (either may be missing; a corrupt one is left out, with a warning)
-        files: list[TunedConfigs] = []
-        for key in (gpu, kin_gpu(gpu)):
-            ref = resources.files("dtune.configs").joinpath(f"{key}.json") if key else None
-            if ref is None or not ref.is_file():
-                continue
-            try:
-                files.append(read_configs(str(ref), key))
-            except ConfigFileError as e:
-                warnings.warn(f"dtune: {e}; left out", RuntimeWarning, stacklevel=4)
-        found = overlay(*files) if len(files) == 2 else (files[0] if files else None)
+    else:
+        found = shipped_configs(gpu, stacklevel=5)
     _loaded[gpu] = found
     return found
+
+
+def shipped_configs(gpu: str, stacklevel: int = 2) -> TunedConfigs | None:
+    """What dtune ships for GPU ``gpu`` (a key): its own file over its kin's (either may be missing; a corrupt one is
+    left out, with a warning), None when there is neither. The ops' configs unless a file is given
+    (:func:`load_configs`, ``DTUNE_CONFIG``)."""
+    files: list[TunedConfigs] = []
+    for key in (gpu, kin_gpu(gpu)):
+        ref = resources.files("dtune.configs").joinpath(f"{key}.json") if key else None
+        if ref is None or not ref.is_file():
+            continue
+        try:
+            files.append(read_configs(str(ref), key))
+        except ConfigFileError as e:
+            warnings.warn(f"dtune: {e}; left out", RuntimeWarning, stacklevel=stacklevel)
+    return overlay(*files) if len(files) == 2 else (files[0] if files else None)
 
 
 def shipped_gpus() -> list[str]:

@@ -139,7 +139,11 @@ def search(
         ),
     ] = None,
     transfer_count: Annotated[
-        int, typer.Option(help="Transferred starting configs per shape (nearest tuned buckets first).")
+        int,
+        typer.Option(
+            help="Tuned buckets whose winners start each shape's search (nearest first; each fitted to the shape, "
+            "then verbatim where that differs). 0: none."
+        ),
     ] = 3,
     devices: Annotated[
         str | None,

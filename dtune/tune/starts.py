@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial
 
 from dtune.borrow import borrow
 from dtune.shape import Shape
+from dtune.store import shipped_configs
 from dtune.tune import results, transfer
 from dtune.tune.bookkeeping import FINISHED, params_key, retryable
 from dtune.tune.search_config import SearchConfig
@@ -26,12 +27,13 @@ def starting_configs(
     choices: dict[str, tuple[Any, ...]],
     trials: list[FrozenTrial],
 ) -> list[Candidate]:
-    """The default first (always legal: ``--trials 1`` times it), then the winners of the nearest tuned buckets
-    (shipped configs unless seeds are off, runs given with --transfer-from, and the run folder's own other studies;
-    nearest first: they compile in the first wave with the default), then the space's seeds, and on --resume the
-    study's best and its trials to retry (``trials``: the study's, read after its stale trials were failed). A
-    shipped entry of this very bucket is a donor too (it is the config the ops run here today); this study itself
-    is not."""
+    """The default first (always legal: ``--trials 1`` times it); then, unless seeds are off, the config the ops run at
+    this bucket on this GPU today (dtune's shipped files: its own entry, a kin GPU's, or the lookup's borrowed one, so
+    a search never ships worse than what it replaces without timing it); then the winners of the nearest tuned
+    buckets, each fitted to the shape (:func:`fit_donor`) and verbatim (shipped configs unless seeds are off, runs
+    given with --transfer-from, and the run folder's own other studies; nearest first: they compile in the first wave
+    with the default), then the space's seeds, and on --resume the study's best and its trials to retry (``trials``:
+    the study's, read after its stale trials were failed). This study itself is no donor."""
     donors: list[transfer.Donor] = transfer.shipped_donors() if cfg.seeds else []
     for run_dir in cfg.transfer_from:
         donors += transfer.run_donors(Path(run_dir))
@@ -39,6 +41,14 @@ def starting_configs(
     donors += [d for d in transfer.run_donors(Path(cfg.out)) if (d.kernel, d.gpu, d.dtype, d.bucket) != here]
     out = [Candidate(dict(baseline), source="default", is_default=True)]
     seen = [dict(baseline)]  # a donor of the default's own config: the default stands for it
+    if cfg.seeds:  # what the ops run at this bucket today (on an H100 an H200 entry, read as kin, or a borrowed one)
+        shipped = shipped_configs(cfg.gpu.key)
+        today = shipped.choose(cfg.kernel, cfg.dtype, shape) if shipped is not None else None
+        if today is not None:
+            params = {**baseline, **{n: v for n, v in today.config.items() if n in choices and v in choices[n]}}
+            if params not in seen:
+                seen.append(params)
+                out.append(Candidate(params, source="transfer:in force " + today.describe()))
     for d in transfer.nearest(donors, cfg.kernel, cfg.gpu.key, cfg.dtype, shape, cfg.transfer_count):
         fitted, changes = fit_donor(d, cfg.kernel, shape, cfg.gpu.sm_count)
         for config, note in ((fitted, f" (fitted: {changes})" if changes else ""), (d.config, " (verbatim)")):

@@ -94,7 +94,9 @@ def _distance(shape: Shape, gpu: str, dtype: str, d: Donor) -> tuple[float, ...]
 def nearest(
     donors: Iterable[Donor], kernel: str, gpu: str, dtype: str, shape: Shape, count: int = DEFAULT_COUNT
 ) -> list[Donor]:
-    """The ``count`` nearest donors of ``kernel`` with distinct configs, nearest first."""
+    """The ``count`` nearest donors of ``kernel`` with distinct configs, nearest first (none for a count of 0)."""
+    if count <= 0:
+        return []
     mine = sorted((d for d in donors if d.kernel == kernel), key=lambda d: _distance(shape, gpu, dtype, d))
     out: list[Donor] = []
     seen: set[str] = set()

@@ -153,7 +153,7 @@ def _strict_space(tmp_path: Path) -> Path:
 
 def test_search_where_nothing_passes_exits_1_and_export_writes_nothing(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    args = ["search", "-k", KERNEL, "--interpret", "--dtype", "fp32", "--trials", "2", *TINY]
+    args = ["search", "-k", KERNEL, "--interpret", "--dtype", "fp32", "--trials", "2", "--transfer-count", "0", *TINY]
     result = runner.invoke(app, [*args, "--space", str(_strict_space(tmp_path)), "--out", str(run)])
     assert result.exit_code == 1, result.output
     one_error_line(result.output, "no config passed the gate", "gate 1", "exceeds the fp32 tolerance")

@@ -434,7 +434,8 @@ def test_the_shipped_entry_of_the_bucket_itself_is_the_first_transferred_start(t
     starts = starting_configs(cfg, shape, {n: baseline[n] for n in choices if n in baseline}, choices, [])
     assert starts[0].source == "default"
     first = starts[1]
-    assert first.source.startswith("transfer:shipped h200.json") and "T4096-B8-H16-HV16-K128-V128" in first.source
+    assert first.source.startswith("transfer:in force exact: h200.json"), first.source
+    assert "T4096-B8-H16-HV16-K128-V128" in first.source
     (entry,) = [
         e
         for e in json.loads((Path(dtune.__file__).parent / "configs" / "h200.json").read_text())["entries"]
@@ -451,11 +452,18 @@ def test_the_shipped_entry_of_the_bucket_itself_is_the_first_transferred_start(t
 @pytest.mark.parametrize(
     "kernel", ["chunk_delta_rule_bwd", "chunk_gated_delta_rule_bwd", "chunk_kda_bwd", "chunk_kda", "chunk_delta_rule"]
 )
-def test_transferred_starts_are_fitted_to_the_head_dims(tmp_path: Path, kernel: str) -> None:
-    """A K = 64 bucket's donors are K = 128 entries: verbatim, their tiles break the space's constraints (a tune-gpu run
-    on an H100 pruned every one of them and shipped the default). Fitted as the lookup fits a borrowed config, the
-    nearest donor is a start the search can time, and says what changed."""
+def test_transferred_starts_are_fitted_to_the_head_dims(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
+    """A K = 64 bucket whose donors are K = 128 entries: verbatim, their tiles break the space's constraints (a
+    tune-gpu run on an H100 pruned every one of them and shipped the default). Fitted as the lookup fits a borrowed
+    config, the nearest donor is a start the search can time, and says what changed."""
+    from dtune.tune import starts as starts_module
     from dtune.tune.starts import starting_configs
+
+    k128 = [d for d in transfer.shipped_donors() if d.bucket["K"] == 128]
+    monkeypatch.setattr(transfer, "shipped_donors", lambda: k128)  # as before any K = 64 entry shipped
+    monkeypatch.setattr(starts_module, "shipped_configs", lambda gpu: None)
 
     shape = Shape(8, 4096, 16, 16, 64, 64)
     gpu = get_profile("h100")
@@ -469,3 +477,29 @@ def test_transferred_starts_are_fitted_to_the_head_dims(tmp_path: Path, kernel: 
     for c in moved:
         assert c.params is not None
         assert cfg.space.violations({**default, **c.params}, shape, gpu.constraint_fields()) == [], c.source
+
+
+def test_the_config_in_force_on_a_kin_gpu_is_a_start(tmp_path: Path) -> None:
+    """An H100 runs the H200's entry wherever its own file has none (kin GPUs): a search there starts from it, though
+    the H100's own entries rank before any other GPU's as donors (an H100 grid run once shipped a B1 T32768 backward
+    entry that never timed the H200 entry the H100 had been running)."""
+    from dtune.store import shipped_configs
+    from dtune.tune.starts import starting_configs
+
+    kernel = "chunk_kda_bwd"
+    shape = Shape(1, 32768, 16, 16, 128, 128)
+    gpu = get_profile("h100")
+    shipped = shipped_configs("h100")
+    assert shipped is not None
+    today = shipped.choose(kernel, "bf16", shape)
+    assert today is not None and today.source == "h200.json", "the case needs a bucket h100.json lacks"
+    cfg = SearchConfig(kernel=kernel, gpu=gpu, space=load_space(kernel), shapes=[shape], out=tmp_path, dtype="bf16")
+    default = get_kernel(kernel).default_config(128, 128)
+    params = cfg.space.params
+    choices = {n: tuple(sorted({*v, default[n]} if n in default else set(v), key=str)) for n, v in params.items()}
+    starts = starting_configs(cfg, shape, {n: default[n] for n in choices if n in default}, choices, [])
+    assert starts[1].source.startswith("transfer:in force exact: h200.json"), [c.source for c in starts]
+    assert starts[1].params is not None
+    assert {n: starts[1].params[n] for n in choices if n in today.config} == {
+        n: v for n, v in today.config.items() if n in choices
+    }

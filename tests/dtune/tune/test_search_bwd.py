@@ -39,9 +39,16 @@ def test_search_exports_a_backward_config_that_the_op_then_runs(
     space = dataclasses.replace(load_space(KERNEL), seeds=(SEED,))
     shape = INTERPRET_SHAPES.shapes()[0]
     cfg = SearchConfig(
-        kernel=KERNEL, gpu=get_profile("cpu"), space=space, shapes=[shape], out=tmp_path, dtype="fp32", trials=2,
+        kernel=KERNEL,
+        gpu=get_profile("cpu"),
+        space=space,
+        shapes=[shape],
+        out=tmp_path,
+        dtype="fp32",
+        trials=2,
         interpret=True,
-    )  # fmt: skip
+        transfer_count=0,
+    )  # fmt: skip (no shipped donor: the seed is the second trial)
     run = run_search(cfg)
     rows = pd.read_csv(tmp_path / "trials.csv").sort_values("number")
     assert rows["state"].tolist() == ["complete", "complete"], rows["message"].tolist()

@@ -26,3 +26,4 @@ def test_nearest_donors_first_each_config_once() -> None:
     got = [d.config["BT"] for d in nearest(donors, "chunk_kda", "h200", "bf16", shape, count=10)]
     assert got == [3, 1, 4, 5, 2]
     assert [d.config["BT"] for d in nearest(donors, "chunk_kda", "h200", "bf16", shape, count=2)] == [3, 1]
+    assert nearest(donors, "chunk_kda", "h200", "bf16", shape, count=0) == []  # --transfer-count 0: none
