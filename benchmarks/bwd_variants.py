@@ -119,6 +119,10 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # measured times in the comments, are in this file's history.
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), DN_GDN),
+    # the dq/dk stage at 16 warps (512 threads: twice the warps of one program per SM to cover its loads) by key tiles
+    # of 64 and 32; sm_90a, Triton 3.6: 114-128 registers, no spills (at 8 warps and key tiles of 128: 255)
+    ("dqk 16 warps, key tiles 64", OnShipped({"dqk_BK": 64, "dqk_BV": 64, "dqk_num_warps": 16}), ("b8", "b1"), DN_GDN),
+    ("dqk 16 warps, key tiles 32", OnShipped({"dqk_BK": 32, "dqk_BV": 64, "dqk_num_warps": 16}), ("b8",), DN_GDN),
 ]
 
 
