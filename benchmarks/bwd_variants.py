@@ -123,6 +123,12 @@ VARIANTS: list[Variant] = [
     # of 64 and 32; sm_90a, Triton 3.6: 114-128 registers, no spills (at 8 warps and key tiles of 128: 255)
     ("dqk 16 warps, key tiles 64", OnShipped({"dqk_BK": 64, "dqk_BV": 64, "dqk_num_warps": 16}), ("b8", "b1"), DN_GDN),
     ("dqk 16 warps, key tiles 32", OnShipped({"dqk_BK": 32, "dqk_BV": 64, "dqk_num_warps": 16}), ("b8",), DN_GDN),
+    (
+        "dqk 16 warps, key loop by 64",
+        OnShipped({"dqk_BK": 64, "dqk_BV": 64, "dqk_num_warps": 16, "dqk_KLOOP": True}),
+        ("b8",),
+        (Gate.NONE,),
+    ),  # DeltaNet only: Gated DeltaNet's spills 344 bytes
 ]
 
 

@@ -263,6 +263,7 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     # the dq/dk stage at 16 warps by key tiles of 64 and 32, as seeded (128 registers a thread at most)
     ("scalar", "bf16", 128, {**_SHIP64, "dqk_BK": 64, "dqk_num_warps": 16, "dqk_num_stages": 3}, False),
     ("none", "bf16", 128, {**_SHIP64, "dqk_BK": 32, "dqk_num_warps": 16}, True),
+    ("none", "bf16", 128, {**_SHIP64, "dqk_BK": 64, "dqk_num_warps": 16, "dqk_KLOOP": True}, False),
 ]
 
 

@@ -73,6 +73,10 @@ for gate in Gate:
         CASES[f"{tag}-varlen-K96-V64-dqk16w"] = (
             Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64], {**vk, **w16, "dqk_BK": 32}, None,
         )  # fmt: skip
+        if gate is Gate.NONE:  # ... by its key loop (the value side once per chunk)
+            CASES[f"{tag}-B2-T777-H2-HV4-K128-dqk16w-kloop"] = (
+                Shape(2, 777, 2, 4, 128, 128, 2, gate), None, {**vk, **w16, "dqk_KLOOP": True}, None,
+            )  # fmt: skip
     CASES[f"{tag}-varlen-K96-V64-seg"] = (
         Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64], {**vk, "dh_BV": 64, "dh_SEG_CHUNKS": 8},
         SEG_FWD,
