@@ -3,8 +3,8 @@
 - An example is a ```console block right after a ``<!-- example: columns=N -->`` line: its ``$ dtune ...`` command
   runs here in a fresh folder, N columns wide (one that runs kernels says ``--interpret``), and its stdout must
   match the block's once the measured values are masked (times, rates, ratios: every number with a decimal point
-  or a unit) and the layout is folded (white space, line breaks, table rules): the columns, rows, labels and counts
-  must be the same.
+  or a unit; the values of a config's NAME=VALUE pairs, since timings pick the config) and the layout is folded
+  (white space, line breaks, table rules): the columns, rows, labels and counts must be the same.
   ``python tests/test_readme.py --write`` rewrites every example with a fresh run's output.
 - Every ``dtune ...`` command in a bash or console block parses (the command exists, its options and their values
   are valid); every ``python benchmarks/*.py`` / ``scripts/*`` command names a file that exists, and the options it
@@ -30,6 +30,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT
 MARKER = re.compile(r"<!-- example: columns=(\d+) -->")
 UNIT = r"(?:ms|µs|us|s|min|/min|%|×|x|GB/s|TFLOP/s)"
 MEASURED = re.compile(rf"\d+\.\d+|\d+(?=\s?{UNIT}(?![\w-]))|\d+:\d\d:\d\d")
+# a config's values (NAME=VALUE): which config wins is a measurement too (timings decide it, even under the interpreter)
+CHOSEN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=\S+")
 RULES = re.compile(r"[─━═│┃┏┓┗┛┡┩┳┻╇╈┣┫┠┨┯┷┼╋└┘┌┐├┤┬┴]+")
 
 
@@ -58,7 +60,7 @@ def examples(path: Path) -> list[Example]:
 
 def shape(text: str) -> list[str]:
     """The output without what a run measures and without its layout: the words, labels and counts."""
-    return RULES.sub("|", MEASURED.sub("#", text)).split()
+    return RULES.sub("|", MEASURED.sub("#", CHOSEN.sub(r"\1=#", text))).split()
 
 
 def run_example(ex: Example, cwd: Path) -> str:
