@@ -1,6 +1,7 @@
-"""Where a shape's study starts: the template's default, the winners of the nearest tuned buckets (shipped configs and
-``--transfer-from`` runs, :mod:`dtune.tune.transfer`), then the space's seeds, and on ``--resume`` the study's
-best and every config whose trial never ran to its end (cancelled, interrupted, or its process died)."""
+"""Where a shape's study starts: the template's default, the config the ops run at the bucket today, the winners of
+the nearest tuned buckets fitted to the shape (shipped configs and ``--transfer-from`` runs,
+:mod:`dtune.tune.transfer`), then the space's seeds, and on ``--resume`` the study's best and every config whose trial
+never ran to its end (cancelled, interrupted, or its process died)."""
 
 from __future__ import annotations
 
