@@ -41,22 +41,24 @@ def starting_configs(
     here = (cfg.kernel, cfg.gpu.key, cfg.dtype, shape.bucket())
     donors += [d for d in transfer.run_donors(Path(cfg.out)) if (d.kernel, d.gpu, d.dtype, d.bucket) != here]
     out = [Candidate(dict(baseline), source="default", is_default=True)]
-    seen = [dict(baseline)]  # a donor of the default's own config: the default stands for it
+
+    def transferred(config: dict[str, Any], source: str) -> None:
+        """A start from a tuned config (its values the space has, over the default), unless one is already there (a
+        donor of the default's own config: the default stands for it)."""
+        params = {**baseline, **{n: v for n, v in config.items() if n in choices and v in choices[n]}}
+        if all(c.params != params for c in out):
+            out.append(Candidate(params, source="transfer:" + source))
+
     if cfg.seeds:  # what the ops run at this bucket today (on an H100 an H200 entry, read as kin, or a borrowed one)
         shipped = shipped_configs(cfg.gpu.key)
         today = shipped.choose(cfg.kernel, cfg.dtype, shape) if shipped is not None else None
         if today is not None:
-            params = {**baseline, **{n: v for n, v in today.config.items() if n in choices and v in choices[n]}}
-            if params not in seen:
-                seen.append(params)
-                out.append(Candidate(params, source="transfer:in force " + today.describe()))
+            transferred(today.config, "in force " + today.describe())
     for d in transfer.nearest(donors, cfg.kernel, cfg.gpu.key, cfg.dtype, shape, cfg.transfer_count):
         fitted, changes = fit_donor(d, cfg.kernel, shape, cfg.gpu.sm_count)
-        for config, note in ((fitted, f" (fitted: {changes})" if changes else ""), (d.config, " (verbatim)")):
-            params = {**baseline, **{n: v for n, v in config.items() if n in choices and v in choices[n]}}
-            if params not in seen:
-                seen.append(params)
-                out.append(Candidate(params, source="transfer:" + d.describe() + (note if changes else "")))
+        transferred(fitted, d.describe() + (f" (fitted: {changes})" if changes else ""))
+        if changes:
+            transferred(d.config, d.describe() + " (verbatim)")
     if cfg.seeds:
         out += [Candidate({**baseline, **s}, source="seed") for s in cfg.space.seeds]
     if cfg.resume:
