@@ -250,14 +250,17 @@ def run(case: Case, x: dict[str, Any], call: Callable[[Case, dict[str, Any]], tu
     return out
 
 
-def compare(case: Case, dims: Dims, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict[str, Any]:
+def compare(
+    case: Case, dims: Dims, dtype: torch.dtype, device: torch.device, seed: int = 0, policy: str = "always"
+) -> dict[str, Any]:
     """One row: the errors of dtune and of fla against the float64 reference and of dtune against fla (the worst over
     the output, the final state and every gradient), the routes, and whether dtune agrees within bf16 error: its error
-    at most twice fla's or the dtype's gate tolerance, whichever is larger, on every tensor."""
+    at most twice fla's or the dtype's gate tolerance, whichever is larger, on every tensor. ``policy``: the
+    backend's (:func:`dtune.integrations.fla.enable`) for the call with dtune."""
     x = make_inputs(case, dims, dtype, device, seed)
     dtune_fla.disable()
     theirs = run(case, x, call_fla) if device.type == "cuda" else Outcome(error="fla's kernels need a GPU")
-    dtune_fla.enable("always")
+    dtune_fla.enable(policy)
     try:
         ours = run(case, x, call_fla)
     finally:

@@ -111,10 +111,7 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "dv_num_stages": (1, 2, 3, 4),
     "dqk_BK": (16, 32, 64, 128),
     "dqk_BV": (16, 32, 64, 128),
-    # (16: 512 threads hold the stage's accumulators at half the registers each; one program per SM either way, twice
-    # the warps to cover its loads' latency: sm_90a, Triton 3.6, K = V = 128, BT = 64, REVERSE_DV, dqk_BK <= 64:
-    # 114-128 registers and no spills for DeltaNet and Gated DeltaNet; at dqk_BK = 128, or KDA, 128 and 180-840 bytes)
-    "dqk_num_warps": (1, 2, 4, 8, 16),
+    "dqk_num_warps": (1, 2, 4, 8),
     "dqk_num_stages": (1, 2, 3, 4),
     # the dq/dk stage's key tiles: one program each (False), or in a loop inside one program per chunk (True): the
     # value side (dVβ, dv, both dA, KDA's dA scratch) once per chunk instead of once per key tile

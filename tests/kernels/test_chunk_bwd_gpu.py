@@ -65,18 +65,6 @@ for gate in Gate:
             Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64],
             {**vk, **dqk, "dh_BV": 64, "dh_SEG_CHUNKS": 8}, SEG_FWD,
         )  # fmt: skip
-    if gate is not Gate.CHANNEL:  # the dq/dk stage at 16 warps (512 threads) by key tiles of 64, value side reversed
-        w16 = {"REVERSE_DV": True, "SAVE": "all", "dqk_BK": 64, "dqk_BV": 64, "dqk_num_warps": 16}
-        CASES[f"{tag}-B2-T1000-H4-HV8-K128-dqk16w"] = (
-            Shape(2, 1000, 4, 8, 128, 128, 2, gate), None, {**vk, **w16, "dqk_num_stages": 3}, None,
-        )  # fmt: skip
-        CASES[f"{tag}-varlen-K96-V64-dqk16w"] = (
-            Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64], {**vk, **w16, "dqk_BK": 32}, None,
-        )  # fmt: skip
-        if gate is Gate.NONE:  # ... by its key loop (the value side once per chunk)
-            CASES[f"{tag}-B2-T777-H2-HV4-K128-dqk16w-kloop"] = (
-                Shape(2, 777, 2, 4, 128, 128, 2, gate), None, {**vk, **w16, "dqk_KLOOP": True}, None,
-            )  # fmt: skip
     CASES[f"{tag}-varlen-K96-V64-seg"] = (
         Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64], {**vk, "dh_BV": 64, "dh_SEG_CHUNKS": 8},
         SEG_FWD,
