@@ -212,6 +212,7 @@ def _key_tile(
     v_td=None,
     h_td=None,
     x_td=None,
+    b_g1=None,
 ):
     """Key tile ``i_k`` of the chunk: its V contractions (with ``VSIDE`` also the value side, as one pass), the local
     and pairwise terms and the gate, and its stores (dq, dk, KDA's dg, Gated DeltaNet's dγ partial, dβ's k part);
@@ -236,7 +237,7 @@ def _key_tile(
     b_dq, b_dk, b_db, b_dg = chunk_local_grads(
         b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, a_b, ak_b, b_beta, q + (bos * H + i_h) * K,
         k + (bos * H + i_h) * K, g, beta + row, i_k * BK, o_t, tl.arange(0, BK), m_t, m_k, L, scale, r0,
-        H, HV, K, BT, BC, HV * BT, GATE, DT, DOT_PREC, FLOOR,
+        H, HV, K, BT, BC, HV * BT, GATE, DT, DOT_PREC, FLOOR, b_g1,
     )  # fmt: skip
     if GATE == 2:
         tl.store(dg + off_hk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
@@ -343,10 +344,12 @@ def chunk_bwd_dqk_kernel(
     m_t = o_t < L
     row = bos * HV + i_hv  # first row of the chunk in [tokens, HV, ...]
     b_beta = tl.load(beta + row + o_t * HV, mask=m_t, other=0).to(tl.float32)
+    b_g1 = None
     if GATE == 2:
         g_b = g + row * K
     elif GATE == 1:
         g_b = g + row
+        b_g1 = tl.load(g_b + o_t * HV, mask=m_t, other=0).to(tl.float32)  # before the V contractions, off the tail
     else:
         g_b = g
     m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
@@ -396,14 +399,14 @@ def chunk_bwd_dqk_kernel(
                 q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
                 b_beta, i_k, i_c, i_h, i_hv, bos, row, r0 + o_t, m_t, L, L, scale, r0, SLOT, SS,
                 H, HV, K, V, BT, BC, BK, BV, NV, GATE, False, True, DT, DOT_PREC, FLOOR,
-                TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td,
+                TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td, b_g1=b_g1,
             )  # fmt: skip
     else:  # one program per key tile: each does the value side (key tile 0 stores dv and dβ's v part)
         _key_tile(
             q, k, g_b, beta, hbuf, dh, do, vnew, dvb, v, dv, dq, dk, dg, dbeta_part, b_Tt, b_daq, b_dak, a_b, ak_b,
             b_beta, i_kp, i_c, i_h, i_hv, bos, row, o_t, m_t, L, tl.where(i_kp == 0, L, 0), scale, 0, SLOT, SS,
             H, HV, K, V, BT, BC, BK, BV, NV, GATE, FUSED, DVB_GIVEN or not FUSED, DT, DOT_PREC, FLOOR,
-            TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td,
+            TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td, b_g1=b_g1,
         )  # fmt: skip
 
 
