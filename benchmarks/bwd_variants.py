@@ -122,6 +122,11 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # measured times in the comments, are in this file's history.
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), DN_GDN),
+    # the reverse pass's adjoint stored by one TMA store per chunk (dh_STORE_TMA): no layout round trip through shared
+    # memory on its chain; DeltaNet's B8 entry loads by pointers, so also with its loads by TMA (sm_90a: spills 136 ->
+    # 24 bytes with both)
+    ("adjoint by TMA store", OnShipped({"dh_STORE_TMA": True}), ("b8", "b1"), DN_GDN),
+    ("loads and adjoint by TMA", OnShipped({"dh_TMA": True, "dh_STORE_TMA": True}), ("b8",), (Gate.NONE,)),
 ]
 
 

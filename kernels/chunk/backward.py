@@ -103,6 +103,11 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # ... and its loads: by pointers (False), or its tiles by TMA tensor descriptors (True, on shapes that allow them:
     # K a power of two, dh_BV dividing V; the sequence-parallel pass's phase 3, not its phase 1)
     "dh_TMA": (False, True),
+    # ... and its store of each chunk's adjoint (read by the dq/dk stage): by pointers (False), or the whole [K, dh_BV]
+    # tile by one TMA store (True, where K is a power of two and dh_BV divides V): no layout conversion through
+    # shared memory and its two barriers on the pass's sequential chain (sm_90a, Triton 3.6, Gated DeltaNet's
+    # shipped B8 entry: 69 -> 60 bar.sync; DeltaNet's with dh_TMA: 68 -> 58 and spills 136 -> 24 bytes)
+    "dh_STORE_TMA": (False, True),
     # ... and its chain's last product: subtracted from the adjoint after the dot (False), or accumulated into it by the
     # dot, an operand negated (True): the same sums, one float32 tile fewer alive, another register allocation
     "dh_ACC": (False, True),
@@ -199,6 +204,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dh_LAYOUT": "kv",
         "dh_SEG_CHUNKS": 0,  # the plain reverse pass (sequence-parallel: 8..256 chunks per segment)
         "dh_TMA": False,
+        "dh_STORE_TMA": False,
         # (H100, the shipped configs' training step at B8 T4096 / B1 T32768, medians of 5 interleaved rounds: Gated
         # DeltaNet 2.619 -> 2.601 and 3.622 -> 3.402 ms with it, DeltaNet 2.095 -> 2.142 and 2.969 -> 2.944, KDA
         # 4.545 -> 4.542 and 5.558 -> 5.572: on for Gated DeltaNet)

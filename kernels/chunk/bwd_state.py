@@ -149,6 +149,7 @@ def chunk_bwd_state_kernel(
     FLOOR: tl.constexpr = 0.0,
     h_td=None,
     vn_td=None,
+    xs_td=None,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -225,7 +226,11 @@ def chunk_bwd_state_kernel(
         r0 = t0.to(tl.int32)  # descriptor row
         b_xc = b_x.to(DT)
         if SEG != 1 and not DQK:  # (DQK: the chunk's gradients are formed here, X_{c+1} never stored)
-            tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
+            if xs_td is not None:  # dh_STORE_TMA: the [K, BV] tile by one TMA store (no layout round trip first)
+                xs_row = (((c0 + i_t) * HV + i_hv) * K).to(tl.int32)
+                xs_td.store([xs_row, i_v * BV], tl.trans(b_xc) if TRANS else b_xc)
+            else:
+                tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
 
         b_do = _load(do + row_hv * V, off_v, m_to, do_td, r0, c_v, m_t, USE_TMA, TRANS).to(DT)
         if W_READ:
@@ -417,6 +422,8 @@ def launch_reverse(
         q, k, w, aqk, qg, kg, do, dv_work, w_from_k or w_rebuild, qk_re, H, HV, K, V, BT, BK, BV, config, dqk_work
     )  # fmt: skip
     extra |= tds  # (the plain pass and phase 3; phase 1 loads by pointers)
+    if dqk_work is None:  # (REVERSE_DQK stores no adjoint)
+        extra |= store_descriptor(dh, K, V, BK, BV, config)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
     tiled_pass = None
     if tiled:
@@ -502,6 +509,17 @@ def _launch_tiled(
         STORE_DH0=dh0 is not None, VARLEN=bounds is not None, DOT_PREC=dot_prec, FLOOR=GATE_FLOOR,
         W_FROM_K=no_w, QK_RE=qk_re, num_warps=config["dh_num_warps"], num_stages=config["dh_num_stages"], **seg,
     )  # fmt: skip
+
+
+def store_descriptor(dh: Tensor, K: int, V: int, BK: int, BV: int, config: Config) -> dict[str, Any]:
+    """``dh_STORE_TMA``: the TMA descriptor the reverse pass stores each chunk's adjoint through (``[BK, BV]`` blocks
+    of the ``[chunks·HV·K, V]`` view: a whole value tile of one state), as ``xs_td``. Empty (pointer stores) without
+    it, where a tile would not be one state's whole key range and ``BV`` columns (``BK != K``, ``BV`` not dividing
+    V), or where ``dh`` does not start 16-byte aligned."""
+    if not config.get("dh_STORE_TMA", False) or BK != K or V % BV or not dh.numel() or dh.data_ptr() % 16:
+        return {}
+    rows = dh.numel() // V
+    return {"xs_td": TensorDescriptor(dh.view(rows, V), [rows, V], [V, 1], [BK, BV])}
 
 
 def descriptors(

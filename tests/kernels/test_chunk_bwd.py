@@ -208,6 +208,16 @@ for gate in Gate:
     add("dhTMA-vk-revdv-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **TMA_DH, **VK, **rdv},
         seq_lens=[1, 17, 0, 20])  # fmt: skip
     add("dhTMA-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **TMA_DH, **rdv, "dh_SEG_CHUNKS": 2, "dh_BV": 16})
+# ... and its store of each chunk's adjoint by TMA (dh_STORE_TMA): kv and transposed ("vk"), several value tiles,
+# with and without the loads by TMA, varlen with an empty sequence and partial chunks, the segmented pass's phase 3
+STORE_DH = {"dh_STORE_TMA": True}
+for gate in Gate:
+    add("dhSTORE-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **STORE_DH, "dh_BV": 16}, gate_min=-60.0)
+    add("dhSTORE-vk-tma-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **STORE_DH, **TMA_DH, **VK, **rdv},
+        seq_lens=[1, 17, 0, 20])  # fmt: skip
+    add(
+        "dhSTORE-seg", Shape(1, 50, 1, 2, 32, 16, 1, gate), {**BT16, **STORE_DH, **rdv, "dh_SEG_CHUNKS": 2, "dh_BV": 16}
+    )
 # ... and the dq/dk stage's value-side and state tiles by TMA descriptors (dqk_TMA): fused with its own value side
 # (dV_new and v by descriptors), with the reverse pass's dVβ, several key and value tiles, the key loop with dVβ given,
 # varlen with partial chunks and an empty sequence
@@ -587,3 +597,17 @@ def test_reverse_pass_descriptors_only_where_tiles_fit() -> None:
     assert tds(16, 32, 16, on=False) == {}  # dh_TMA off
     assert tds(24, 32, 16) == {}  # K not a power of two: a K tile would cross into the next head
     assert tds(16, 40, 16) == {}  # BV does not divide V
+
+
+def test_reverse_pass_adjoint_store_descriptor_only_where_tiles_fit() -> None:
+    """dh_STORE_TMA gives the reverse pass a store descriptor (the dhSTORE cases above store through it: with a
+    wrong row or column they fail) of whole [K, dh_BV] state tiles, and none where a tile would not be one."""
+    from dtune.kernels.chunk.bwd_state import store_descriptor
+
+    dh = torch.zeros(6, 4, 16, 32)  # [chunks, HV, K, V]
+    got = store_descriptor(dh, 16, 32, 16, 16, {"dh_STORE_TMA": True})
+    assert set(got) == {"xs_td"} and list(got["xs_td"].shape) == [6 * 4 * 16, 32]
+    assert list(got["xs_td"].block_shape) == [16, 16]
+    assert store_descriptor(dh, 16, 32, 16, 16, {"dh_STORE_TMA": False}) == {}
+    assert store_descriptor(dh, 16, 32, 8, 16, {"dh_STORE_TMA": True}) == {}  # key tiles: not one state's rows
+    assert store_descriptor(torch.zeros(6, 4, 16, 40), 16, 40, 16, 16, {"dh_STORE_TMA": True}) == {}  # BV ∤ V

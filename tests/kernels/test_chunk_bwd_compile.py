@@ -111,6 +111,8 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
         if rev_dqk:  # V_new and the chunk states too
             state |= {"vn_td": f"tensordesc<{dtype}[{BT},{dh_BV}]>", "h_td": f"tensordesc<{dtype}[{K},{dh_BV}]>"}
     seg = cfg["dh_SEG_CHUNKS"] > 0
+    if cfg.get("dh_STORE_TMA") and state["BK"] == K and V % dh_BV == 0 and not rev_dqk:  # the adjoint's TMA store
+        state |= {"xs_td": f"tensordesc<{dtype}[{K},{dh_BV}]>"}
     if seg:  # the sequence-parallel pass: phase 3 over the segment table (phase 1 and 2 below)
         state |= {"cu_seqlens": "*i32", "chunk_offsets": "*i32", "first": "*i32", "xend": f32}
         state |= dict(VARLEN=True, SEG=2, USE_DHT=False)
@@ -236,6 +238,16 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("none", "bf16", 128, {**_SHIP64, "dh_TMA": True, "fh_U": "recomputed", "fh_W": "recomputed"}, False),
     ("scalar", "bf16", 128, {**_SHIP64, "dh_TMA": True, "fh_U": "recomputed", "fh_W": "rebuilt"}, False),
     ("scalar", "bf16", 128, {**_SHIP64, "dh_TMA": True, "dh_SEG_CHUNKS": 64}, True),
+    # ... and its adjoint stored by TMA (dh_STORE_TMA): transposed ("vk"), with and without the loads by TMA, segmented
+    (
+        "scalar",
+        "bf16",
+        128,
+        {**_SHIP64, "dh_TMA": True, "dh_STORE_TMA": True, "fh_U": "recomputed", "fh_W": "recomputed"},
+        False,
+    ),
+    ("none", "bf16", 128, {**_SHIP64, "dh_STORE_TMA": True, "fh_U": "recomputed", "fh_W": "recomputed"}, False),
+    ("channel", "bf16", 128, {**_SHIP64, "dh_STORE_TMA": True, "dh_SEG_CHUNKS": 64}, True),
     (
         "channel",
         "bf16",
