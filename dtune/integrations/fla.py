@@ -251,19 +251,23 @@ def _bucket_text(b: Mapping[str, int]) -> str:
     return f"B{b['B']} T{b['T']} H{b['H']} HV{b['HV']} K{b['K']} V{b['V']}"
 
 
+def fla_checks_gated_backward() -> bool:
+    """Whether fla's own ``chunk_bwd_dqkwg`` refuses its gated call here (Hopper, Triton >= 3.4, < 3.7.1: fla issue
+    640), from fla's own flags; False for an fla without them."""
+    try:
+        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
+    except Exception:  # another fla layout: no known refusal
+        return False
+    flags = (getattr(chunk_o, n, None) for n in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1"))
+    return tuple(flags) == (True, True, False)
+
+
 def fla_refusal(call: Call, grad: bool, peer: str | None) -> str | None:
     """Why fla's own function would raise on this call where dtune computes it (None: it would not). fla 0.6.0 refuses
     the Gated DeltaNet backward on Hopper with Triton >= 3.4, < 3.7.1 (its issue 640: a miscompile that gives wrong
     ``dg``; its ``chunk_bwd_dqkwg`` raises unless a backend of its ``'common'`` operation, TileLang, serves it). Read
     from fla's own flags, once per verdict."""
-    if not grad or peer != "fla" or call.kernel != "chunk_gated_delta_rule":
-        return None
-    try:
-        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
-    except Exception:  # another fla layout: no known refusal
-        return None
-    flags = (getattr(chunk_o, n, None) for n in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1"))
-    if tuple(flags) != (True, True, False):
+    if not grad or peer != "fla" or call.kernel != "chunk_gated_delta_rule" or not fla_checks_gated_backward():
         return None
     common = getattr(fla_backends, "_operation_registries", {}).get("common")
     if any(b.get_implementation("chunk_bwd_dqkwg") is not None for b in _others(common)):

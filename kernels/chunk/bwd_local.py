@@ -122,7 +122,8 @@ def chunk_local_grads(
         b_dq += tl.dot(b_daq, b_kc, input_precision=DOT_PREC)
         if GATE == 0:  # both transposed products into one accumulator, added once: one [BT, BK] float32 layout
             # conversion instead of two (H100, B8 T4096: DeltaNet's step -1%; Gated DeltaNet's +0.3%, its second
-            # accumulator spills: 20 -> 164 bytes at sm_90a)
+            # accumulator spills: 20 -> 164 bytes at sm_90a). Both branches spell the β-scaled dA_kk operand in place:
+            # hoisted into one variable it compiles to another register allocation, not the code timed above
             b_tr = tl.dot(tl.trans(b_daq), b_qc, input_precision=DOT_PREC)
             b_tr = tl.dot(
                 tl.trans((b_dak.to(tl.float32) * b_beta[:, None]).to(DT)), b_kc, b_tr, input_precision=DOT_PREC

@@ -27,14 +27,12 @@ def test_training_step_fla_refuses_runs_on_dtune(monkeypatch: pytest.MonkeyPatch
     """Where fla's own Gated DeltaNet backward raises (Hopper, Triton >= 3.4, < 3.7.1: fla issue 640), the default
     (measured) policy takes the training step: fla alone raises, with the backend on the same call runs on dtune and
     its gradients match the float64 reference."""
-    import importlib
-
     from dtune.integrations import fla as dtune_fla
 
-    chunk_o = importlib.import_module("fla.ops.common.chunk_o")
-    flags = tuple(getattr(chunk_o, n, None) for n in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1"))
-    if flags != (True, True, False):
-        pytest.skip(f"fla does not refuse its Gated DeltaNet backward here (Hopper, >= 3.4, >= 3.7.1: {flags})")
+    if not dtune_fla.fla_checks_gated_backward():
+        pytest.skip(
+            "fla does not refuse its Gated DeltaNet backward here (it does on Hopper with Triton >= 3.4, < 3.7.1)"
+        )
     monkeypatch.delenv(dtune_fla.ENV, raising=False)
     case = next(c for c in CASES if c.name == "gdn-layer")  # Qwen3-Next's call
     row = fla_check.compare(case, fla_check.Dims(1, 1024, 16, 32, 128, 128), torch.bfloat16, torch.device("cuda"),
