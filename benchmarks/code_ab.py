@@ -198,6 +198,11 @@ def main() -> None:
     if a.cmd == "child":
         print(json.dumps(child(a.dir, kernels, shape, a.mode, a.ref, a.interpret)))
         return
+    if not a.interpret:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("code_ab run: needs a CUDA GPU (or --interpret: CPU, Triton's interpreter)")
     out = Path(os.environ.get("OUT", a.dir))
     out.mkdir(parents=True, exist_ok=True)
     rows = run(a.dir, kernels, shape, a.rounds, a.interpret, out)
