@@ -2,11 +2,10 @@
 CUDA times and its bf16 error against the float64 reference.
 
 Variants (search parameters of kernels/chunk/params.py, applied on top of the shipped H200 config of the shape's
-bucket, dtune/configs/h200.json): ``WU = "recomputed"`` (stage 1 stores only the chunk's inverse T; the state pass
-forms V_new itself), ``AQK = "recomputed"`` (and A_qk), ``STATE_TMA`` (the state pass's tiles by TMA descriptors),
-``STATE_LOOP = "specialized"`` (warp-specialised chunk loop), and their combinations at other tiles (h_BV 128 at 8
-warps, BT 64). DeltaNet and Gated DeltaNet get all of them; KDA (W, U and A_qk stored) the TMA and loop variants;
-Gated DeltaNet also ``GATE_LOADS = "prefetched"`` (the state pass's gate rows loaded a chunk ahead, in registers).
+bucket, dtune/configs/h200.json; :data:`VARIANTS` holds the ones not yet decided): ``WU = "recomputed"`` (stage 1
+stores the chunk's inverse T instead of W and U, and for KDA ``P = β ⊙ K ⊙ e^γ``; the state pass forms V_new
+itself), ``AQK = "recomputed"`` (A_qk formed in the state pass), ``STATE_TMA`` (the state pass's tiles by TMA
+descriptors), ``STATE_LOOP = "specialized"`` (warp-specialised chunk loop).
 
 Shapes: bf16, H = 16, K = V = 128, initial state and final state; ``B8`` = B 8, T 4096; ``B1`` = B 1, T 32768 (the
 shipped configs there run the sequence-parallel state pass).
@@ -65,46 +64,24 @@ WU = {"WU": "recomputed"}
 TMA = {"STATE_TMA": True}
 WS = {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2}
 ALL = KERNEL_NAMES
-DN_GDN = ("chunk_gated_delta_rule", "chunk_delta_rule")  # W, U and A_qk recomputable (KDA's decays are per channel)
-GDN = ("chunk_gated_delta_rule",)
+DN_GDN = ("chunk_gated_delta_rule", "chunk_delta_rule")  # A_qk recomputable (KDA's decays are per channel)
 KDA = ("chunk_kda",)
-# KDA's stage 1 at one warp with 64-wide key and value tiles (the fastest stage 1 of the H200 search of 2026-12-01,
-# 0.718 ms with substitution, against the shipped tiles' 0.707 with squaring; both before its exponentials were exp2)
-INTRA_W1 = {"intra_num_warps": 1, "intra_BK": 64, "intra_BV": 64, "SOLVE": "subst"}
-# (name, overrides on the shipped config, the kernels it applies to)
+# (name, overrides on the shipped config, the kernels it applies to). Variants timed before leave the list once
+# decided (git history keeps them; their times are in reports/*/forward/fwd_variants*.csv).
 VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("shipped", {}, ALL),
-    ("tma", TMA, ALL),
+    # KDA's stage 1 storing P = β ⊙ K ⊙ e^γ and the inverse T instead of W and U (no v read, no U written, no W / U
+    # products), the state pass forming V_new = T (β ⊙ V − P S) from the v tile: pointer and TMA tiles, two and three
+    # pipeline stages, the warp-specialised loop
+    ("wu", {**WU, "STATE_TMA": False}, KDA),
+    ("wu+tma", {**WU, **TMA}, KDA),
+    ("wu+tma s2", {**WU, **TMA, "h_num_stages": 2}, KDA),
+    ("wu+tma+ws", {**WU, **WS}, KDA),
+    # DeltaNet / Gated DeltaNet with A_qk formed in the state pass too (stage 1 then reads no q), at the shipped
+    # 4 warps (timed before only at 8)
+    ("wu+aqk+tma", {**WU, "AQK": "recomputed", **TMA}, DN_GDN),
+    ("wu+aqk+tma s2", {**WU, "AQK": "recomputed", **TMA, "h_num_stages": 2}, DN_GDN),
     ("tma+ws", WS, ALL),
-    ("wu", WU, DN_GDN),
-    ("wu+tma", {**WU, **TMA}, DN_GDN),
-    ("wu+tma+ws", {**WU, **WS}, DN_GDN),
-    ("wu+aqk+tma w8", {**WU, "AQK": "recomputed", **TMA, "h_num_warps": 8, "h_num_stages": 2}, DN_GDN),
-    ("wu+tma hBV128 w8", {**WU, **TMA, "h_BV": 128, "h_num_warps": 8}, DN_GDN),
-    ("wu+tma BT64", {**WU, **TMA, "BT": 64, "h_num_stages": 2, "SOLVE": "squaring", "intra_num_warps": 4}, DN_GDN),
-    # KDA's output error (4.0e-3 against fla's 3.3e-3 on the H200; 3.4e-3 through the training forward's stage 1,
-    # blocks with substitution): which of the shipped stage 1's choices (onepass, squaring, bfloat16 diagonal dots)
-    # costs it
-    ("tma diag-f32", {**TMA, "DIAG_BF16": False}, KDA),
-    ("tma subst", {**TMA, "SOLVE": "subst"}, KDA),
-    ("tma subst diag-f32", {**TMA, "SOLVE": "subst", "DIAG_BF16": False}, KDA),
-    ("tma blocks subst", {**TMA, "INTRA": "blocks", "SOLVE": "subst", "DIAG_BF16": False}, KDA),
-    ("tma w1 bk64 subst", {**TMA, **INTRA_W1}, KDA),
-    # KDA's shipped one-pass stage 1 (substitution, float32 diagonal blocks) at 2 warps spills 48 bytes (sm_90a, Triton
-    # 3.6, bf16, K = V = 128); at 8 warps none, at 4 with value tiles of 64 4 bytes (at 4 with 128: 244)
-    ("intra w8", {"intra_num_warps": 8}, KDA),
-    ("intra w4 bv64", {"intra_num_warps": 4, "intra_BV": 64}, KDA),
-    # Gated DeltaNet's state pass with its gate rows prefetched a chunk ahead in registers (GATE_LOADS): on the shipped
-    # config and on WU recomputed + TMA (the B8 shipped one)
-    ("gate-prefetch", {"GATE_LOADS": "prefetched"}, GDN),
-    ("wu+tma gate-prefetch", {**WU, **TMA, "GATE_LOADS": "prefetched"}, GDN),
-    # register caps (ptx .maxnreg) on the shipped configs: stage 1 at 128 (DeltaNet / Gated DeltaNet 148-152 registers
-    # -> 128 with 16 bytes of spills, sm_90a, Triton 3.6) or 168 (KDA's one-pass 255 -> 168, 704 bytes), the state
-    # pass at 168 (206-242 -> 168, no spills)
-    ("intra cap128", {"intra_maxnreg": 128}, DN_GDN),
-    ("intra cap168", {"intra_maxnreg": 168}, KDA),
-    ("state cap168", {"h_maxnreg": 168}, ALL),
-    ("intra cap128 state cap168", {"intra_maxnreg": 128, "h_maxnreg": 168}, DN_GDN),
 ]
 
 

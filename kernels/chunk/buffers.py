@@ -31,7 +31,8 @@ class Intermediates:
       the diagonal, columns are the chunk's tokens)
     * ``ai`` ``[tokens, HV, BT]`` dt: row ``i`` of the chunk holds row ``i`` of ``T`` (zeros right of the diagonal)
       — only with ``WU = "recomputed"``, where ``w`` and ``u`` are None (the state pass forms ``V_new`` from T and
-      the inputs); ``aqk`` is None with ``AQK = "recomputed"`` (the state pass forms it from q and k)
+      the inputs; KDA: ``w`` then holds ``P = β ⊙ K ⊙ exp(γ)``, W's operand, and ``u`` is None: the state pass forms
+      ``V_new = T (β ⊙ V − P S)``); ``aqk`` is None with ``AQK = "recomputed"`` (the state pass forms it from q and k)
     * ``qg``, ``kg`` ``[tokens, HV, K]`` dt (KDA only, else None): ``q̃ = scale · q ⊙ exp(γ)``,
       ``k̃ = k ⊙ exp(γ_C − γ)``
     * ``gout``: Gated DeltaNet ``[tokens, HV]`` float32 ``γ`` (cumulative inside each chunk); KDA ``[NC, HV, K]``
@@ -100,7 +101,7 @@ def allocate(call: ChunkCall) -> tuple[Intermediates, Outputs]:
     two_pass = call.gate == 2 and bool(call.config.get("SAFE_DIAG", True))  # the guarded KDA diagonal's marks
     stored = not call.recompute
     inter = Intermediates(
-        w=new_output(tokens, HV, K, dtype=dt, device=dev) if stored else None,
+        w=new_output(tokens, HV, K, dtype=dt, device=dev) if stored or call.gate == 2 else None,  # (KDA recomputed: P)
         u=new_output(tokens, HV, V, dtype=dt, device=dev) if stored else None,
         aqk=None if call.recompute_qk else new_output(tokens, HV, call.BT, dtype=dt, device=dev),
         qg=qg,

@@ -35,8 +35,10 @@ def check_structure(config: Config) -> None:
     if config["INTRA"] != "rows" and BT // BC not in (1, 2, 4):
         raise ValueError(f"chunk config: INTRA='{config['INTRA']}' holds 1, 2 or 4 sub-chunks, got BT={BT}, BC={BC}")
     wu, aqk = config.get("WU", "stored"), config.get("AQK", "stored")
-    if wu == "recomputed" and config["INTRA"] != "blocks":
-        raise ValueError(f"chunk config: WU='recomputed' runs stage 1 as INTRA='blocks', got '{config['INTRA']}'")
+    if wu == "recomputed" and config["INTRA"] not in ("blocks", "onepass"):
+        raise ValueError(
+            f"chunk config: WU='recomputed' runs stage 1 as INTRA='blocks' (or KDA's 'onepass'), got '{config['INTRA']}'"
+        )
     if aqk == "recomputed" and config["INTRA"] not in ("blocks", "blocks_split"):
         raise ValueError(f"chunk config: AQK='recomputed' runs stage 1 as INTRA='blocks', got '{config['INTRA']}'")
     if aqk == "recomputed" and not config["FUSE_OUTPUT"]:

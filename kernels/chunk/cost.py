@@ -16,7 +16,8 @@ def stage_costs(call: ChunkCall) -> dict[str, Cost]:
     ``WU = "recomputed"``: stage 1 reads no v and writes T ``[tokens, HV, C]`` instead of W and U, the state pass
     reads v, beta and T instead of W and U (and does one more ``[C, C] × [C, V]`` product per chunk);
     ``AQK = "recomputed"``: stage 1 reads no q and writes no A_qk, the state pass reads no A_qk (and does one more
-    ``[C, K] × [K, C]`` product per chunk and V tile)."""
+    ``[C, K] × [K, C]`` product per chunk and V tile). KDA's ``"recomputed"``: stage 1 writes ``P = β ⊙ K ⊙ e^γ``
+    ``[tokens, HV, K]`` beside T, the state pass reads it (in W's place)."""
     K, V, HV, H, N, C = call.K, call.V, call.HV, call.H, call.N, call.BT
     tokens, NC, gate = call.tokens, call.NC, call.gate
     isz = call.q.element_size()
@@ -31,12 +32,13 @@ def stage_costs(call: ChunkCall) -> dict[str, Cost]:
     gate_out = {0: 0, 1: ta * 4, 2: 2 * ta * K * osz + NC * HV * K * 4}[gate]
     intra_flops = ta * (C * K * (1 + qk) + (C * (K + V) if wu else 0) + C * C / 3)
     intra_in = k_read + (q_read if qk else 0) + ta * ((V * vsz if wu else 0) + bsz + gsz)
-    intra_out = ta * ((K + V) * osz if wu else C * osz) + (ta * C * osz if qk else 0) + gate_out
+    p_k = ta * K * osz if gate == 2 and not wu else 0  # KDA recomputed: P [tokens, HV, K], W's operand
+    intra_out = ta * ((K + V) * osz if wu else C * osz) + p_k + (ta * C * osz if qk else 0) + gate_out
     costs: dict[str, Cost] = {"intra": (float(intra_flops), float(intra_in + intra_out))}
 
     # the state pass reads k~ (KDA) or k (+ the scalar gate's γ), and W, U (stored) or v, beta, T (recomputed)
     k_in = ta * K * osz if gate == 2 else k_read + (ta * 4 if gate == 1 else 0)
-    wu_in = ta * (K + V) * osz if wu else ta * (V * vsz + bsz + C * osz)
+    wu_in = ta * (K + V) * osz if wu else ta * (V * vsz + bsz + C * osz) + p_k
     state_flops = ta * (4 * K * V + (0 if wu else 2 * C * V))
     state_bytes = k_in + wu_in + N * HV * K * V * 4 * ((call.h0 is not None) + call.output_final_state)
     out_flops = ta * (2 * K * V + C * V + (0 if qk else 2 * C * K * -(-V // call.h_BV)))

@@ -426,9 +426,10 @@ def chunk_intra_blocks_kernel(
     i_h = i_hv // (HV // H)
     bos, eos = chunk_bounds(chunk_info, i_c, T, BT, VARLEN)
     L = tl.minimum(eos - bos, BT).to(tl.int32)  # valid rows of this chunk
-    # WU_OUT = False (the state pass recomputes W and U from T, which STORE_AI stores; "blocks" only) and QK_OUT =
-    # False (it recomputes A_qk): what is not stored is never written, its pointer may be any (the launcher passes T's)
-    tl.static_assert(WU_OUT or (STORE_AI and GATE != 2 and not SPLIT_QK), "T without W, U: DeltaNet, Gated DeltaNet")
+    # WU_OUT = False (the state pass recomputes W and U from T, which STORE_AI stores; "blocks" only; KDA: W's operand
+    # P = β k e^γ stored in W's place, with q~ and k~) and QK_OUT = False (it recomputes A_qk): what is not stored is
+    # never written, its pointer may be any (the launcher passes T's)
+    tl.static_assert(WU_OUT or (STORE_AI and not SPLIT_QK), "T without W, U: 'blocks' with T stored")
     tl.static_assert(QK_OUT or GATE != 2, "A_qk recomputed: DeltaNet / Gated DeltaNet")
     # U_OUT = False (the training forward's fh_U = "recomputed"): W and T stored, no U (its state pass forms V_new
     # from T, the backward reads W)
@@ -642,10 +643,10 @@ def chunk_intra_blocks_kernel(
             for i_z in range(2, 4):
                 _store_rows(ai_b + i_z * BC, r2, SA, o_c, m2, o_c < BC, b_zt)
             _store_rows(ai_b + 3 * BC, r3, SA, o_c, m3, o_c < BC, b_zt)
-    if not WU_OUT:
+    if not WU_OUT and GATE != 2:
         return
 
-    # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) ---------------------------------------------------------------
+    # ---- 3. W = Ai (beta K exp(γ)), U = Ai (beta V) (KDA without WU_OUT: P = beta K exp(γ), q~, k~, exp(γ_C)) -------
     for i_k in range(NK):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -688,24 +689,32 @@ def chunk_intra_blocks_kernel(
                 SG, GATE, GACT, L2NORM,
             )  # fmt: skip
             b_x4 = b_x4.to(DT)
-        _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
-        if NB >= 2:
-            b_x2 = b_x2.to(DT)
-            b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
-            b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
-            _store_rows(w_b, r2, SG, o_k, m2, m_k, b_o)
-        if NB >= 4:
-            b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
-            b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
-            b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
-            _store_rows(w_b, r3, SG, o_k, m3, m_k, b_o)
-            b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
-            b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
-            b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
-            b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
-            _store_rows(w_b, r4, SG, o_k, m4, m_k, b_o)
+        if not WU_OUT:  # KDA: the operand itself (the state pass forms V_new = T (β V − P S))
+            _store_rows(w_b, r1, SG, o_k, m1, m_k, b_x1)
+            if NB >= 2:
+                _store_rows(w_b, r2, SG, o_k, m2, m_k, b_x2)
+            if NB >= 4:
+                _store_rows(w_b, r3, SG, o_k, m3, m_k, b_x3)
+                _store_rows(w_b, r4, SG, o_k, m4, m_k, b_x4)
+        else:
+            _store_rows(w_b, r1, SG, o_k, m1, m_k, tl.dot(b_I11, b_x1, input_precision=DOT_PREC))
+            if NB >= 2:
+                b_x2 = b_x2.to(DT)
+                b_o = tl.dot(b_I21, b_x1, input_precision=DOT_PREC)
+                b_o += tl.dot(b_I22, b_x2, input_precision=DOT_PREC)
+                _store_rows(w_b, r2, SG, o_k, m2, m_k, b_o)
+            if NB >= 4:
+                b_o = tl.dot(b_I31, b_x1, input_precision=DOT_PREC)
+                b_o += tl.dot(b_I32, b_x2, input_precision=DOT_PREC)
+                b_o += tl.dot(b_I33, b_x3, input_precision=DOT_PREC)
+                _store_rows(w_b, r3, SG, o_k, m3, m_k, b_o)
+                b_o = tl.dot(b_I41, b_x1, input_precision=DOT_PREC)
+                b_o += tl.dot(b_I42, b_x2, input_precision=DOT_PREC)
+                b_o += tl.dot(b_I43, b_x3, input_precision=DOT_PREC)
+                b_o += tl.dot(b_I44, b_x4, input_precision=DOT_PREC)
+                _store_rows(w_b, r4, SG, o_k, m4, m_k, b_o)
 
-    for i_v in range(NV if U_OUT else 0):
+    for i_v in range(NV if U_OUT and WU_OUT else 0):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         b_x1 = (_rows(v_b, r1, HV * V, o_v, m1, m_v) * b_be1[:, None]).to(DT)

@@ -34,7 +34,10 @@ With ``STORE_AI`` (the forward under autograd, the backward's ``fh_INTRA = "onep
 blocks of ``T = (I + A_kk)⁻¹`` in ``ai``, as ``"blocks"`` does; the exact pass of flagged chunks stores its own.
 
 W's operand ``β k exp(γ)`` goes through the W buffer: stored in the key loop, read back after the solve (after a
-barrier; the same program's rows, in L1/L2) and overwritten with ``W = T (β k exp(γ))``.
+barrier; the same program's rows, in L1/L2) and overwritten with ``W = T (β k exp(γ))``. With ``WU_OUT = False``
+(``WU = "recomputed"``) the kernel stops after the solve: the W buffer keeps the operand ``P = β k exp(γ)``, ``T``
+is stored (its block above the diagonal as zeros: the state pass loads whole ``[BT, BT]`` tiles), no v is read and
+no U written; the state pass forms ``V_new = T (β ⊙ V − P S)``.
 """
 
 from __future__ import annotations
@@ -133,10 +136,13 @@ def chunk_intra_onepass_kernel(
     GACT: tl.constexpr = 0,
     L2NORM: tl.constexpr = False,
     BETA_ACT: tl.constexpr = 0,
+    WU_OUT: tl.constexpr = True,
 ):
     """``g`` is the log gate, or with ``GACT`` (fla's ``use_gate_in_kernel``) the raw gate that its loads activate;
-    ``L2NORM``: q's and k's rows l2-normalised as they are loaded; ``BETA_ACT``: beta's activation."""
+    ``L2NORM``: q's and k's rows l2-normalised as they are loaded; ``BETA_ACT``: beta's activation; ``WU_OUT``: W and
+    U (else ``P`` and ``T`` alone, with ``STORE_AI``)."""
     tl.static_assert(NB == 1 or NB == 2, "INTRA='onepass' holds 1 or 2 sub-chunks per chunk")
+    tl.static_assert(WU_OUT or STORE_AI, "without W and U the state pass reads T")
     tl.static_assert(DIAG == 0 or DIAG == 1, "the exact pass (DIAG = 2) is the 'blocks' kernel's")
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -285,6 +291,10 @@ def chunk_intra_onepass_kernel(
         if NB == 2:
             _store_rows(ai_b, r2, SA, o_c, m2, o_c < BC, b_I21)
             _store_rows(ai_b + BC, r2, SA, o_c, m2, o_c < BC, b_I22)
+            if not WU_OUT:  # the state pass loads T's whole [BT, BT] tile: the block above the diagonal as zeros
+                _store_rows(ai_b + BC, r1, SA, o_c, m1, o_c < BC, tl.zeros([BC, BC], dtype=tl.float32))
+    if not WU_OUT:  # the W buffer keeps P = β k e^γ (stored in step 1); no v read, no U
+        return
 
     # ---- 3. W = T (β k e^γ) from the operand stored in step 1, U = T (β V) ------------------------------------------
     tl.debug_barrier()  # the operand rows other threads of this program stored are visible
@@ -318,12 +328,15 @@ def launch_intra_onepass(call: ChunkCall, inter: Intermediates) -> Any:
     the flagged chunks."""
     if call.NC == 0:
         return None
+    u = inter.u if inter.u is not None else inter.ai  # (WU = "recomputed": no U, never written through)
     args = (
-        call.q, call.k, call.v, call.g, call.beta, inter.w, inter.u, inter.aqk, inter.qg, inter.kg, inter.gout,
+        call.q, call.k, call.v, call.g, call.beta, inter.w, u, inter.aqk, inter.qg, inter.kg, inter.gout,
         call.tables.chunk_info, inter.flags, call.scale, call.T,
     )  # fmt: skip
     grid = (call.NC, call.HV)
     kw = intra_launch_options(call)
+    if call.recompute:  # P and T for the state pass (the exact pass of flagged chunks stores the same)
+        kw |= {"ai": inter.ai, "STORE_AI": True, "WU_OUT": False}
     gate = kw.pop("GATE")
     solve = int(call.config["SOLVE"] == "squaring")
     lowp = bool(call.config["DIAG_BF16"]) and call.dt == torch.bfloat16  # float16's range is too small

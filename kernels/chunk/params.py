@@ -42,7 +42,8 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # how the state pass gets W = T (β ⊙ K ⊙ e^γ) and U = T (β ⊙ V): "stored" by stage 1 ([tokens, K] and [tokens, V]
     # per value head, with A_qk), or "recomputed" from the q, k, v tiles it loads anyway and the chunk's inverse T
     # ([tokens, BT], the only matrix stage 1 then writes): V_new = T (β ⊙ (V − e^γ ⊙ K S)) and A_qk = q kᵀ per chunk.
-    # DeltaNet and Gated DeltaNet (KDA's per-channel decays would need k ⊙ e^γ as a third stored tensor: see cost.py)
+    # KDA's decays are per key channel: there stage 1 stores P = β ⊙ K ⊙ e^γ (W's operand, in W's place) and T, no U,
+    # and the state pass forms V_new = T (β ⊙ V − P S)
     "WU": ("stored",),
     # the state pass's scale · A_qk = scale · q kᵀ ⊙ e^(γ_i − γ_j): "stored" by stage 1 ([tokens, BT]), or
     # "recomputed" per chunk from the q and k tiles it loads (one [BT, K] x [K, BT] dot and BT² exponentials per V
@@ -77,6 +78,9 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         params["INTRA"] = (*params["INTRA"], "onepass")
         # onepass: the diagonal blocks' dots on bfloat16 operands (bfloat16 inputs only), as the off-diagonal ones
         params["DIAG_BF16"] = (False, True)
+        # stage 1 stores P = β ⊙ K ⊙ e^γ and T instead of W and U: it reads no v and does no W / U products, the
+        # state pass forms V_new = T (β ⊙ V − P S) from the v tile (one more [BT, BT] x [BT, h_BV] product per chunk)
+        params["WU"] = ("stored", "recomputed")
     else:  # KDA's state pass reads the precomputed q~, k~ already
         # the state pass feeds q and k to the dots as loaded (no register pass over their tiles); the scale and the
         # scalar gate's factors act on the products and on V_new's token rows instead

@@ -16,7 +16,8 @@ Two layouts of the state tile (``STATE_LAYOUT``, the constexpr ``TRANS``):
   the state and ``V_new`` are right operands, a shared-memory round trip each). Same loads, same arithmetic.
 
 ``RECOMPUTE`` (``WU = "recomputed"``): ``V_new = T (β ⊙ (V − e^γ ⊙ K S))`` from stage 1's inverse ``T`` and the v,
-k tiles (in phase 1's M columns V = 0, as U = 0 there); ``QK_RECOMPUTE`` (``AQK = "recomputed"``): ``scale · A_qk =
+k tiles (in phase 1's M columns V = 0, as U = 0 there); KDA (per-channel decays): ``V_new = T (β ⊙ V − P S)`` with
+``P = β ⊙ K ⊙ e^γ`` from stage 1 (in W's buffer); ``QK_RECOMPUTE`` (``AQK = "recomputed"``): ``scale · A_qk =
 scale · q kᵀ ⊙ e^(γ_i − γ_j)`` from the q, k tiles. ``TMA``: the chunk's tiles through TMA descriptors (the
 launcher's :func:`descriptors`; not in phase 1), whole chunks of the output stored through one; rows past the
 sequence's end are then the next sequence's tokens, zeroed in ``V_new`` so that they reach neither the output nor the
@@ -244,7 +245,9 @@ def chunk_state_kernel(
         EARLY: tl.constexpr = RECOMPUTE or QK_RECOMPUTE  # a recomputed product needs k and γ before the output
         if GATE == 1 and EARLY and not PREFETCH:
             b_gam, b_gC = _gate(gout, t0, eos, i_hv, o_t, BT, HV)
-        if EARLY:
+        if GATE == 2 and RECOMPUTE:  # P = β ⊙ K ⊙ e^γ (KDA: stage 1's, in W's buffer)
+            b_k = _tile(w + row_hv * K, off_wk, m_tk, w_td, r0, c_w, USE_TMA, False)
+        elif EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
         if RECOMPUTE:
             b_hc = b_h.to(DT)
@@ -255,7 +258,10 @@ def chunk_state_kernel(
             else:
                 b_ks = tl.dot(b_k, b_hc, input_precision=DOT_PREC)  # K S [BT, BV]
             b_rf = load_beta(beta + row_hv + o_t * HV, m_t, BETA_ACT)  # β per token row
-            if GATE == 1:
+            if GATE == 2:  # β ⊙ V − P S (β already in P)
+                b_x *= b_rf[None, :] if TRANS else b_rf[:, None]
+                b_x -= b_ks
+            elif GATE == 1:
                 b_eg = _exp(b_gam)
                 if L2NORM:  # (K S)'s rows times k's factors
                     b_eg *= b_rk
@@ -264,7 +270,10 @@ def chunk_state_kernel(
                 b_x -= b_ks * (b_rk[None, :] if TRANS else b_rk[:, None])
             else:
                 b_x -= b_ks
-            b_x = (b_x * (b_rf[None, :] if TRANS else b_rf[:, None])).to(DT)
+            if GATE == 2:
+                b_x = b_x.to(DT)
+            else:
+                b_x = (b_x * (b_rf[None, :] if TRANS else b_rf[:, None])).to(DT)
             b_T = _tile(ai + row_hv * BT, off_a, m_t[:, None] & (o_t[None, :] <= o_t[:, None]), t_td, r0, c_a,
                         USE_TMA, False).to(DT)  # fmt: skip
             if TRANS:
@@ -418,6 +427,8 @@ def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[
         tds["o_td"] = desc(o, HV * V, BV)
     if call.recompute:
         tds |= {"v_td": desc(call.v, HV * V, BV), "t_td": desc(inter.ai, HV * BT, BT)}
+        if call.gate == 2:  # KDA: P = β ⊙ K ⊙ e^γ in W's buffer
+            tds["w_td"] = desc(inter.w, HV * K, K)
     else:
         tds |= {"w_td": desc(inter.w, HV * K, K), "u_td": desc(inter.u, HV * V, BV)}
     if o is not None and not call.recompute_qk:  # (A_qk only serves the output)

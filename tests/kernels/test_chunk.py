@@ -129,6 +129,34 @@ add(Problem(1, 70, 1, 2, 64, 32, 1, Gate.CHANNEL), config={**ONEPASS, "BT": 64, 
 add(Problem(1, 0, 1, 2, 32, 48, 3, Gate.CHANNEL, True), seq_lens=[40, 0, 29], config={**ONEPASS, "SOLVE": "squaring",
     "DIAG_BF16": True}, extra="-onepass-squaring")  # fmt: skip
 add(Problem(1, 45, 1, 1, 24, 40, 1, Gate.CHANNEL), config={**ONEPASS, "SAFE_DIAG": False}, extra="-onepass-unguarded")
+# KDA's stage 1 storing P = β ⊙ K ⊙ e^γ and T (WU = "recomputed"), the state pass forming V_new = T (β ⊙ V − P S):
+# one-pass and "blocks" stage 1 (1, 2 and 4 sub-chunks), both layouts, pointer and TMA tiles (rows past a packed
+# sequence's end are the next one's), the warp-specialised loop, unfused, segments; T = 1, odd T, grouped value heads,
+# K != V, K not a power of two, varlen with an empty sequence, no initial state
+KREC = {**ONEPASS, "WU": "recomputed", "h_BV": 16}
+for layout in ("kv", "vk"):
+    add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config={**KREC, "STATE_LAYOUT": layout},
+        extra=f"-onepass-wurec-{layout}")  # fmt: skip
+    add(Problem(1, 0, 1, 2, 32, 48, 4, Gate.CHANNEL, True), seq_lens=[1, 40, 0, 33], config={**KREC,
+        "STATE_LAYOUT": layout, "STATE_TMA": True}, extra=f"-onepass-wurec-{layout}-tma")  # fmt: skip
+add(Problem(2, 1, 2, 2, 32, 32, 2, Gate.CHANNEL), config={**KREC, "STATE_LAYOUT": "vk", "STATE_TMA": True},
+    extra="-onepass-wurec-tma")  # fmt: skip
+add(Problem(1, 33, 1, 2, 16, 32, 1, Gate.CHANNEL), h0=False, config={**KREC, "BT": 16}, extra="-onepass1-wurec")
+add(Problem(1, 70, 1, 2, 64, 32, 1, Gate.CHANNEL), config={**KREC, "BT": 64, "BC": 32, "intra_BK": 32,
+    "STATE_TMA": True, "h_BV": 32}, extra="-onepass-BC32-wurec-tma")  # fmt: skip
+add(Problem(1, 37, 1, 1, 24, 40, 1, Gate.CHANNEL), config={**KREC, "STATE_TMA": True}, extra="-onepass-wurec-K24")
+add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config={**SMALL, "WU": "recomputed", "h_BV": 16},
+    extra="-blocks-wurec")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 32, 3, Gate.CHANNEL, True), seq_lens=[70, 0, 45], config={"BT": 64, "BC": 16,
+    "WU": "recomputed", "h_BV": 16, "STATE_LAYOUT": "vk", "STATE_TMA": True}, extra="-blocks4-wurec-tma")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 32, 3, Gate.CHANNEL, True), seq_lens=[40, 0, 29], config={**KREC, "STATE_TMA": True,
+    "STATE_LAYOUT": "vk", "h_num_stages": 2, "STATE_LOOP": "specialized"}, extra="-onepass-wurec-ws")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 32, 3, Gate.CHANNEL, True), seq_lens=[40, 0, 29], config={**KREC, "FUSE_OUTPUT": False,
+    "STATE_TMA": True}, extra="-onepass-wurec-unfused")  # fmt: skip
+add(Problem(1, 0, 1, 2, 32, 32, 3, Gate.CHANNEL, True), seq_lens=[70, 0, 45], config={**KREC, "SEG_CHUNKS": 2,
+    "STATE_LAYOUT": "vk"}, extra="-onepass-wurec-segments")  # fmt: skip
+add(Problem(2, 70, 2, 2, 32, 32, 1, Gate.CHANNEL), config={**KREC, "SEG_CHUNKS": 1, "STATE_TMA": True,
+    "FUSE_OUTPUT": False}, extra="-onepass-wurec-segments-unfused")  # fmt: skip
 # the diagonal blocks' inverse by repeated squaring (SOLVE = "squaring"): 1, 2 and 4 sub-chunks, blocks_split
 for gate in Gate:
     sq = {"SOLVE": "squaring", "BC": 16}
@@ -203,6 +231,16 @@ def test_kda_guarded_diagonal_under_extreme_decay(BC: int, intra: str) -> None:
     check(p, x, {"BT": 32, "BC": BC, "INTRA": intra})
 
 
+@pytest.mark.parametrize("intra", ["blocks", "onepass"])
+@pytest.mark.parametrize("BC", [16, 32])
+def test_kda_recomputed_under_extreme_decay(BC: int, intra: str) -> None:
+    """The same decays with stage 1 storing P and T (WU = "recomputed"): the exact pass of the flagged chunks stores
+    them too, and P's rows underflow to 0 where e^γ does."""
+    p = Problem(1, 50, 1, 1, 16, 16, 1, Gate.CHANNEL)
+    x = make_inputs(p, seed=21, gate_min=-60.0)
+    check(p, x, {"BT": 32, "BC": BC, "INTRA": intra, "WU": "recomputed", "h_BV": 16, "STATE_TMA": True})
+
+
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "config"), list(CASES.values()), ids=list(CASES))
 def test_chunk_matches_loop(problem: Problem, seq_lens: list[int] | None, h0: bool, config: dict | None) -> None:
     x = make_inputs(problem, seed=3, seq_lens=seq_lens, initial_state=h0, gate_min=-5.0)
@@ -242,7 +280,7 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
             cfg["SOLVE"] == "squaring" and cfg["BC"] != 16
         ):
             continue
-        if cfg["WU"] == "recomputed" and cfg["INTRA"] != "blocks":
+        if cfg["WU"] == "recomputed" and cfg["INTRA"] not in ("blocks", "onepass"):
             continue
         if cfg["AQK"] == "recomputed" and (cfg["INTRA"] not in ("blocks", "blocks_split") or not cfg["FUSE_OUTPUT"]):
             continue
@@ -564,9 +602,10 @@ def test_recomputed_w_u_with_the_output_stage(gate: Gate, tma: bool) -> None:
         (Gate.SCALAR, {"WU": "recomputed", "INTRA": "blocks_split", "BT": 64}, "WU='recomputed'"),
         (Gate.NONE, {"AQK": "recomputed", "FUSE_OUTPUT": False}, "FUSE_OUTPUT"),
         (Gate.SCALAR, {"AQK": "recomputed", "INTRA": "rows"}, "AQK='recomputed'"),
-        (Gate.CHANNEL, {"WU": "recomputed"}, "WU=.recomputed. is not one of"),
+        (Gate.CHANNEL, {"WU": "recomputed", "INTRA": "rows"}, "WU='recomputed'"),
+        (Gate.CHANNEL, {"AQK": "recomputed"}, "AQK=.recomputed. is not one of"),
     ],
-    ids=["wu-rows", "wu-split", "aqk-unfused", "aqk-rows", "wu-kda"],
+    ids=["wu-rows", "wu-split", "aqk-unfused", "aqk-rows", "wu-kda-rows", "aqk-kda"],
 )
 def test_recomputed_needs_blocks_and_fused_output(gate: Gate, cfg: dict[str, Any], match: str) -> None:
     p = Problem(1, 8, 1, 1, 16, 16, 1, gate)
@@ -590,6 +629,15 @@ GPU_VARIANTS: dict[str, dict[str, Any]] = {
     "tma-ws-gatepf": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2, "GATE_LOADS": "prefetched"},
     # register caps on stage 1 and the state pass (ptxas spills under them)
     "tma-maxnreg": {"STATE_TMA": True, "intra_maxnreg": 128, "h_maxnreg": 168},
+    # KDA's one-pass stage 1 storing P and T, the state pass forming V_new from the v tile
+    "kda-wu-tma": {"WU": "recomputed", "INTRA": "onepass", "STATE_TMA": True},
+    "kda-wu-tma-ws": {
+        "WU": "recomputed",
+        "INTRA": "onepass",
+        "STATE_TMA": True,
+        "STATE_LOOP": "specialized",
+        "h_num_stages": 2,
+    },
 }
 GPU_BASE = {"BT": 32, "BC": 16, "STATE_LAYOUT": "vk", "h_BV": 64, "QK_DIRECT": True, "FUSE_OUTPUT": True}
 # the same heads and head dims where possible, so that the cases share their compiled kernels
@@ -611,11 +659,15 @@ GPU_CASES = [
         ("B2-T300-K96-V64", BF16),
         ("B2-T777-H2-HV4-D128", F32),
     )
-    if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws", "tma-maxnreg"))
+    if (gate is not Gate.CHANNEL or v in ("tma", "tma-ws", "tma-maxnreg", "kda-wu-tma", "kda-wu-tma-ws"))
+    and (gate is Gate.CHANNEL or not v.startswith("kda-"))
     and (gate is Gate.SCALAR or not v.endswith("gatepf"))
-    and (shape != "B1-T9000-seg" or v in ("wu-tma", "wu-tma-ws", "tma-ws", "wu-tma-gatepf", "tma-maxnreg"))
-    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws", "wu-tma-gatepf"))
-    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws", "tma-ws-gatepf"))
+    and (
+        shape != "B1-T9000-seg"
+        or v in ("wu-tma", "wu-tma-ws", "tma-ws", "wu-tma-gatepf", "tma-maxnreg", "kda-wu-tma", "kda-wu-tma-ws")
+    )
+    and (shape != "B2-T300-K96-V64" or v in ("wu-tma", "tma-ws", "wu-tma-gatepf", "kda-wu-tma"))
+    and (dt == BF16 or v in ("wu-tma-ws", "tma-ws", "tma-ws-gatepf", "kda-wu-tma-ws"))
 ]
 
 
