@@ -72,11 +72,10 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("shipped", {}, ALL),
     # KDA's stage 1 storing P = β ⊙ K ⊙ e^γ and the inverse T instead of W and U (no v read, no U written, no W / U
     # products), the state pass forming V_new = T (β ⊙ V − P S) from the v tile: pointer and TMA tiles, two and three
-    # pipeline stages, the warp-specialised loop
+    # pipeline stages (its warp-specialised loop runs as "range": kernels.chunk.state.loop_options)
     ("wu", {**WU, "STATE_TMA": False}, KDA),
     ("wu+tma", {**WU, **TMA}, KDA),
     ("wu+tma s2", {**WU, **TMA, "h_num_stages": 2}, KDA),
-    ("wu+tma+ws", {**WU, **WS}, KDA),
     # DeltaNet / Gated DeltaNet with A_qk formed in the state pass too (stage 1 then reads no q), at the shipped
     # 4 warps (timed before only at 8)
     ("wu+aqk+tma", {**WU, "AQK": "recomputed", **TMA}, DN_GDN),

@@ -208,7 +208,9 @@ def tune_gpu(
         bool,
         typer.Option(
             "--missing",
-            help="Only the buckets that dtune's shipped configs for this GPU lack (the others keep their entries).",
+            help="Only the buckets no shipped config tunes for this GPU: neither its own file nor that of the GPU of "
+            "its kind whose configs the ops read there (an H100 reads the H200's; see `dtune list`). The others keep "
+            "their entries.",
         ),
     ] = False,
     interpret: InterpretOpt = False,
@@ -248,8 +250,11 @@ def tune_gpu(
         job_dir = out_path or Path("runs") / f"tune-{profile.key}"
         ledger = Ledger.load(job_dir, profile.key)
         if missing:
-            base = shipped_file(profile.key)
-            plan = missing_from(plan, json.loads(base.read_text(encoding="utf-8")) if base else None)
+            from dtune.store import kin_gpu
+
+            kin = kin_gpu(profile.key)
+            files = [shipped_file(profile.key), shipped_file(kin) if kin else None]
+            plan = missing_from(plan, *(json.loads(f.read_text(encoding="utf-8")) for f in files if f is not None))
     except (SpaceError, ValueError) as e:
         fail(str(e))
     if not plan.steps:

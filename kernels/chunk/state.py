@@ -396,7 +396,8 @@ def loop_options(config: Config, tma: bool) -> dict[str, Any]:
     False for ``"range"``: the kernel's own ``num_stages`` pipelines the loop). Triton 3.6 splits the loop into
     producer and consumer warps (sm_90a) only when every tile arrives by TMA (``tma``: ``STATE_TMA`` on a shape that
     allows it) in the ``"vk"`` layout at 4 warps with A_qk stored; its pass fails on the other loops (an MLIR error,
-    not a slow kernel), so ``"specialized"`` runs as ``"range"`` there."""
+    not a slow kernel), so ``"specialized"`` runs as ``"range"`` there; so does KDA's loop with ``WU = "recomputed"``
+    (its bfloat16 outputs came out inf on an H100, float32 right: a miscompile, not a slow kernel)."""
     ws = config.get("STATE_LOOP", "range") == "specialized" and tma and specializable(config)
     return {"LOOP_STAGES": int(config["h_num_stages"]) if ws else None, "LOOP_WS": ws}
 
@@ -404,7 +405,8 @@ def loop_options(config: Config, tma: bool) -> dict[str, Any]:
 def specializable(config: Config) -> bool:
     """The state pass's loop shapes Triton 3.6 warp-specialises on sm_90a (see :func:`loop_options`), TMA aside."""
     vk = config["STATE_LAYOUT"] == "vk"
-    return vk and config["h_num_warps"] == 4 and config.get("AQK", "stored") == "stored"
+    kda_recomputed = "SAFE_DIAG" in config and config.get("WU", "stored") == "recomputed"  # (KDA's own parameter)
+    return vk and config["h_num_warps"] == 4 and config.get("AQK", "stored") == "stored" and not kda_recomputed
 
 
 def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[str, Any]:

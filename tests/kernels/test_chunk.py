@@ -629,7 +629,8 @@ GPU_VARIANTS: dict[str, dict[str, Any]] = {
     "tma-ws-gatepf": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2, "GATE_LOADS": "prefetched"},
     # register caps on stage 1 and the state pass (ptxas spills under them)
     "tma-maxnreg": {"STATE_TMA": True, "intra_maxnreg": 128, "h_maxnreg": 168},
-    # KDA's one-pass stage 1 storing P and T, the state pass forming V_new from the v tile
+    # KDA's one-pass stage 1 storing P and T, the state pass forming V_new from the v tile (asked for the
+    # warp-specialised loop, it runs "range": specialised, its bfloat16 outputs came out inf)
     "kda-wu-tma": {"WU": "recomputed", "INTRA": "onepass", "STATE_TMA": True},
     "kda-wu-tma-ws": {
         "WU": "recomputed",

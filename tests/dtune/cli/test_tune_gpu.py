@@ -82,24 +82,35 @@ def test_another_gpus_job_folder_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "only with --dry-run" in result.output and not (tmp_path / "other").exists()
 
 
-def test_missing_plans_only_the_buckets_the_shipped_file_lacks() -> None:
-    """--missing on the H200: the plan is the default grid less every bucket dtune/configs/h200.json has an entry
-    for (counted here from the file itself), and the estimate follows."""
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_missing_plans_only_the_buckets_no_shipped_file_has(gpu: str) -> None:
+    """--missing on the H100 (or the H200), which reads the other's configs where its own file lacks a bucket: the
+    plan leaves out every bucket either file has (counted here from the files), so the buckets left are the ones
+    nobody tuned, and the estimate follows; without --missing, the whole grid."""
     kernels = grid.default_kernels()
     full = grid.make_plan(kernels, {k: "bf16" for k in kernels}, budget=30)
-    shipped = grid.shipped_file("h200")
-    assert shipped is not None
-    doc = json.loads(shipped.read_text())
-    have = {(e["kernel"], e["dtype"], json.dumps(e["bucket"], sort_keys=True)) for e in doc["entries"]}
+    have: set[tuple[str, str, str]] = set()
+    counts = {}
+    for gpu in ("h100", "h200"):
+        shipped = grid.shipped_file(gpu)
+        assert shipped is not None
+        entries = json.loads(shipped.read_text())["entries"]
+        keys = {(e["kernel"], e["dtype"], json.dumps(e["bucket"], sort_keys=True)) for e in entries}
+        counts[gpu] = sum(
+            (s.kernel, "bf16", json.dumps(b.shape.bucket(), sort_keys=True)) in keys
+            for s in full.steps
+            for b in s.buckets
+        )
+        have |= keys
     lacking = [
         b
         for s in full.steps
         for b in s.buckets
         if (s.kernel, "bf16", json.dumps(b.shape.bucket(), sort_keys=True)) not in have
     ]
-    assert 0 < len(lacking) < len(full.buckets())
-    args = ["tune-gpu", "--gpu", "h200", "--dry-run", "--budget", "30", "--no-bench"]
-    env = {"COLUMNS": "120", "TRITON_INTERPRET": "0"}  # the plan of the GPU, not the interpreter's tiny one
+    assert counts["h100"] > 0 and counts["h200"] > counts["h100"] and lacking  # each file adds to what is left out
+    env = {"COLUMNS": "120", "TRITON_INTERPRET": "0"}
+    args = ["tune-gpu", "--gpu", gpu, "--dry-run", "--budget", "30", "--no-bench"]
     result = runner.invoke(app, [*args, "--missing"], env=env)
     assert result.exit_code == 0, result.output
     assert f"{len(lacking)} of {len(lacking)} buckets to tune" in " ".join(result.stdout.split())
