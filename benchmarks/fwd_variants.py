@@ -12,9 +12,10 @@ shipped configs there run the sequence-parallel state pass).
 
 What is timed is the op's call, ``dtune.ops.run_kernel(kernel, ..., config=cfg)`` (with ``check_gate=False`` where
 the op still defaults to checking the gate's values, which costs a read of g and a host sync per call), by CUDA
-events with the L2 flushed (median of up to 50, dtune.measure.timing.time_fn); fla's op the same way (its Triton
-path: ``FLA_FLASH_QLA=0``; chunk_kda only with ``--fla-kda``, its autotune takes minutes), and FlashQLA's
-``chunk_gated_delta_rule`` when it is importable. Per launch: CUDA time
+events with the L2 flushed (median of up to 50, dtune.measure.timing.time_fn), in ``--rounds`` interleaved rounds
+(every row of a shape and kernel once per round; the row's time is the median of its rounds', with their spread);
+fla's op the same way (its Triton path: ``FLA_FLASH_QLA=0``; chunk_kda only with ``--fla-kda``, its autotune takes
+minutes), and FlashQLA's ``chunk_gated_delta_rule`` when it is importable. Per launch: CUDA time
 per call from torch.profiler (mean of 10 calls) by kernel name. Error: relative RMS (dtune.measure.error) of the
 output and the final state against ``kernels.reference.chunk_reference`` in float64 on the GPU, same inputs.
 
@@ -24,7 +25,7 @@ cached on disk by fla) and FlashQLA (its JIT); then the rows are timed one after
 past ``--budget-s`` are skipped (SKIP) and the table is printed anyway.
 
 Usage:  python benchmarks/fwd_variants.py [--shapes B8,B1] [--kernels chunk_gated_delta_rule,...] [--workers 10]
-                                          [--no-fla] [--fla-kda] [--no-flashqla] [--budget-s 330]
+                                          [--no-fla] [--fla-kda] [--no-flashqla] [--budget-s 330] [--rounds 3]
         python benchmarks/fwd_variants.py --interpret      (a dry run on the CPU: tiny shapes, Triton's interpreter)
 
 Results in $OUT (default ./out): fwd_variants.csv (one row per shape, kernel and variant), launches.jsonl (the
@@ -38,6 +39,7 @@ import csv
 import inspect
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -260,6 +262,7 @@ def main() -> None:
     ap.add_argument("--fla-kda", action="store_true", help="time fla's chunk_kda too (its autotune takes minutes)")
     ap.add_argument("--no-flashqla", action="store_true", help="FlashQLA is timed when importable (~45 s JIT a shape)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip the rows that would start after this (GPU)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape and kernel")
     ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")
     a = ap.parse_args()
     t_start = time.monotonic()
@@ -319,6 +322,9 @@ def main() -> None:
         "kernel",
         "variant",
         "median_ms",
+        "min_ms",
+        "max_ms",
+        "rounds",
         "vs_shipped",
         "vs_fla",
         "err_o",
@@ -343,6 +349,8 @@ def main() -> None:
                     contestants += [(n, f, "") for n, f in baselines(kernel, x, a)]
                 base_ms = fla_ms = None
                 group: list[dict[str, Any]] = []
+                live: list[tuple[dict[str, Any], Callable[[], Any]]] = []
+                n_warm, n_rep = (0, 1) if interpret else (5, 50)  # a dry run: once
                 for name, fn, note in contestants:
                     row: dict[str, Any] = {
                         "shape": f"{kind} (B{B} T{T})",
@@ -356,23 +364,39 @@ def main() -> None:
                         try:
                             result = fn()
                             row["err_o"], row["err_state"] = errors(result, ref)
-                            n_warm, n_rep = (0, 1) if interpret else (5, 50)  # a dry run: once
-                            row["median_ms"] = time_fn(fn, dev, warmup=n_warm, repeats=n_rep).median_ms
                             launches = launch_times(fn) if not interpret else {}
                             row["launches"] = "; ".join(f"{k[:40]} {v:.3f}" for k, v in launches.items())
                             fjl.write(
                                 json.dumps({"shape": kind, "kernel": kernel, "variant": name, "ms": launches}) + "\n"
                             )
+                            live.append((row, fn))
                         except Exception as e:
                             row["note"] = f"FAILED {type(e).__name__}: {str(e)[:200]}"
                             traceback.print_exc()
-                    if name == "shipped":
-                        base_ms = row.get("median_ms")
-                    if name == "fla":
-                        fla_ms = row.get("median_ms")
                     group.append(row)
+                # interleaved rounds: every contestant once per round, the median of its rounds' medians
+                times: dict[int, list[float]] = {i: [] for i in range(len(live))}
+                for _ in range(1 if interpret else a.rounds):
+                    for i, (row, fn) in enumerate(live):
+                        if row["note"].startswith("FAILED"):
+                            continue
+                        try:
+                            times[i].append(time_fn(fn, dev, warmup=n_warm, repeats=n_rep).median_ms)
+                        except Exception as e:
+                            row["note"] = f"FAILED {type(e).__name__}: {str(e)[:200]}"
+                            traceback.print_exc()
+                for i, (row, _fn) in enumerate(live):
+                    if times[i]:
+                        row["median_ms"] = statistics.median(times[i])
+                        row["min_ms"], row["max_ms"], row["rounds"] = min(times[i]), max(times[i]), len(times[i])
+                for row in group:
+                    if row["variant"] == "shipped":
+                        base_ms = row.get("median_ms")
+                    if row["variant"] == "fla":
+                        fla_ms = row.get("median_ms")
                     print(
-                        f"  {kind} {kernel} {name}: {row.get('median_ms', '-')} ms  {row.get('note', '')}", flush=True
+                        f"  {kind} {kernel} {row['variant']}: {row.get('median_ms', '-')} ms  {row.get('note', '')}",
+                        flush=True,
                     )
                 for row in group:
                     ms = row.get("median_ms")
@@ -392,10 +416,14 @@ def main() -> None:
         f"\nchunk forward variants: bf16, H {H}, D {D}, initial + final state; {env_info(interpret).get('gpu', 'CPU')}"
     )
     print("times: op call, CUDA events, L2 flushed, median (interpreter: host clock, not meaningful)")
-    print(f"{'shape':<18}{'kernel':<24}{'variant':<18}{'ms':>8}{'x ship':>8}{'x fla':>7}{'err o':>9}{'err S':>9}  note")
+    print(
+        f"{'shape':<18}{'kernel':<24}{'variant':<18}{'ms':>8}{'spread':>14}{'x ship':>8}{'x fla':>7}{'err o':>9}"
+        f"{'err S':>9}  note"
+    )
     for r in rows:
         print(
             f"{r['shape']:<18}{r['kernel']:<24}{r['variant']:<18}{f(r.get('median_ms'), '.3f'):>8}"
+            f"{' ' + f(r.get('min_ms'), '.3f') + '-' + f(r.get('max_ms'), '.3f'):>14}"
             f"{f(r.get('vs_shipped'), '.2f'):>8}{f(r.get('vs_fla'), '.2f'):>7}{f(r.get('err_o'), '.2e'):>9}"
             f"{f(r.get('err_state'), '.2e'):>9}  {r.get('note') or ''}"
         )
