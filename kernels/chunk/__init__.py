@@ -32,8 +32,9 @@ K S))`` from the v and k tiles it loads anyway (W S = T (β ⊙ e^γ ⊙ K) S: o
 per chunk). ``AQK = "recomputed"``: ``scale · A_qk = scale · q kᵀ ⊙ e^(γ_i − γ_j)`` (causal) per chunk in the state
 pass, from its q and k tiles (stage 1 reads no q). Both take q and k to the dots as loaded (``QK_DIRECT``'s algebra).
 Bytes at B = 8, T = 4096, H = 16, D = 128, bf16 (:mod:`.cost`): 1.43 GB stored, 0.97 with W/U recomputed, 0.76 with
-A_qk too (the compulsory q, k, v, o, gates and states: ~0.55 GB). KDA keeps ``"stored"``: its per-channel decays
-would need ``K ⊙ e^γ`` ([tokens, K], what W replaces) and the per-channel A_qk through memory anyway.
+A_qk too (the compulsory q, k, v, o, gates and states: ~0.55 GB). KDA's ``WU = "recomputed"``: its per-channel
+decays need ``P = β ⊙ K ⊙ e^γ`` ([tokens, K], stored by stage 1 in W's place) beside T, and no U; the state pass forms
+``V_new = T (β ⊙ V − P S)``; its A_qk (per-channel) stays stored.
 
 The state pass's loads: ``STATE_TMA`` tiles through TMA tensor descriptors (2-D token-major views, a chunk of rows by
 one head's columns; built on the host per call), where the shape allows it (K a power of two, ``h_BV`` dividing V,
@@ -76,8 +77,8 @@ memory) and ``seg_BV`` that kernel's V tile; ``tr_BV``/``tr_num_warps`` phase 1'
 state pass's); ``QK_DIRECT`` (DeltaNet, Gated DeltaNet) q and k go to the state pass's dots as loaded, the scale
 and the scalar gate's factors act on the products and on ``V_new``'s token rows (``k̃ᵀ V_new = kᵀ (exp(γ_C − γ)
 ⊙ V_new)``, ``q̃ S = exp(γ) ⊙ (scale · q S)``);
-``WU``, ``AQK`` (DeltaNet, Gated DeltaNet) what stage 1 stores (``"recomputed"`` needs ``INTRA = "blocks"``, and
-for A_qk ``"blocks"`` or ``"blocks_split"``, and ``FUSE_OUTPUT``, else ValueError); ``STATE_TMA``, ``STATE_LOOP`` the
+``WU`` (``AQK``: DeltaNet, Gated DeltaNet) what stage 1 stores (``"recomputed"`` needs ``INTRA = "blocks"``, or KDA's
+``"onepass"``, and for A_qk ``"blocks"`` or ``"blocks_split"``, and ``FUSE_OUTPUT``, else ValueError); ``STATE_TMA``, ``STATE_LOOP`` the
 state pass's loads and loop; ``intra_BK``/``intra_BV`` key/value tiles of stage 1, ``h_BV`` value tile of the state pass, ``o_BK``/``o_BV``
 tiles of the output stage (tiles larger than the head dimension are clipped to it); ``*_num_warps`` and
 ``*_num_stages`` per stage; ``FUSE_OUTPUT``; ``F32_DOT``, the precision of tensor-core dots on float32 inputs
