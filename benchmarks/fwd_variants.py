@@ -236,12 +236,12 @@ def env_info(interpret: bool) -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__, "interpret": interpret}
     if not interpret:
         info["gpu"] = torch.cuda.get_device_name()
-    try:
-        info["commit"] = subprocess.run(
+    try:  # DTUNE_COMMIT first: a copied tree may carry a stale or no .git
+        info["commit"] = os.environ.get("DTUNE_COMMIT") or subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
     except Exception:
-        info["commit"] = os.environ.get("DTUNE_COMMIT", "unknown")
+        info["commit"] = "unknown"
     try:
         import fla
 
