@@ -73,11 +73,12 @@ KDA = ("chunk_kda",)
 VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("shipped", {}, ALL),
     # KDA's stage 1 storing P = β ⊙ K ⊙ e^γ and the inverse T instead of W and U (no v read, no U written, no W / U
-    # products), the state pass forming V_new = T (β ⊙ V − P S) from the v tile: pointer and TMA tiles, two and three
-    # pipeline stages (its warp-specialised loop runs as "range": kernels.chunk.state.loop_options)
-    ("wu", {**WU, "STATE_TMA": False}, KDA),
+    # products), the state pass forming V_new = T (β ⊙ V − P S) from the v tile. On the shipped tiles (key tiles of
+    # 128, 2 warps) its stage 1 spills 484 bytes (sm_90a, Triton 3.6; the stored form 48) and ran slower on an H100
+    # (2026-12-06: 1.073 against 0.965 ms at B8); at key tiles of 64, 16 bytes; at 4 warps, 8
     ("wu+tma", {**WU, **TMA}, KDA),
-    ("wu+tma s2", {**WU, **TMA, "h_num_stages": 2}, KDA),
+    ("wu+tma bk64", {**WU, **TMA, "intra_BK": 64}, KDA),
+    ("wu+tma w4", {**WU, **TMA, "intra_num_warps": 4}, KDA),
     # DeltaNet / Gated DeltaNet with A_qk formed in the state pass too (stage 1 then reads no q), at the shipped
     # 4 warps (timed before only at 8)
     ("wu+aqk+tma", {**WU, "AQK": "recomputed", **TMA}, DN_GDN),

@@ -158,8 +158,9 @@ def stage_kernels(
     seg = cfg.get("SEG_CHUNKS", 0) > 0
     state_ptrs |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen or seg else {}
     state_ptrs |= {"seg_last": "*i32"} if seg else {}
-    if recompute:  # V_new from v, beta and T
-        state_ptrs = {n: t for n, t in state_ptrs.items() if n not in ("w", "u")} | {"v": p, "beta": p, "ai": p}
+    if recompute:  # V_new from v, beta and T (KDA: and P = β ⊙ K ⊙ e^γ, in W's buffer)
+        drop = ("u",) if G == 2 else ("w", "u")
+        state_ptrs = {n: t for n, t in state_ptrs.items() if n not in drop} | {"v": p, "beta": p, "ai": p}
     if recompute_qk:  # A_qk from q and k
         state_ptrs = {n: t for n, t in state_ptrs.items() if n != "aqk"}
     h_BV = _tile(cfg["h_BV"], V)
@@ -167,6 +168,7 @@ def stage_kernels(
     if tma:  # the launcher's descriptors (kernels.chunk.state.descriptors): [BT, K] and [BT, h_BV] rows
         desc = {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in (("q_td", K), ("k_td", K), ("o_td", h_BV))}
         more = [("v_td", h_BV), ("t_td", BT)] if recompute else [("w_td", K), ("u_td", h_BV)]
+        more += [("w_td", K)] if recompute and G == 2 else []
         more += [] if recompute_qk else [("a_td", BT)]
         state_ptrs |= desc | {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in more}
     state = (
