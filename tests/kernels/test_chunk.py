@@ -613,6 +613,28 @@ def test_recomputed_needs_blocks_and_fused_output(gate: Gate, cfg: dict[str, Any
         run(CHUNK[gate], make_inputs(p, seed=1), {"BT": 32, "BC": 16, "FUSE_OUTPUT": True, **cfg})
 
 
+@pytest.mark.parametrize(
+    ("gate", "overrides", "specialised"),
+    [
+        (Gate.SCALAR, {"WU": "recomputed"}, True),
+        (Gate.CHANNEL, {}, True),
+        (Gate.CHANNEL, {"WU": "recomputed", "INTRA": "onepass"}, False),  # its bf16 outputs came out inf on an H100
+        (Gate.SCALAR, {"AQK": "recomputed", "WU": "recomputed"}, False),  # Triton 3.6 cannot split that loop
+        (Gate.NONE, {"STATE_LAYOUT": "kv"}, False),
+    ],
+    ids=["gdn-recomputed", "kda", "kda-recomputed", "gdn-aqk", "dn-kv"],
+)
+def test_which_state_loops_are_warp_specialised(gate: Gate, overrides: dict[str, Any], specialised: bool) -> None:
+    """``STATE_LOOP = "specialized"`` with TMA tiles: the loops Triton splits correctly get ``warp_specialize``, the
+    others run as ``"range"`` (the interpreter ignores it: this is the only CPU check of the choice)."""
+    from dtune.kernels.chunk.state import loop_options
+
+    cfg = {"STATE_LAYOUT": "vk", "h_BV": 64, "STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2}
+    full = KERNELS[CHUNK[gate]].check_config(128, 128, {**cfg, **overrides})
+    assert loop_options(full, tma=True)["LOOP_WS"] is specialised
+    assert loop_options(full, tma=False)["LOOP_WS"] is False
+
+
 # Compiled on a CUDA GPU (pytest -m gpu): what the interpreter cannot show. Warp specialisation (the interpreter runs
 # the plain loop), TMA's hardware bounds and box splits, bfloat16 dots; grouped heads, odd T, packed sequences with an
 # empty one and rows past each sequence's end, K = 96 (TMA falls back to pointers), the segmented pass.
