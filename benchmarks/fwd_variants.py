@@ -238,9 +238,12 @@ def env_info(interpret: bool) -> dict[str, Any]:
     if not interpret:
         info["gpu"] = torch.cuda.get_device_name()
     try:  # DTUNE_COMMIT first: a copied tree may carry a stale or no .git
-        info["commit"] = os.environ.get("DTUNE_COMMIT") or subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        info["commit"] = (
+            os.environ.get("DTUNE_COMMIT")
+            or subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
     except Exception:
         info["commit"] = "unknown"
     try:

@@ -159,8 +159,8 @@ def stage_kernels(
     state_ptrs |= {"bounds": "*i32", "chunk_offsets": "*i32"} if varlen or seg else {}
     state_ptrs |= {"seg_last": "*i32"} if seg else {}
     if recompute:  # V_new from v, beta and T (KDA: and P = β ⊙ K ⊙ e^γ, in W's buffer)
-        drop = ("u",) if G == 2 else ("w", "u")
-        state_ptrs = {n: t for n, t in state_ptrs.items() if n not in drop} | {"v": p, "beta": p, "ai": p}
+        unread = ("u",) if G == 2 else ("w", "u")
+        state_ptrs = {n: t for n, t in state_ptrs.items() if n not in unread} | {"v": p, "beta": p, "ai": p}
     if recompute_qk:  # A_qk from q and k
         state_ptrs = {n: t for n, t in state_ptrs.items() if n != "aqk"}
     h_BV = _tile(cfg["h_BV"], V)
