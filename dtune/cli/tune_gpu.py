@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -226,7 +225,7 @@ def tune_gpu(
     use_interpreter(interpret)
     from dtune.gpu import get_profile, resolve_gpu
     from dtune.kernels import get_kernel
-    from dtune.tune.grid import Job, Ledger, default_kernels, make_plan, missing_from, run_job, shipped_file
+    from dtune.tune.grid import Job, Ledger, default_kernels, make_plan, missing_from, run_job
     from dtune.tune.space import SpaceError
 
     if dtype not in (None, "fp32", "fp16", "bf16"):
@@ -250,11 +249,12 @@ def tune_gpu(
         job_dir = out_path or Path("runs") / f"tune-{profile.key}"
         ledger = Ledger.load(job_dir, profile.key)
         if missing:
-            from dtune.store import kin_gpu
+            from dtune.store import shipped_configs
 
-            kin = kin_gpu(profile.key)
-            files = [shipped_file(profile.key), shipped_file(kin) if kin else None]
-            plan = missing_from(plan, *(json.loads(f.read_text(encoding="utf-8")) for f in files if f is not None))
+            in_force = shipped_configs(profile.key)  # its own file over its kin's: what the ops read on this GPU
+            entries = [] if in_force is None else in_force.entries
+            doc = {"entries": [{"kernel": e.kernel, "dtype": e.dtype, "bucket": e.bucket} for e in entries]}
+            plan = missing_from(plan, doc)
     except (SpaceError, ValueError) as e:
         fail(str(e))
     if not plan.steps:

@@ -189,7 +189,7 @@ def stage_kernels(
         | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
         | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False)), RECOMPUTE=recompute, TMA=tma)
         | dict(QK_RECOMPUTE=recompute_qk, GATE_PREFETCH=cfg.get("GATE_LOADS", "pipelined") == "prefetched")
-        | loop_options(cfg, tma)
+        | loop_options(cfg, tma, G)
         | opts,
         cfg["h_num_warps"],
         cfg["h_num_stages"],
@@ -200,7 +200,7 @@ def stage_kernels(
         trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in drop and not n.endswith("_td")}
         tr_BV, tr_launch = transitions_tile(cfg, K, V)
         consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1, BV=tr_BV, TMA=False)
-        consts |= loop_options(cfg, False)  # pointer tiles (the launcher builds no descriptors for phase 1)
+        consts |= loop_options(cfg, False, G)  # pointer tiles (the launcher builds no descriptors for phase 1)
         tr = ("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts)
         out.append((*tr, tr_launch["num_warps"], tr_launch["num_stages"]))
         fn, opts = segment_starts_spec(cfg, K, V)

@@ -220,18 +220,12 @@ def make_plan(
     return Plan(tuple(steps))
 
 
-def missing_from(plan: Plan, *docs: Mapping[str, Any] | None) -> Plan:
-    """``plan`` without the buckets that any of ``docs`` (tuned-config documents: the job's GPU's shipped file and
-    that of the GPU of its kind the ops read; None: none) has an entry for, kernel, dtype and bucket alike; a step left
-    without buckets is dropped."""
-    have = {
-        (e["kernel"], e["dtype"], json.dumps(e["bucket"], sort_keys=True))
-        for doc in docs
-        if doc is not None
-        for e in doc.get("entries", [])
-    }
-    if not have:
+def missing_from(plan: Plan, doc: Mapping[str, Any] | None) -> Plan:
+    """``plan`` without the buckets that ``doc`` (a tuned-config document, or None: none) has an entry for, kernel,
+    dtype and bucket alike; a step left without buckets is dropped."""
+    if doc is None:
         return plan
+    have = {(e["kernel"], e["dtype"], json.dumps(e["bucket"], sort_keys=True)) for e in doc.get("entries", [])}
     steps = []
     for s in plan.steps:
         left = tuple(

@@ -391,21 +391,22 @@ def chunk_state_kernel(
         tl.store(ht + i_nh.to(tl.int64) * K * V + off_h, b_h, mask=m_h)
 
 
-def loop_options(config: Config, tma: bool) -> dict[str, Any]:
+def loop_options(config: Config, tma: bool, gate: int) -> dict[str, Any]:
     """The chunk loop's constexprs for ``STATE_LOOP``: ``tl.range``'s ``num_stages`` and ``warp_specialize`` (None and
     False for ``"range"``: the kernel's own ``num_stages`` pipelines the loop). Triton 3.6 splits the loop into
     producer and consumer warps (sm_90a) only when every tile arrives by TMA (``tma``: ``STATE_TMA`` on a shape that
     allows it) in the ``"vk"`` layout at 4 warps with A_qk stored; its pass fails on the other loops (an MLIR error,
     not a slow kernel), so ``"specialized"`` runs as ``"range"`` there; so does KDA's loop with ``WU = "recomputed"``
     (its bfloat16 outputs came out inf on an H100, float32 right: a miscompile, not a slow kernel)."""
-    ws = config.get("STATE_LOOP", "range") == "specialized" and tma and specializable(config)
+    ws = config.get("STATE_LOOP", "range") == "specialized" and tma and specializable(config, gate)
     return {"LOOP_STAGES": int(config["h_num_stages"]) if ws else None, "LOOP_WS": ws}
 
 
-def specializable(config: Config) -> bool:
-    """The state pass's loop shapes Triton 3.6 warp-specialises on sm_90a (see :func:`loop_options`), TMA aside."""
+def specializable(config: Config, gate: int) -> bool:
+    """The state pass's loop shapes Triton 3.6 warp-specialises on sm_90a (see :func:`loop_options`), TMA aside;
+    ``gate``: the call's gate code (2: KDA)."""
     vk = config["STATE_LAYOUT"] == "vk"
-    kda_recomputed = "SAFE_DIAG" in config and config.get("WU", "stored") == "recomputed"  # (KDA's own parameter)
+    kda_recomputed = gate == 2 and config.get("WU", "stored") == "recomputed"
     return vk and config["h_num_warps"] == 4 and config.get("AQK", "stored") == "stored" and not kda_recomputed
 
 
@@ -499,7 +500,7 @@ def _launch(
         QK_RECOMPUTE=call.recompute_qk,
         TMA=bool(tds),
         **tds,
-        **loop_options(call.config, bool(tds)),
+        **loop_options(call.config, bool(tds), call.gate),
         STORE_STATES=fuse and inter.h is not None,
         GATE_PREFETCH=call.config.get("GATE_LOADS", "pipelined") == "prefetched",
         **call.in_kernel.chunk_args(),

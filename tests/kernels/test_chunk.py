@@ -628,11 +628,13 @@ def test_which_state_loops_are_warp_specialised(gate: Gate, overrides: dict[str,
     """``STATE_LOOP = "specialized"`` with TMA tiles: the loops Triton splits correctly get ``warp_specialize``, the
     others run as ``"range"`` (the interpreter ignores it: this is the only CPU check of the choice)."""
     from dtune.kernels.chunk.state import loop_options
+    from dtune.kernels.config import GATE_CODES
 
     cfg = {"STATE_LAYOUT": "vk", "h_BV": 64, "STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2}
     full = KERNELS[CHUNK[gate]].check_config(128, 128, {**cfg, **overrides})
-    assert loop_options(full, tma=True)["LOOP_WS"] is specialised
-    assert loop_options(full, tma=False)["LOOP_WS"] is False
+    code = GATE_CODES[gate.value]
+    assert loop_options(full, tma=True, gate=code)["LOOP_WS"] is specialised
+    assert loop_options(full, tma=False, gate=code)["LOOP_WS"] is False
 
 
 # Compiled on a CUDA GPU (pytest -m gpu): what the interpreter cannot show. Warp specialisation (the interpreter runs
