@@ -19,12 +19,15 @@ import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, fail_stale_trials
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
 
 JOURNAL_PREFIX = "journal:"
 _ATTEMPTS = 5
@@ -51,10 +54,14 @@ def open_storage(url: str) -> BaseStorage:
             path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path)))
         # Several processes on one SQLite file wait for its lock instead of failing.
-        kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
+        sqlite = url.startswith("sqlite:")
+        kwargs = {"connect_args": {"timeout": 60}} if sqlite else {}
         for attempt in range(_ATTEMPTS):
             try:
-                return RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+                storage = RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+                if sqlite:
+                    _lock_on_begin(storage.engine)
+                return storage
             except Exception as e:
                 # Workers starting together race to create the schema: the loser retries and finds it made.
                 if attempt == _ATTEMPTS - 1:
@@ -62,6 +69,25 @@ def open_storage(url: str) -> BaseStorage:
                     raise ValueError(f"cannot open storage {url!r}: {first}") from None
                 time.sleep(0.2 + random.random() * (attempt + 1))
         raise AssertionError("unreachable")
+
+
+def _lock_on_begin(engine: Engine) -> None:
+    """Every transaction on this SQLite engine takes the database's write lock when it begins (BEGIN IMMEDIATE).
+
+    Optuna pops an enqueued trial by reading it WAITING and then writing it RUNNING, in one transaction that on
+    PostgreSQL or MySQL locks the row (SELECT ... FOR UPDATE). SQLite ignores FOR UPDATE and Python's driver begins
+    the transaction only at the write, so two processes could both read the trial WAITING and both run it under one
+    number. Taking the lock at BEGIN makes the read and the write one step; the other process waits (``timeout``)."""
+
+    @event.listens_for(engine, "connect")
+    def _driver_leaves_transactions_to_us(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections made before the listeners (the schema's) are not reused
 
 
 def record_heartbeats(study: optuna.Study, trials: Iterable[Trial]) -> None:
