@@ -64,9 +64,9 @@ TINY = {"B8": (2, 64), "B1": (1, 256)}  # --interpret
 H, D = 16, 128
 WU = {"WU": "recomputed"}
 TMA = {"STATE_TMA": True}
-WS = {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2}
 ALL = KERNEL_NAMES
-DN_GDN = ("chunk_gated_delta_rule", "chunk_delta_rule")  # A_qk recomputable (KDA's decays are per channel)
+DN = ("chunk_delta_rule",)
+GDN = ("chunk_gated_delta_rule",)
 KDA = ("chunk_kda",)
 # (name, overrides on the shipped config, the kernels it applies to). Variants timed before leave the list once
 # decided (git history keeps them; their times are in reports/*/forward/fwd_variants*.csv).
@@ -79,11 +79,14 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("wu+tma", {**WU, **TMA}, KDA),
     ("wu+tma bk64", {**WU, **TMA, "intra_BK": 64}, KDA),
     ("wu+tma w4", {**WU, **TMA, "intra_num_warps": 4}, KDA),
-    # DeltaNet / Gated DeltaNet with A_qk formed in the state pass too (stage 1 then reads no q), at the shipped
-    # 4 warps (timed before only at 8)
-    ("wu+aqk+tma", {**WU, "AQK": "recomputed", **TMA}, DN_GDN),
-    ("wu+aqk+tma s2", {**WU, "AQK": "recomputed", **TMA, "h_num_stages": 2}, DN_GDN),
-    ("tma+ws", WS, ALL),
+    # DeltaNet with A_qk formed in the state pass too (stage 1 then reads no q), at the shipped 4 warps: 0.387 against
+    # 0.437 ms at B8 on an H100 (2026-12-06, one timing), to confirm in rounds
+    ("wu+aqk+tma", {**WU, "AQK": "recomputed", **TMA}, DN),
+    # Gated DeltaNet's: at chunks of 32 its state pass's q kᵀ (32 rows) compiles to mma.sync and lost (0.486 against
+    # 0.448 ms); at chunks of 64 it is wgmma (sm_90a, Triton 3.6: 64 wgmma, no mma.sync, 20 bytes spilled at 8 warps,
+    # 84 at 4), and the chunk of 64 without it for comparison (255 registers, no spills)
+    ("aqk bt64 w8", {"AQK": "recomputed", "BT": 64, "intra_num_warps": 4, "h_num_warps": 8}, GDN),
+    ("bt64", {"BT": 64, "intra_num_warps": 4}, GDN),
 ]
 
 
