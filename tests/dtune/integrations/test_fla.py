@@ -113,6 +113,18 @@ VERIFIER_CASES: list[tuple[str, str, Args, str | None]] = [
         ((*(x.bfloat16() for x in gdn()[0][:3]), *gdn()[0][3:]), {}),
         "16-bit inputs under Triton's interpreter",
     ),
+    (
+        "gdn-fp16-interpreter",
+        "chunk_gated_delta_rule",
+        ((*(x.half() for x in gdn()[0][:3]), *gdn()[0][3:]), {}),
+        "16-bit inputs under Triton's interpreter",
+    ),
+    (
+        "gdn-value-heads-not-a-multiple",
+        "chunk_gated_delta_rule",
+        ((_t(B, T, 2, K), _t(B, T, 2, K), _t(B, T, 3, V), -torch.rand(B, T, 3), torch.rand(B, T, 3)), {}),
+        "inconsistent shapes",
+    ),
     ("gdn-K8", "chunk_gated_delta_rule", with_args(gdn, 0, _t(B, T, H, 8)), "inconsistent shapes"),
     ("gdn-K8-both", "chunk_gated_delta_rule", ((_t(B, T, H, 8), _t(B, T, H, 8), *gdn()[0][2:]), {}), "head dims K=8"),
     ("gdn-K512", "chunk_gated_delta_rule", ((_t(B, T, H, 512), _t(B, T, H, 512), *gdn()[0][2:]), {}), "K=512"),
