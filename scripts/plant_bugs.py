@@ -93,8 +93,9 @@ def plant(bug: Bug, tree: Path, workers: int, timeout: float) -> Outcome:
     finally:
         path.write_text(original, encoding="utf-8")
     seconds = time.monotonic() - start
-    if rc == 1:
-        return Outcome(bug, "caught", first_failure(out), seconds)
+    failed = first_failure(out)
+    if rc == 1 or (rc == 2 and failed):  # 2: xdist's stop at the first failure (-x)
+        return Outcome(bug, "caught", failed, seconds)
     if rc == 0:
         return Outcome(bug, "survived", "", seconds)
     return Outcome(bug, "broken", "timeout" if rc == -1 else f"pytest exit {rc}", seconds)

@@ -350,12 +350,15 @@ def test_float16(gate: Gate) -> None:
     assert_close(gradients_vs_loop(p, x, BT32), TOL[torch.float16])
 
 
-def test_inf_gates_give_zero_gate_gradient() -> None:
-    """A −inf gate is a full forget: its gradient is exactly 0 (the clamp's), and nothing is NaN."""
-    p = Shape(1, 30, 2, 4, 16, 16, 1, Gate.CHANNEL)
+@pytest.mark.parametrize("gate", [Gate.CHANNEL, Gate.SCALAR], ids=["kda", "gdn"])
+def test_inf_gates_give_zero_gate_gradient(gate: Gate) -> None:
+    """A −inf gate is a full forget: its gradient is exactly 0 (the clamp's), and nothing is NaN (Gated DeltaNet's
+    gradient is a reverse sum over the chunk, which passes through the clamped rows: the finish stage zeroes them)."""
+    p = Shape(1, 30, 2, 4, 16, 16, 1, gate)
     x = with_inf_gates(make_inputs(p, seed=2), every=5)
     g = x["g"].clone().requires_grad_()
-    o, _ = ops.chunk_kda(x["q"], x["k"], x["v"], g, x["beta"], initial_state=x["initial_state"], bwd_config=BT16)
+    op = ops.chunk_kda if gate is Gate.CHANNEL else ops.chunk_gated_delta_rule
+    o, _ = op(x["q"], x["k"], x["v"], g, x["beta"], initial_state=x["initial_state"], bwd_config=BT16)
     o.sum().backward()
     assert g.grad is not None and torch.isfinite(g.grad).all()
     assert (g.grad[torch.isinf(x["g"])] == 0).all()
