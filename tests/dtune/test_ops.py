@@ -60,8 +60,11 @@ def test_public_op_matches_the_loop(name: str) -> None:
     assert o.shape == x["v"].shape and s is not None
     assert rel_err(o, o_ref) < 1e-4, rel_err(o, o_ref)
     assert rel_err(s, s_ref) < 1e-4, rel_err(s, s_ref)
-    # The default scale is K ** -0.5: a different scale must change the output (the op must not ignore it).
+    # The default scale is K ** -0.5 (K = 16, V = 24: not V's); a different scale must change the output (the op must
+    # not ignore it).
     o_default, _ = call(name, x, initial_state=x["initial_state"])
+    o_ref_default, _ = reference(x, x["g"], scale=x["q"].shape[-1] ** -0.5, initial_state=x["initial_state"])
+    assert rel_err(o_default, o_ref_default) < 1e-4, rel_err(o_default, o_ref_default)
     assert rel_err(o_default, o_ref) > 0.1
 
 

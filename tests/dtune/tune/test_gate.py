@@ -66,6 +66,12 @@ def varlen_only_wrong_forward(q, k, v, g, beta, gate_mode, scale, h0, output_fin
     return (o * 1.05 if cu is not None else o), s
 
 
+def varlen_only_stale_state_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config):  # type: ignore[no-untyped-def]
+    """Right output everywhere, but on packed batches the initial state comes back as the final state."""
+    o, s = real_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config)
+    return o, (h0.clone() if cu is not None else s)
+
+
 def noisy_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config):  # type: ignore[no-untyped-def]
     """Correct within tolerance, but never twice the same bits (a race's signature)."""
     o, s = real_forward(q, k, v, g, beta, gate_mode, scale, h0, output_final_state, cu, config)
@@ -88,8 +94,9 @@ def test_real_kernel_passes(kernel: str, dtype: torch.dtype) -> None:
         (zero_tail_forward, "relative RMS error"),
         (stale_state_forward, "relative RMS error"),
         (varlen_only_wrong_forward, "edge case (packed sequences of 1, 17, 150 tokens)"),
+        (varlen_only_stale_state_forward, "edge case (packed sequences of 1, 17, 150 tokens)"),
     ],
-    ids=["no-correction", "half-written", "zero-tail", "stale-state", "varlen-only"],
+    ids=["no-correction", "half-written", "zero-tail", "stale-state", "varlen-only", "varlen-only-stale-state"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_planted_wrong_kernels_fail(
