@@ -7,7 +7,8 @@ Usage:  python scripts/plant_bugs.py [--only WORD] [--out DIR] [--workers N] [--
 e.g.    python scripts/plant_bugs.py --only decode
 
 The copy holds the files git tracks, as they are in the working tree; each run's pytest stops at its first failure
-(``-x``), with the kernels under Triton's interpreter unless ``TRITON_INTERPRET`` is set otherwise. Results: ``DIR/plant_bugs.csv`` (default ``./out``), one row per bug, and a table printed last.
+(``-x``), with the kernels under Triton's interpreter unless ``TRITON_INTERPRET`` is set otherwise. Results:
+``DIR/plant_bugs.csv`` (default ``./out``), one row per bug, and a table printed last.
 """
 
 from __future__ import annotations
