@@ -59,7 +59,7 @@ def open_storage(url: str) -> BaseStorage:
         for attempt in range(_ATTEMPTS):
             try:
                 storage = RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
-                if sqlite:
+                if sqlite and storage.engine.url.database not in (None, "", ":memory:"):  # a file processes share
                     _lock_on_begin(storage.engine)
                 return storage
             except Exception as e:
@@ -87,7 +87,8 @@ def _lock_on_begin(engine: Engine) -> None:
     def _begin_immediate(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
-    engine.dispose()  # connections made before the listeners (the schema's) are not reused
+    engine.dispose()  # connections made before the listeners (the schema's) are not reused (an in-memory database
+    # would go with them: it has no other process to race, and takes no lock)
 
 
 def record_heartbeats(study: optuna.Study, trials: Iterable[Trial]) -> None:

@@ -1,4 +1,5 @@
-"""Storages: several processes popping one SQLite study's queue of enqueued trials each get their own trials."""
+"""Storages: several processes popping one SQLite study's queue of enqueued trials each get their own trials; an
+in-memory SQLite database works in its one process."""
 
 from __future__ import annotations
 
@@ -51,3 +52,9 @@ def test_processes_popping_one_sqlite_queue_never_share_a_trial(tmp_path: Path) 
     assert not twice, f"trials popped by two processes: {twice}"
     states = {t.state for t in optuna.load_study(study_name="queue", storage=open_storage(url)).get_trials()}
     assert states == {optuna.trial.TrialState.RUNNING}  # every queued trial was handed out once
+
+
+def test_an_in_memory_sqlite_storage_keeps_its_study() -> None:
+    study = optuna.create_study(storage=open_storage("sqlite:///:memory:"))
+    study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=3)
+    assert len(study.get_trials()) == 3
