@@ -72,21 +72,12 @@ KDA = ("chunk_kda",)
 # decided (git history keeps them; their times are in reports/*/forward/fwd_variants*.csv).
 VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("shipped", {}, ALL),
-    # KDA's stage 1 storing P = β ⊙ K ⊙ e^γ and the inverse T instead of W and U (no v read, no U written, no W / U
-    # products), the state pass forming V_new = T (β ⊙ V − P S) from the v tile. On the shipped tiles (key tiles of
-    # 128, 2 warps) its stage 1 spills 484 bytes (sm_90a, Triton 3.6; the stored form 48) and ran slower on an H100
-    # (2026-12-06: 1.073 against 0.965 ms at B8); at key tiles of 64, 16 bytes; at 4 warps, 8
-    ("wu+tma", {**WU, **TMA}, KDA),
-    ("wu+tma bk64", {**WU, **TMA, "intra_BK": 64}, KDA),
-    ("wu+tma w4", {**WU, **TMA, "intra_num_warps": 4}, KDA),
-    # DeltaNet with A_qk formed in the state pass too (stage 1 then reads no q), at the shipped 4 warps: 0.387 against
-    # 0.437 ms at B8 on an H100 (2026-12-06, one timing), to confirm in rounds
+    # DeltaNet with A_qk formed in the state pass too (stage 1 then reads no q), on the H200's entry: 0.389 against
+    # 0.406 ms at B8 on an H100 (5 rounds, 2c2728f: shipped in h100.json), equal at B1; the H200 to decide.
+    # Decided on the H100 (reports/h100/forward/variants/): KDA's stage 1 storing P and T instead of W and U, at key
+    # tiles of 64 or 4 warps (7-48% slower), Gated DeltaNet at chunks of 64 with and without A_qk in the state pass
+    # (1.6-2.6x slower)
     ("wu+aqk+tma", {**WU, "AQK": "recomputed", **TMA}, DN),
-    # Gated DeltaNet's: at chunks of 32 its state pass's q kᵀ (32 rows) compiles to mma.sync and lost (0.486 against
-    # 0.448 ms); at chunks of 64 it is wgmma (sm_90a, Triton 3.6: 64 wgmma, no mma.sync, 20 bytes spilled at 8 warps,
-    # 84 at 4), and the chunk of 64 without it for comparison (255 registers, no spills)
-    ("aqk bt64 w8", {"AQK": "recomputed", "BT": 64, "intra_num_warps": 4, "h_num_warps": 8}, GDN),
-    ("bt64", {"BT": 64, "intra_num_warps": 4}, GDN),
 ]
 
 
