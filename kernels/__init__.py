@@ -20,15 +20,19 @@ into the forward (``SAVE = "all"``) for free. The step is what a training loop p
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
 
 import torch
 
-from . import chunk, fused_recurrent
+from . import chunk, fused_recurrent, interpreter
 from .chunk import backward as chunk_backward
 from .config import Config, check_config
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    interpreter.install()  # the CPU path: no repeated language swap per jit helper call
 
 
 class TemplateParams(Protocol):

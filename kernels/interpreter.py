@@ -1,0 +1,79 @@
+"""Triton's interpreter (``TRITON_INTERPRET=1``, the CPU path of ``--interpret`` and the test suite), without its
+per-call cost for ``@triton.jit`` helpers.
+
+The interpreter swaps ``triton.language``'s functions for interpreted ones while a kernel's grid runs, and restores
+them after. It does the same swap again on *every call of a jit helper* inside the kernel (about 1.7 ms a call with
+Triton 3.9; a backward test case makes thousands of such calls, 40% of its time), although the kernel's swap is
+still in force. :func:`install` skips that repeat when the helper sees no language module the running kernel's swap
+did not cover; any other call goes through Triton's own code unchanged. It is a no-op where the interpreter's
+internals differ from the ones it knows, and applied once per process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+_INSTALLED = False
+# language swaps done and skipped since install() (the tests read them)
+COUNTS = {"swapped": 0, "skipped": 0}
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in force in this process."""
+    return _INSTALLED
+
+
+def install() -> bool:
+    """Skip the interpreter's repeated language swap in nested jit calls. True when it is in force."""
+    global _INSTALLED
+    if _INSTALLED:
+        return True
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as ti
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return False
+    patch_lang = getattr(ti, "_patch_lang", None)
+    scope_type = getattr(ti, "_LangPatchScope", None)
+    executor = getattr(ti, "GridExecutor", None)
+    if patch_lang is None or scope_type is None or executor is None:
+        return False
+    languages = (tl, tl.core)
+    seen: weakref.WeakKeyDictionary[Callable[..., Any], frozenset[int]] = weakref.WeakKeyDictionary()
+    # one entry per running grid: [the language modules the swaps in force cover, whether its kernel's swap happened]
+    running: list[list[Any]] = []
+
+    def modules_of(fn: Callable[..., Any]) -> frozenset[int]:
+        if fn not in seen:
+            seen[fn] = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in languages)
+        return seen[fn]
+
+    def swap_once(fn: Callable[..., Any]) -> Any:
+        if not running:
+            COUNTS["swapped"] += 1
+            return patch_lang(fn)
+        top = running[-1]
+        if top[1] and modules_of(fn) <= top[0]:
+            COUNTS["skipped"] += 1
+            return scope_type()  # a swap in force covers this helper: nothing to do, nothing to restore
+        COUNTS["swapped"] += 1
+        top[1] = True  # the grid's own swap for its kernel, or a helper's over more modules (triton.language.core
+        top[0] = top[0] | modules_of(fn)  # for tl.sum's): Triton never restores a helper's swap, so it holds on
+        return patch_lang(fn)
+
+    grid_call = executor.__call__
+
+    def run_grid(self: Any, *args: Any, **kwargs: Any) -> Any:
+        running.append([modules_of(self.fn), False])
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            running.pop()
+
+    ti._patch_lang = swap_once
+    executor.__call__ = run_grid
+    _INSTALLED = True
+    return True
