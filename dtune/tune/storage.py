@@ -3,7 +3,8 @@
 Default: SQLite in the run folder. ``--storage URL`` takes any Optuna storage URL (SQLite, PostgreSQL,
 MySQL: many workers, GPUs or hosts join one study) or ``journal:PATH`` for a journal file.
 
-RDB storages (SQLite, PostgreSQL, MySQL) are opened with heartbeats: each search process records one for every
+RDB storages (SQLite, PostgreSQL, MySQL; not an in-memory SQLite database, which no other process can reach) are
+opened with heartbeats: each search process records one for every
 trial it runs (:func:`record_heartbeats`, from its loop) and fails the RUNNING trials of processes that stopped
 recording (:func:`reap_stale`: killed, or their host lost; beats every ``DTUNE_HEARTBEAT_S`` / 2 = 10 s, stale
 after ``DTUNE_HEARTBEAT_GRACE_S`` = 90 s). Such a trial is FAIL without a reason of dtune's:
@@ -27,7 +28,8 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial
 from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
 
 JOURNAL_PREFIX = "journal:"
 _ATTEMPTS = 5
@@ -53,13 +55,20 @@ def open_storage(url: str) -> BaseStorage:
             path = Path(url[len(JOURNAL_PREFIX) :]).expanduser()
             path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path)))
-        # Several processes on one SQLite file wait for its lock instead of failing.
+        # Several processes on one SQLite file wait for its lock instead of failing. An in-memory SQLite database
+        # lives in its connection: one connection for every thread (Optuna's heartbeat thread, the search's), and no
+        # heartbeats, as no other process can run its trials.
         sqlite = url.startswith("sqlite:")
-        kwargs = {"connect_args": {"timeout": 60}} if sqlite else {}
+        memory = sqlite and make_url(url).database in (None, "", ":memory:")
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {}
+        beats: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
+        if memory:
+            kwargs = {"poolclass": StaticPool, "connect_args": {"timeout": 60, "check_same_thread": False}}
+            beats = {}
         for attempt in range(_ATTEMPTS):
             try:
-                storage = RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
-                if sqlite and storage.engine.url.database not in (None, "", ":memory:"):  # a file processes share
+                storage = RDBStorage(url, engine_kwargs=kwargs, **beats)
+                if sqlite and not memory:  # a file processes share
                     _lock_on_begin(storage.engine)
                 return storage
             except Exception as e:

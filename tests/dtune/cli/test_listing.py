@@ -21,12 +21,12 @@ def _fresh_store(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_an_untuned_shape_says_what_it_borrows_and_changes() -> None:
-    result = runner.invoke(app, ["list", "--shape", "T16384-B2-H16-D64", "-k", "chunk_kda", "--gpu", "h200"])
+    result = runner.invoke(app, ["list", "--shape", "T8192-B4-H16-D64", "-k", "chunk_kda", "--gpu", "h200"])
     assert result.exit_code == 0, result.output
     flat = " ".join(result.output.split())
     assert "chunk_kda: borrowed: h200.json T4096-B8-H16-HV16-K64-V64" in flat
     # (the D = 64 entry ships the segmented entries' state pass: only the segments change, with their reason)
-    assert "SEG_CHUNKS 0→32 (2 sequence(s) × 16 value heads of 16384 tokens: 32 state-pass programs" in flat
+    assert "SEG_CHUNKS 0→32 (4 sequence(s) × 16 value heads of 8192 tokens: 64 state-pass programs" in flat
     rows = json.loads(
         runner.invoke(
             app, ["list", "--shape", "T4096-B8-D128", "-k", "chunk_kda,chunk_kda_bwd", "--gpu", "h200", "--json"]
