@@ -84,7 +84,8 @@ def make_view(progress: Progress, total: int) -> JobReporter:
 
         def bucket_done(self, bucket: Bucket, s: ShapeSummary) -> None:
             if s.best_ms is None:
-                line = f"  [yellow]✗[/] {bucket.key}: no config passed the gate ({s.trials_run} trials)"
+                why = ", ".join(f"{n} {reason}" for reason, n in sorted(s.failures.items(), key=lambda x: -x[1]))
+                line = f"  [yellow]✗[/] {bucket.key}: no config passed the gate ({s.trials_run} trials; failed: {why})"
             else:
                 speed = f" ({s.speedup:.2f}× the default)" if s.speedup else ""
                 line = f"  [green]✓[/] {bucket.key}: {s.best_ms:.4g} ms{speed}, {s.trials_run} trials"

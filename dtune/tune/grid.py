@@ -467,6 +467,7 @@ class _Record(Reporter):
             "best_ms": summary.best_ms,
             "default_ms": summary.default_ms,
             "trials": summary.trials_run,
+            "failures": dict(summary.failures),  # by reason: why a bucket without a pass has none
         })  # fmt: skip
         self.result.tuned.append(bucket)
         if summary.best_ms is None:
