@@ -29,7 +29,6 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.pool import StaticPool
 
 JOURNAL_PREFIX = "journal:"
 _ATTEMPTS = 5
@@ -56,15 +55,12 @@ def open_storage(url: str) -> BaseStorage:
             path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path)))
         # Several processes on one SQLite file wait for its lock instead of failing. An in-memory SQLite database
-        # lives in its connection: one connection for every thread (Optuna's heartbeat thread, the search's), and no
-        # heartbeats, as no other process can run its trials.
+        # lives in the connection of the thread that made it (Optuna's heartbeat thread would find an empty one) and
+        # no other process can run its trials: no heartbeats there.
         sqlite = url.startswith("sqlite:")
         memory = sqlite and make_url(url).database in (None, "", ":memory:")
-        kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {}
-        beats: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
-        if memory:
-            kwargs = {"poolclass": StaticPool, "connect_args": {"timeout": 60, "check_same_thread": False}}
-            beats = {}
+        kwargs = {"connect_args": {"timeout": 60}} if sqlite else {}
+        beats: dict[str, Any] = {} if memory else {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
         for attempt in range(_ATTEMPTS):
             try:
                 storage = RDBStorage(url, engine_kwargs=kwargs, **beats)

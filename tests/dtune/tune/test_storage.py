@@ -57,10 +57,8 @@ def test_processes_popping_one_sqlite_queue_never_share_a_trial(tmp_path: Path) 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_an_in_memory_sqlite_storage_keeps_its_study() -> None:
-    """One in-memory database for every thread of the process: two trial threads, and no heartbeat thread failing
-    on a connection of its own (an empty database)."""
-    storage = open_storage("sqlite:///:memory:")
-    study = optuna.create_study(storage=storage)
-    study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=6, n_jobs=2)
-    assert len(study.get_trials()) == 6
-    assert all(t.state.name == "COMPLETE" for t in study.get_trials())
+    """The study's trials run and stay; no heartbeat thread fails on a database of its own (an empty one)."""
+    study = optuna.create_study(storage=open_storage("sqlite:///:memory:"))
+    study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=3)
+    trials = study.get_trials()
+    assert len(trials) == 3 and all(t.state.name == "COMPLETE" for t in trials)
