@@ -4,8 +4,8 @@ per-call cost for ``@triton.jit`` helpers.
 The interpreter swaps ``triton.language``'s functions for interpreted ones while a kernel's grid runs, and restores
 them after. It does the same swap again on *every call of a jit helper* inside the kernel (Triton 3.9), although
 the kernel's swap is still in force: a backward test case makes about 2 800 such calls and runs in half the time
-without them (3.8 -> 2.0 s). :func:`install` skips that repeat when the helper sees no language module the running kernel's swap
-did not cover; any other call goes through Triton's own code unchanged. It is a no-op where the interpreter's
+without them (3.8 -> 2.0 s). :func:`install` skips that repeat when the helper sees no language module the running
+kernel's swap did not cover; any other call goes through Triton's own code unchanged. It is a no-op where the interpreter's
 internals differ from the ones it knows, and applied once per process.
 """
 
