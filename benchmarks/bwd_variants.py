@@ -98,6 +98,12 @@ class OnShipped(dict[str, Any]):
     the template's default where there is none)."""
 
 
+class KinEntry(dict[str, Any]):
+    """The variant the kin GPU's shipped file gives at the shape (:func:`dtune.store.kin_gpu`: the H100's on an H200,
+    the H200's on an H100; its lookup, borrowed where it has no entry of that bucket): whether one GPU's tuning beats
+    the other's own on this GPU. Skipped where there is no kin file or it gives nothing."""
+
+
 # (name, backward config or None for the shipped lookup, the shapes it runs on, the gates it applies to)
 Variant = tuple[str, dict[str, Any] | None, tuple[str, ...], tuple[Gate, ...]]
 ALL = (Gate.NONE, Gate.SCALAR, Gate.CHANNEL)
@@ -121,7 +127,9 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # reports/h100/training/dqk16w/; one bf16 GPU case at 16 warps hit an illegal memory access), with their
 # measured times in the comments, are in this file's history.
 VARIANTS: list[Variant] = [
-    ("shipped", None, ("b8", "b1"), DN_GDN),
+    ("shipped", None, ("b8", "b1"), ALL),
+    # the kin GPU's tuning of the same bucket (the H100's backward grid on an H200), where its file gives one
+    ("kin GPU's entry", KinEntry(), ("b8", "b1"), ALL),
     # the reverse pass's adjoint stored by one TMA store per chunk (dh_STORE_TMA): no layout round trip through shared
     # memory on its chain; DeltaNet's B8 entry loads by pointers, so also with its loads by TMA (sm_90a: spills 136 ->
     # 24 bytes with both)
@@ -180,6 +188,10 @@ def variant_config(
         from dtune.store import tuned_config
 
         cfg = {**(tuned_config(op + "_bwd", p, dtype, torch.device(dev)) or {}), **cfg}
+    elif isinstance(cfg, KinEntry):
+        from dtune.store import gpu_key
+
+        cfg = kin_lookup(op + "_bwd", p, dtype, gpu_key(torch.device(dev))) or {}  # {}: the default (no kin entry)
     if cfg is None or not interpret:
         return cfg
     small = {**cfg, "BT": 16, "BC": 16}
@@ -191,13 +203,36 @@ def variant_config(
     return small
 
 
+def kin_lookup(kernel: str, p: Shape, dtype: torch.dtype, gpu: str | None) -> dict[str, Any] | None:
+    """The lookup of ``kernel`` at ``p`` in the shipped file of GPU ``gpu``'s kin alone (see :class:`KinEntry`);
+    None without a kin file or an entry of that kernel."""
+    from importlib import resources
+
+    from dtune.store import dtype_name, kin_gpu, read_configs
+
+    kin = kin_gpu(gpu) if gpu is not None else None
+    if kin is None:
+        return None
+    ref = resources.files("dtune.configs").joinpath(f"{kin}.json")
+    return read_configs(str(ref), kin).lookup(kernel, dtype_name(dtype), p)
+
+
 def step_inputs(p: Shape, dtype: torch.dtype, device: str) -> dict[str, Any]:
     x = make_inputs(p, dtype=dtype, device=device, seed=1, gate_min=-5.0)
     return with_output_grads({**x, "scale": p.K**-0.5, "output_final_state": True}, seed=2)
 
 
 def variants_of(gate: Gate, shape_name: str) -> list[Variant]:
-    return [v for v in VARIANTS if shape_name in v[2] and gate in v[3]]
+    """The variants run at this gate and shape (the kin GPU's entry only on a CUDA GPU whose kin has a file)."""
+    kin = torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ and _has_kin()
+    return [v for v in VARIANTS if shape_name in v[2] and gate in v[3] and (kin or not isinstance(v[1], KinEntry))]
+
+
+def _has_kin() -> bool:
+    from dtune.store import gpu_key, kin_gpu
+
+    gpu = gpu_key(torch.device("cuda"))
+    return gpu is not None and kin_gpu(gpu) is not None
 
 
 def fla_step(gate: Gate, x: dict[str, Any]) -> tuple[Callable[[], StepResult] | None, str]:
@@ -379,8 +414,11 @@ def timing(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget
             impls: list[tuple[str, Callable[[], StepResult], str]] = []
             configs = {"fla": ""}
             for label, cfg, _, _ in variants_of(gate, name):
-                impls.append((label, op_step(op, x, variant_config(cfg, interpret, op, p, dtype, dev)), ""))
+                bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
+                impls.append((label, op_step(op, x, bcfg), ""))
                 shown = "(shipped lookup)" if cfg is None else json.dumps(cfg, sort_keys=True)
+                if isinstance(cfg, KinEntry):
+                    shown = f"(the kin GPU's lookup) {json.dumps(bcfg, sort_keys=True)}"
                 configs[label] = f"(shipped lookup) + {shown}" if isinstance(cfg, OnShipped) else shown
             if not interpret:
                 fla, note = fla_step(gate, x)

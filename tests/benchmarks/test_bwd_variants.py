@@ -27,3 +27,25 @@ def test_every_variant_is_a_legal_backward_config(bv: ModuleType) -> None:
                 key = (name, gate.value, shape)
                 assert key not in seen, f"variant {name!r} twice for {gate.value} at {shape}"
                 seen.add(key)
+
+
+def test_kin_lookup_reads_the_other_gpus_file(bv: ModuleType) -> None:
+    """The kin GPU's entry on an H200 is the H100 file's config at the bucket (and the reverse), not the GPU's own."""
+    from importlib import resources
+
+    import torch
+
+    from dtune.shape import Gate, Shape
+    from dtune.store import kin_gpu, read_configs
+
+    def own(gpu: str) -> dict[str, object] | None:
+        ref = resources.files("dtune.configs").joinpath(f"{gpu}.json")
+        return read_configs(str(ref), gpu).lookup("chunk_gated_delta_rule_bwd", "bf16", p)
+
+    p = Shape(8, 4096, 16, 16, 128, 128, 8, Gate.SCALAR)
+    for gpu in ("h200", "h100"):
+        kin = kin_gpu(gpu)
+        assert kin is not None and kin != gpu
+        got = bv.kin_lookup("chunk_gated_delta_rule_bwd", p, torch.bfloat16, gpu)
+        assert got == own(kin)
+    assert bv.kin_lookup("chunk_gated_delta_rule_bwd", p, torch.bfloat16, None) is None
