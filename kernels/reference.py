@@ -16,6 +16,8 @@ the N sequences are packed along T and each starts from its own initial state.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 Tensor = torch.Tensor
@@ -162,6 +164,13 @@ def _chunk_one(
     else:
         gc = heads_first(g if g.dim() == 4 else g[..., None])  # [B,HV,NT,C,K or 1]
         gam = gc.cumsum(3)  # γ: cumulative log decay inside the chunk
+        low = float(gam.min()) if gam.numel() else 0.0
+        if not low >= -math.log(torch.finfo(dtype).max) + 8:  # exp(-γ) would overflow (NaN in the result); -inf too
+            raise ValueError(
+                f"chunk_reference: a chunk's cumulative log gate reaches {low:.4g}, past what exp(-γ) holds in "
+                f"{dtype} at chunk_size={C}: use a smaller chunk_size (chunk_size · max|g| < 700 in float64) or "
+                "naive_recurrent"
+            )
     eg = gam.exp()
     eg_inv = (-gam).exp()
     strict = torch.ones(C, C, dtype=torch.bool, device=dev).tril(-1)

@@ -224,7 +224,7 @@ def chunk_cases(kernel: str, on_gpu: bool, quick: bool = False) -> list[Case]:
         steep = Shape(2, 1000, 4, 8, 128, 128, gate=g)
         out += [Case(f"B2-T1000-H4-HV8-D128-{s}-gate-60", kernel, steep, dt, gate_min=-60.0) for dt in both]
     if not quick:
-        variants: list[dict[str, Any]] = [{"FUSE_OUTPUT": True}, {"BT": 128, "BC": 32, "intra_num_warps": 8}]
+        variants: list[dict[str, Any]] = [{"FUSE_OUTPUT": True}, {"BT": 128, "BC": 32, "intra_num_warps": 4}]
         if g is Gate.CHANNEL:
             variants += [{"SAFE_DIAG": False, "BC": 16}, {"SAFE_DIAG": False, "BC": 32}, {"BT": 32, "BC": 16}]
         p = Shape(4, 2000, 8, 8, 128, 128, gate=g)

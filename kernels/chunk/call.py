@@ -34,6 +34,14 @@ def check_structure(config: Config) -> None:
         raise ValueError(f"chunk config: INTRA='onepass' holds 1 or 2 sub-chunks, got BT={BT}, BC={BC}")
     if config["INTRA"] != "rows" and BT // BC not in (1, 2, 4):
         raise ValueError(f"chunk config: INTRA='{config['INTRA']}' holds 1, 2 or 4 sub-chunks, got BT={BT}, BC={BC}")
+    if config["INTRA"] in ("blocks", "blocks_split") and config["intra_num_warps"] > 4:
+        # Two DeltaNet configs (BT 128 / BC 64 and BT 64 / BC 16, both unfused) hit illegal memory accesses compiled:
+        # in a search on an H200 (2026-11-29) and in tests/kernels/test_chunk_crash_gpu.py on an H100 (2026-12-06);
+        # correct under the interpreter, cause not isolated. Its 16-row tiles gain nothing from more warps anyway.
+        raise ValueError(
+            f"chunk config: INTRA='{config['INTRA']}' runs at most 4 warps (intra_num_warps="
+            f"{config['intra_num_warps']} hit illegal memory accesses compiled): use 1, 2 or 4, or INTRA='rows'"
+        )
     wu, aqk = config.get("WU", "stored"), config.get("AQK", "stored")
     if wu == "recomputed" and config["INTRA"] not in ("blocks", "onepass"):
         raise ValueError(

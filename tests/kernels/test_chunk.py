@@ -327,6 +327,17 @@ def test_blocks_variant_rejects_eight_subchunks() -> None:
         run("chunk_delta_rule", x, {"BT": 128, "BC": 16, "INTRA": "blocks"})
 
 
+@pytest.mark.parametrize("intra", ["blocks", "blocks_split"])
+def test_blocks_variant_refuses_eight_warps(intra: str) -> None:
+    """INTRA 'blocks' at 8 warps crashed compiled (illegal memory access, H200 and H100): refused before launch."""
+    p = Problem(1, 8, 1, 1, 16, 16, 1, Gate.NONE)
+    x = make_inputs(p, seed=1)
+    with pytest.raises(ValueError, match="at most 4 warps"):
+        run("chunk_delta_rule", x, {"INTRA": intra, "intra_num_warps": 8})
+    o, _ = run("chunk_delta_rule", x, {"INTRA": intra, "intra_num_warps": 4})  # the bound itself runs
+    assert torch.isfinite(o).all()
+
+
 @pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
 def test_defaults_are_legal(gate: Gate) -> None:
     spec = KERNELS[CHUNK[gate]]

@@ -32,7 +32,7 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 256, {}, True),
     ("channel", "fp32", 64, {}, False),
     ("channel", "bf16", 128, {"SAFE_DIAG": False, "FUSE_OUTPUT": True}, False),
-    ("scalar", "bf16", 128, {"BT": 128, "BC": 32, "intra_num_warps": 8}, True),
+    ("scalar", "bf16", 128, {"BT": 128, "BC": 32, "intra_num_warps": 4}, True),
     ("scalar", "fp16", 64, {"FUSE_OUTPUT": True}, False),
     ("none", "bf16", 256, {}, False),
     ("channel", "bf16", 96, {"FUSE_OUTPUT": True}, True),

@@ -87,3 +87,22 @@ def test_grouped_heads_read_their_group() -> None:
         initial_state=x["initial_state"][:, 2:3],
     )  # fmt: skip
     assert not torch.allclose(o[:, :, 2:3], wrong)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_chunk_reference_refuses_gates_past_exp_range(dtype: torch.dtype) -> None:
+    """A chunk whose cumulative log gate is past what exp(-γ) holds (chunk 16 at -60 a step: -960 nats) would give
+    NaN: refused with a ValueError naming chunk_size; a smaller chunk computes it as the loop does."""
+    p = Shape(1, 32, 1, 1, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=3)
+    x["g"] = x["g"] * 12.0 - 55.0  # every step below -55
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    with pytest.raises(ValueError, match="chunk_size=16"):
+        chunk_reference(*args, chunk_size=16, dtype=dtype)
+    if dtype is torch.float64:
+        o, _ = chunk_reference(*args, chunk_size=4)  # 4 · 115 nats at most
+        o_loop, _ = naive_recurrent(*args)
+        assert torch.isfinite(o).all() and rel_err(o, o_loop) < 1e-10
+    x["g"][0, 5] = float("-inf")  # a full forget: exp(-γ) is inf at any chunk
+    with pytest.raises(ValueError, match="chunk_reference"):
+        chunk_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=2)
