@@ -36,14 +36,17 @@ class StepResult(NamedTuple):
     grads: dict[str, Tensor | None]
 
 
-def output_grads(x: dict[str, Any], seed: int = GRAD_SEED) -> tuple[Tensor, Tensor | None]:
+def output_grads(x: dict[str, Any], seed: int = GRAD_SEED, values: bool = True) -> tuple[Tensor, Tensor | None]:
     """Random gradients of the output (``[B, T, HV, V]``, v's dtype) and of the final state (``[N, HV, K, V]``,
-    float32; None unless ``x["output_final_state"]``) of a call on inputs ``x``."""
+    float32; None unless ``x["output_final_state"]``) of a call on inputs ``x``; ``values=False``: uninitialised."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     v, k = x["v"], x["k"]
     B, T, HV, V = v.shape
     cu = x.get("cu_seqlens")
     N = B if cu is None else cu.numel() - 1
+    if not values:
+        blank_dht = torch.empty(N, HV, k.shape[-1], V, device=v.device) if x.get("output_final_state") else None
+        return torch.empty(B, T, HV, V, dtype=v.dtype, device=v.device), blank_dht
     do = torch.randn(B, T, HV, V, generator=gen).to(device=v.device, dtype=v.dtype)
     dht = None
     if x.get("output_final_state", False):
@@ -51,9 +54,9 @@ def output_grads(x: dict[str, Any], seed: int = GRAD_SEED) -> tuple[Tensor, Tens
     return do, dht
 
 
-def with_output_grads(x: dict[str, Any], seed: int = GRAD_SEED) -> dict[str, Any]:
+def with_output_grads(x: dict[str, Any], seed: int = GRAD_SEED, values: bool = True) -> dict[str, Any]:
     """``x`` with ``do`` and ``dht`` (:func:`output_grads`) added, for a step to read."""
-    do, dht = output_grads(x, seed)
+    do, dht = output_grads(x, seed, values)
     return {**x, "do": do, "dht": dht}
 
 

@@ -87,17 +87,19 @@ def op_run(
     device: torch.device | str,
     workload: Workload = DEFAULT_WORKLOAD,
     seed: int = TIMING_SEED,
+    values: bool = True,
 ) -> OpRun:
     """Inputs and work of one call of ``kernel`` on ``shape`` (its gate mode set from the kernel) and ``workload``;
-    a backward kernel's inputs also hold the output gradients of its step (``do``, ``dht``)."""
+    a backward kernel's inputs also hold the output gradients of its step (``do``, ``dht``). ``values=False``: the
+    inputs uninitialised (a call that only compiles)."""
     from dtune.kernels import get_kernel
 
     spec = get_kernel(kernel)
     shape = workload.shape(replace(shape, gate=Gate(spec.gate)))
     device = torch.device(device)
-    x = workload_inputs(shape, dtype, device, workload, seed)
+    x = workload_inputs(shape, dtype, device, workload, seed, values=values)
     if spec.backward:
-        x = with_output_grads(x)
+        x = with_output_grads(x, values=values)
     w = work(kernel, shape, dtype, workload.initial_state, workload.final_state)
     return OpRun(kernel, shape, dtype, device, workload, x, w)
 

@@ -50,20 +50,38 @@ def make_inputs(
     gate_min: float = GATE_MIN,
     seq_lens: list[int] | tuple[int, ...] | None = None,
     initial_state: bool = True,
+    values: bool = True,
 ) -> dict[str, Any]:
     """Random inputs obeying the contract: unit-norm q/k, log gates uniform-ish in [gate_min, 0), beta in (0, 1).
 
     Returns ``q, k, v, g, beta, initial_state, cu_seqlens`` (the ops' keyword names). With ``seq_lens`` the
     sequences are packed (B = 1) and ``cu_seqlens`` is set. Gates are drawn in float32 (as models keep them);
-    q, k, v, beta in ``dtype``; the initial state in float32.
+    q, k, v, beta in ``dtype``; the initial state in float32. ``values=False``: the same tensors uninitialised on
+    ``device`` (``cu_seqlens`` still set): for a call that only compiles, at no cost of drawing them.
     """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
     p = shape
     B, T = p.B, p.T
     cu = None
     if seq_lens is not None:
         B, T = 1, sum(seq_lens)
         cu = torch.tensor([0, *torch.tensor(list(seq_lens)).cumsum(0).tolist()], dtype=torch.int32)
+    if not values:
+        n_seq = len(seq_lens) if seq_lens is not None else B
+        g_dims = None if p.gate is Gate.NONE else (B, T, p.HV) if p.gate is Gate.SCALAR else (B, T, p.HV, p.K)
+
+        def blank(dims: tuple[int, ...] | None, dt: torch.dtype) -> Tensor | None:
+            return None if dims is None else torch.empty(dims, dtype=dt, device=device)
+
+        return {
+            "q": blank((B, T, p.H, p.K), dtype),
+            "k": blank((B, T, p.H, p.K), dtype),
+            "v": blank((B, T, p.HV, p.V), dtype),
+            "g": blank(g_dims, torch.float32),
+            "beta": blank((B, T, p.HV), dtype),
+            "initial_state": blank((n_seq, p.HV, p.K, p.V) if initial_state else None, torch.float32),
+            "cu_seqlens": None if cu is None else cu.to(device),
+        }
+    gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def rnd(*dims: int) -> Tensor:
         return torch.randn(*dims, generator=gen)
@@ -98,10 +116,13 @@ def workload_inputs(
     device: str | torch.device,
     workload: Workload = DEFAULT_WORKLOAD,
     seed: int = TIMING_SEED,
+    values: bool = True,
 ) -> dict[str, Any]:
-    """The keyword arguments of one timed op call: :func:`make_inputs` for ``workload``, plus ``scale`` and
-    ``output_final_state``. ``dtune.ops.run_kernel(kernel, **x, config=...)`` runs it."""
-    x = make_inputs(shape, dtype, device, seed=seed, seq_lens=workload.seq_lens, initial_state=workload.initial_state)
+    """The keyword arguments of one timed op call: :func:`make_inputs` for ``workload`` (``values``: see there), plus
+    ``scale`` and ``output_final_state``. ``dtune.ops.run_kernel(kernel, **x, config=...)`` runs it."""
+    x = make_inputs(
+        shape, dtype, device, seed=seed, seq_lens=workload.seq_lens, initial_state=workload.initial_state, values=values
+    )
     x["scale"] = shape.K**-0.5
     x["output_final_state"] = workload.final_state
     return x

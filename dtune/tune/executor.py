@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dtune.tune import sanitize
+from dtune.tune.memory import CompileMemory, gpu_budget
 from dtune.tune.trials import TrialJob, TrialOutcome
 from dtune.tune.worker import CompilePool, Worker, WorkerError
 
@@ -68,7 +69,11 @@ class Evaluator:
         self.sanitizer = sanitizer
         devices = devices or [None]
         self.devices = devices
-        self.pool = CompilePool(compile_workers, env, log_dir, trial_timeout) if compile_workers > 0 else None
+        self.pool = None
+        if compile_workers > 0:
+            # under the interpreter the compile workers hold CPU tensors: no GPU to share
+            memory = CompileMemory(None if env.get("TRITON_INTERPRET") else gpu_budget())
+            self.pool = CompilePool(compile_workers, env, log_dir, trial_timeout, memory)
         self._envs = [device_env(env, d if pin else None) for d in devices]
         self.timers = [
             Worker(
@@ -108,8 +113,8 @@ class Evaluator:
             ahead = self.pool.submit(replace(job, compile_only=True), tag=gen, skip=stopped).result()
             if stopped():
                 return Evaluated(CANCELLED)
-            if not ahead.ok:
-                return Evaluated(ahead)
+            if not ahead.ok:  # its peak is the compile's, not the call's
+                return Evaluated(replace(ahead, peak_mb=None))
             built_ahead = ahead.built
         index = self._idle.get()
         with self._lock:

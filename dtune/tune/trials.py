@@ -188,11 +188,35 @@ def timed_run(job: TrialJob, device: torch.device) -> OpRun:
     return _RUNS[key]
 
 
-def _compile_only(job: TrialJob, run: OpRun, config: dict[str, Any], t0: float) -> TrialOutcome:
-    """Build every specialisation the timing worker will launch for this job, launching nothing."""
+def _compile_only(job: TrialJob, device: torch.device) -> TrialOutcome:
+    """Build every specialisation the timing worker will launch for this job, launching nothing.
+
+    On a GPU the call's inputs are uninitialised (values do not change what is compiled; drawing them took seconds at
+    large shapes) and not kept: the job's peak allocation is measured (``peak_mb``, what :mod:`dtune.tune.memory`
+    admits the next compile of the shape by) and everything is freed, so an idle compile worker holds no GPU memory.
+    """
     from dtune.kernels import get_kernel
 
     spec = get_kernel(job.kernel)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    shape, dtype = Shape.from_dict(job.shape), dtype_from_name(job.dtype)
+    run = op_run(job.kernel, shape, dtype, device, job.workload(), values=not cuda)
+    try:
+        config = spec.check_config(run.shape.K, run.shape.V, job.config)
+    except (ValueError, TypeError) as e:
+        return TrialOutcome(reason="compile", message=f"illegal config: {e}")
+    outcome = _build(job, spec, run, config, time.perf_counter())
+    if cuda:
+        outcome.peak_mb = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+        del run
+        torch.cuda.empty_cache()
+    return outcome
+
+
+def _build(job: TrialJob, spec: Any, run: OpRun, config: dict[str, Any], t0: float) -> TrialOutcome:
     x = run.inputs
     with watch_builds() as builds:
         try:
@@ -235,6 +259,8 @@ def evaluate(job: TrialJob) -> TrialOutcome:
         return TrialOutcome(reason="crash", message=f"bad trial job: kind {job.kind!r}, stage {job.stage!r}")
     spec = get_kernel(job.kernel)
     device = torch.device(job.device)
+    if job.compile_only:
+        return _compile_only(job, device)
     run = timed_run(job, device)
     problem = run.shape
     try:
@@ -242,8 +268,6 @@ def evaluate(job: TrialJob) -> TrialOutcome:
     except (ValueError, TypeError) as e:
         return TrialOutcome(reason="compile", message=f"illegal config: {e}")
     t0 = time.perf_counter()
-    if job.compile_only:
-        return _compile_only(job, run, config, t0)
 
     out = TrialOutcome()
     stage_map = StageMap.from_table(job.stage_launches)

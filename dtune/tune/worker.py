@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
+from dtune.tune.memory import CompileMemory
 from dtune.tune.trials import TrialJob, TrialOutcome
 
 STARTUP_TIMEOUT_S = 300.0
@@ -163,9 +164,13 @@ class CompilePool:
     result; a success means the timing worker's first launch will find the kernels already built.
     """
 
-    def __init__(self, size: int, env: dict[str, str], log_dir: Path, timeout: float) -> None:
+    def __init__(
+        self, size: int, env: dict[str, str], log_dir: Path, timeout: float, memory: CompileMemory | None = None
+    ) -> None:
+        """``memory``: the GPU memory admission of the jobs (:mod:`dtune.tune.memory`; None: no limit)."""
         self.size = size
         self.timeout = timeout
+        self.memory = memory or CompileMemory(None)
         self._idle: queue.Queue[Worker] = queue.Queue()
         self._all = [Worker(env=env, log_path=log_dir / f"compile-{i}.log") for i in range(size)]
         for w in self._all:
@@ -179,20 +184,28 @@ class CompilePool:
         true when a worker frees up for it: not compiled (the search no longer wants it)."""
 
         def task() -> TrialOutcome:
-            worker = self._idle.get()
-            if skip is not None and skip():
-                self._idle.put(worker)
+            weight = self.memory.weight(job)
+            if not self.memory.acquire(weight, wanted=lambda: skip is None or not skip()):
                 return TrialOutcome(reason="cancelled", message="not compiled: the search stopped first")
-            with self._lock:
-                self._busy[id(worker)] = tag
+            outcome: TrialOutcome | None = None
             try:
-                return worker.run(job, self.timeout)
-            except WorkerError as e:
-                return TrialOutcome(reason="crash", message=str(e))
-            finally:
+                worker = self._idle.get()
+                if skip is not None and skip():
+                    self._idle.put(worker)
+                    return TrialOutcome(reason="cancelled", message="not compiled: the search stopped first")
                 with self._lock:
-                    self._busy.pop(id(worker), None)
-                self._idle.put(worker)
+                    self._busy[id(worker)] = tag
+                try:
+                    outcome = worker.run(job, self.timeout)
+                    return outcome
+                except WorkerError as e:
+                    return TrialOutcome(reason="crash", message=str(e))
+                finally:
+                    with self._lock:
+                        self._busy.pop(id(worker), None)
+                    self._idle.put(worker)
+            finally:
+                self.memory.release(weight, job, outcome)
 
         return self._executor.submit(task)
 
