@@ -1,8 +1,9 @@
 """GPU memory for the compile-ahead workers: how many of them may hold a shape's buffers at once.
 
 A compile-ahead job runs the op's host code at the trial's full shape (launches only compile), so it allocates the
-call's inputs, outputs and intermediates on the GPU while it builds. Fourteen at once at 32768 tokens with
-K = V = 256 held about 67 of an H100's 80 GB: the timing worker's gate then ran out of memory and the bucket's
+call's inputs, outputs and intermediates on the GPU while it builds, and used to keep its inputs after. At 32768
+tokens with K = V = 256 (chunk_kda, an H100, `dtune tune-gpu`) thirteen compile workers held 1.3-5.7 GB each, 54 GB
+beside the timing worker's 24.6 GB (its gate's float64 reference): compiles ran out of memory and 3 of the bucket's 8
 trials failed. :class:`CompileMemory` admits a job while the jobs in flight fit a budget (half the GPU by default:
 the timing worker, the gate's float64 reference and the baselines keep the rest), weighing each job by the peak its
 shape's last compile measured (``TrialOutcome.peak_mb``), or before one has, by an estimate from the call's
