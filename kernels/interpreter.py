@@ -1,16 +1,22 @@
 """Triton's interpreter (``TRITON_INTERPRET=1``, the CPU path of ``--interpret`` and the test suite), without its
-per-call cost for ``@triton.jit`` helpers.
+per-call cost for ``@triton.jit`` helpers and for its type objects.
 
 The interpreter swaps ``triton.language``'s functions for interpreted ones while a kernel's grid runs, and restores
 them after. It does the same swap again on *every call of a jit helper* inside the kernel (Triton 3.9), although
 the kernel's swap is still in force: a backward test case makes about 2 800 such calls and runs in half the time
 without them (3.8 -> 2.0 s). :func:`install` skips that repeat when the helper sees no language module the running
-kernel's swap did not cover; any other call goes through Triton's own code unchanged. It is a no-op where the interpreter's
-internals differ from the ones it knows, and applied once per process.
+kernel's swap did not cover; any other call goes through Triton's own code unchanged.
+
+Every interpreted operation also builds its result's type: a ``block_type`` (shape checks, a name string) and, for
+its numpy data, a dtype looked up in a table rebuilt on every call. Both depend on their arguments alone, so
+:func:`install` keeps one ``block_type`` per (element type, shape) and the numpy dtype per Triton dtype (the
+segmented varlen KDA backward plan case: 28.6 -> 21.2 s; 136 forward cases 266 -> 204 s). Each patch is a no-op
+where the interpreter's internals differ from the ones it knows; all are applied once per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
 from collections.abc import Callable
@@ -75,5 +81,56 @@ def install() -> bool:
 
     ti._patch_lang = swap_once
     executor.__call__ = run_grid
+    _cache_types(tl, ti)
     _INSTALLED = True
     return True
+
+
+def _cache_types(tl: Any, ti: Any) -> None:
+    """One ``block_type`` object per (element type, shape), and the numpy dtype of each Triton dtype, memoised."""
+    to_np = getattr(ti, "_get_np_dtype", None)
+    if callable(to_np) and list(inspect.signature(to_np).parameters) == ["tt_dtype"]:
+        np_dtypes: dict[Any, Any] = {}
+
+        def np_dtype(tt_dtype: Any) -> Any:
+            try:
+                return np_dtypes[tt_dtype]
+            except KeyError:
+                found = np_dtypes[tt_dtype] = to_np(tt_dtype)
+                return found
+            except TypeError:  # unhashable: as Triton does it
+                return to_np(tt_dtype)
+
+        ti._get_np_dtype = np_dtype
+    block = getattr(tl.core, "block_type", None)
+    constexpr = getattr(tl.core, "constexpr", None)
+    if block is None or constexpr is None or "__new__" in vars(block):
+        return
+    if list(inspect.signature(block.__init__).parameters) != ["self", "element_ty", "shape"]:
+        return
+    init = block.__init__
+    blocks: dict[tuple[Any, ...], Any] = {}
+
+    def key(element_ty: Any, shape: Any) -> tuple[Any, ...]:
+        return (element_ty, tuple([d.value if isinstance(d, constexpr) else d for d in shape]))
+
+    def new(cls: type, element_ty: Any = None, shape: Any = None) -> Any:
+        if cls is block:
+            try:
+                found = blocks.get(key(element_ty, shape))
+            except TypeError:  # no shape (copy, pickle), or an unhashable one: a fresh object
+                found = None
+            if found is not None:
+                return found  # __init__ runs on it again and returns at once
+        return object.__new__(cls)
+
+    def init_once(self: Any, element_ty: Any, shape: Any) -> None:
+        if "numel" in vars(self):
+            return
+        init(self, element_ty, shape)  # raises on a bad shape: nothing is kept
+        if type(self) is block:
+            with contextlib.suppress(TypeError):  # an unhashable shape: not kept
+                blocks[key(element_ty, shape)] = self
+
+    block.__new__ = new
+    block.__init__ = init_once

@@ -81,3 +81,30 @@ def test_a_helper_over_other_language_modules_is_still_swapped() -> None:
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[0] == "ok"
+
+
+def test_block_types_are_kept_one_per_element_type_and_shape() -> None:
+    """The interpreter's type objects, memoised by install(): the same object for the same element type and shape
+    (constexpr dims or ints), another for any other; a bad shape still raises and is not kept."""
+    bt = tl.core.block_type
+    a = bt(tl.float32, [16, 32])
+    assert bt(tl.float32, [tl.constexpr(16), 32]) is a
+    assert (a.shape, a.numel, a.element_ty) == ((16, 32), 512, tl.float32)
+    for other in (bt(tl.float16, [16, 32]), bt(tl.float32, [32, 16]), bt(tl.float32, [16, 32, 1])):
+        assert other is not a and other != a
+    assert bt(tl.pointer_type(tl.float32), [16]).element_ty == tl.pointer_type(tl.float32)
+    assert bt(tl.pointer_type(tl.float16), [16]) is not bt(tl.pointer_type(tl.float32), [16])
+    with pytest.raises(TypeError, match="0d"):
+        bt(tl.float32, [])
+    with pytest.raises(TypeError, match="0d"):
+        bt(tl.float32, [])  # raised again: the failed object was never kept
+
+
+def test_numpy_dtypes_of_triton_dtypes_are_triton_s() -> None:
+    import numpy as np
+    from triton.runtime import interpreter as ti
+
+    for t, want in [(tl.float32, np.float32), (tl.float16, np.float16), (tl.int32, np.int32), (tl.int1, np.bool_)]:
+        assert ti._get_np_dtype(t) == np.dtype(want)
+        assert ti._get_np_dtype(t) == np.dtype(want)  # the kept one
+    assert ti._get_np_dtype(tl.pointer_type(tl.float32)) == np.dtype(np.uint64)
