@@ -27,7 +27,7 @@ rc=0
 : > "$OUT/gpu_tests/summary.txt"
 for f in "${files[@]}"; do
   name=$(echo "${f%%::*}" | sed 's|/|_|g; s|\.py$||')
-  "$PY" -m pytest -m gpu -p no:cacheprovider -rfE --junitxml "$OUT/gpu_tests/$name.xml" "${args[@]}" "$f" \
+  "$PY" -m pytest -m gpu -p no:cacheprovider -rfE --junitxml "$OUT/gpu_tests/$name.xml" ${args[@]+"${args[@]}"} "$f" \
     > "$OUT/gpu_tests/$name.log" 2>&1
   code=$?
   # exit 5: nothing collected under -m gpu in that file (its gpu tests are deselected by the arguments)
