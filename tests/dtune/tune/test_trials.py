@@ -204,7 +204,8 @@ def test_memory_ceiling_fails_the_trial(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.gpu
 def test_a_compile_job_on_the_gpu_measures_its_peak_and_frees_it() -> None:
     """Compile-ahead on a GPU: uninitialised inputs, the job's peak reported (what the compile pool admits the next
-    job of the shape by), and nothing left allocated afterwards (an idle compile worker holds no GPU memory)."""
+    job of the shape by), and nothing of the call's size left allocated afterwards (an idle compile worker holds no
+    GPU memory)."""
     dev = torch.device("cuda")
     shape = {"B": 2, "T": 1024, "H": 4, "HV": 4, "K": 128, "V": 128}
     inputs_mb = 3 * 2 * 1024 * 4 * 128 * 2 / 2**20  # q, k, v in bf16
@@ -213,4 +214,5 @@ def test_a_compile_job_on_the_gpu_measures_its_peak_and_frees_it() -> None:
         out = evaluate(TrialJob(kernel, shape, "bf16", {}, 2e-2, device="cuda", compile_only=True, reuse_inputs=True))
         assert out.ok, out.message
         assert out.peak_mb is not None and out.peak_mb > inputs_mb, (kernel, out.peak_mb)
-        assert torch.cuda.memory_allocated(dev) == before, kernel
+        kept = torch.cuda.memory_allocated(dev) - before  # the gate's edge case (168 tokens) may stay cached: KBs
+        assert kept < 2**20 < inputs_mb * 2**20, (kernel, kept)
