@@ -198,20 +198,24 @@ def _compile_only(job: TrialJob, device: torch.device) -> TrialOutcome:
     from dtune.kernels import get_kernel
 
     spec = get_kernel(job.kernel)
+    shape, dtype = Shape.from_dict(job.shape), dtype_from_name(job.dtype)
+    try:
+        config = spec.check_config(shape.K, shape.V, job.config)
+    except (ValueError, TypeError) as e:
+        return TrialOutcome(reason="compile", message=f"illegal config: {e}")
+    t0 = time.perf_counter()
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    shape, dtype = Shape.from_dict(job.shape), dtype_from_name(job.dtype)
-    run = op_run(job.kernel, shape, dtype, device, job.workload(), values=not cuda)
     try:
-        config = spec.check_config(run.shape.K, run.shape.V, job.config)
-    except (ValueError, TypeError) as e:
-        return TrialOutcome(reason="compile", message=f"illegal config: {e}")
-    outcome = _build(job, spec, run, config, time.perf_counter())
+        run = op_run(job.kernel, shape, dtype, device, job.workload(), values=not cuda)
+        outcome = _build(job, spec, run, config, t0)
+        del run
+    except Exception as e:  # the inputs did not fit
+        outcome = TrialOutcome(reason=classify(e, first_launch=True), message=_message(e))
     if cuda:
         outcome.peak_mb = (torch.cuda.max_memory_allocated(device) - before) / 2**20
-        del run
         torch.cuda.empty_cache()
     return outcome
 
