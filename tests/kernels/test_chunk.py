@@ -276,6 +276,8 @@ def random_configs(gate: Gate, n: int, seed: int) -> list[dict[str, Any]]:
             continue
         if cfg["INTRA"] != "rows" and cfg["BT"] // cfg["BC"] > 4:
             continue
+        if cfg["INTRA"] in ("blocks", "blocks_split") and cfg["intra_num_warps"] > 4:
+            continue
         if (cfg["INTRA"] == "onepass" and cfg["BT"] // cfg["BC"] > 2) or (
             cfg["SOLVE"] == "squaring" and cfg["BC"] != 16
         ):
