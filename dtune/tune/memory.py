@@ -2,7 +2,7 @@
 
 A compile-ahead job runs the op's host code at the trial's full shape (launches only compile), so it allocates the
 call's inputs, outputs and intermediates on the GPU while it builds, and used to keep its inputs after. At 32768
-tokens with K = V = 256 (chunk_kda, an H100, `dtune tune-gpu`) thirteen compile workers held 1.3-5.7 GB each, 54 GB
+tokens with K = V = 256 (chunk_kda, an H100, `dtune tune-gpu`) fourteen compile workers held 1.3-5.7 GB each, 54 GB
 beside the timing worker's 24.6 GB (its gate's float64 reference): compiles ran out of memory and 3 of the bucket's 8
 trials failed. :class:`CompileMemory` admits a job while the jobs in flight fit a budget (half the GPU by default:
 the timing worker, the gate's float64 reference and the baselines keep the rest), weighing each job by the peak its
