@@ -164,7 +164,7 @@ def _chunk_one(
     else:
         gc = heads_first(g if g.dim() == 4 else g[..., None])  # [B,HV,NT,C,K or 1]
         gam = gc.cumsum(3)  # γ: cumulative log decay inside the chunk
-        low = float(gam.min()) if gam.numel() else 0.0
+        low = float(gam.detach().min()) if gam.numel() else 0.0
         if not low >= -math.log(torch.finfo(dtype).max) + 8:  # exp(-γ) would overflow (NaN in the result); -inf too
             raise ValueError(
                 f"chunk_reference: a chunk's cumulative log gate reaches {low:.4g}, past what exp(-γ) holds in "
