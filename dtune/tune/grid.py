@@ -38,7 +38,7 @@ from dtune.kernels import get_kernel
 
 from dtune.gpu import GpuProfile
 from dtune.shape import Gate, Shape, ShapeGrid, packed_and_grouped
-from dtune.tune.space import SearchSpace, load_space, shipped_spaces
+from dtune.tune.space import RunCosts, SearchSpace, load_space, shipped_spaces
 from dtune.tune.summary import Reporter, ShapeSummary
 from dtune.tune.transfer import bucket_distance
 
@@ -46,13 +46,15 @@ PROGRESS_JSON = "tune-gpu.json"  # the finished buckets and benches of the job i
 RUNS = "runs"
 BENCH = "bench"
 DEFAULT_BUDGET_S = 90.0  # a chunk kernel's anchor search; every other bucket gets its space's share of it
-# What a search costs beyond its buckets' budgets, measured on the H200 (tune-gpu --budget 30, 14 compile workers, 27
-# buckets of DeltaNet and Gated DeltaNet in 614 s against 310 s of budgets): start-up and the export 7-11 s a run,
-# the end of a bucket (trials in flight, its records) about 9 s. A bucket runs on past a budget shorter than its
-# first answers (the default and the transferred configs, search.tune_shape): about 20 s of compiles on a cold cache.
-RUN_START_S = 10.0
-BUCKET_END_S = 9.0
-STARTS_S = 20.0
+# What a search costs beyond its buckets' budgets (a space's [tune] costs; these defaults are the chunk kernels'),
+# measured on the H200 (tune-gpu --budget 30, 14 compile workers, 27 buckets of DeltaNet and Gated DeltaNet in 614 s
+# against 310 s of budgets): start-up and the export 7-11 s a run, the end of a bucket (trials in flight, its records)
+# about 9 s. A bucket runs on past a budget shorter than its first answers (the default and the transferred configs,
+# search.tune_shape): about 20 s of compiles on a cold cache. The fused-recurrent spaces set their own (one small
+# kernel: seconds, not tens of seconds).
+RUN_START_S = RunCosts.run_start_s
+BUCKET_END_S = RunCosts.bucket_end_s
+STARTS_S = RunCosts.starts_s
 # What a bench costs a shape on the H200 (3 rounds, fla's first call autotunes): a forward 10-20 s with fla, a
 # packed batch 50-140 s (fla's variable-length autotuning), a training step about a minute.
 BENCH_SHAPE_S = 10.0
@@ -92,6 +94,7 @@ class Step:
     dtype: str
     buckets: tuple[Bucket, ...]
     seconds: int
+    costs: RunCosts = field(default_factory=RunCosts)
 
     @property
     def packed(self) -> tuple[int, ...] | None:
@@ -100,12 +103,12 @@ class Step:
     def estimate_s(self, n: int | None = None) -> float:
         """Wall time of this search for ``n`` of its buckets (default all): their budgets and the run's costs."""
         n = len(self.buckets) if n is None else n
-        return RUN_START_S + n * self.bucket_s if n else 0.0
+        return self.costs.run_start_s + n * self.bucket_s if n else 0.0
 
     @property
     def bucket_s(self) -> float:
         """Wall time of one bucket: its budget (at least its first answers) and its end."""
-        return max(float(self.seconds), STARTS_S) + BUCKET_END_S
+        return max(float(self.seconds), self.costs.starts_s) + self.costs.bucket_end_s
 
 
 @dataclass(frozen=True)
@@ -198,12 +201,14 @@ def kernel_steps(space: SearchSpace, dtype: str, budget: float, interpret: bool 
         packed = TINY_PACKED if packed else None
     rest = sorted(dict.fromkeys(s for s in rest if s != anchor), key=lambda s: bucket_distance(s, anchor.bucket()))
     share = max(1, round(budget * spec.bucket_share))
-    steps = [Step(kernel, "anchor", dtype, (Bucket(kernel, anchor),), max(1, round(budget * spec.anchor_share)))]
+    costs = spec.costs
+    anchor_s = max(1, round(budget * spec.anchor_share))
+    steps = [Step(kernel, "anchor", dtype, (Bucket(kernel, anchor),), anchor_s, costs)]
     if rest:
-        steps.append(Step(kernel, "grid", dtype, tuple(Bucket(kernel, s) for s in rest), share))
+        steps.append(Step(kernel, "grid", dtype, tuple(Bucket(kernel, s) for s in rest), share, costs))
     if packed:
         (shape,) = packed_and_grouped([anchor], packed, 1)
-        steps.append(Step(kernel, "packed", dtype, (Bucket(kernel, shape, tuple(packed)),), share))
+        steps.append(Step(kernel, "packed", dtype, (Bucket(kernel, shape, tuple(packed)),), share, costs))
     return steps
 
 
@@ -574,7 +579,7 @@ def _run(job: Job, reporter: JobReporter, ledger: Ledger, result: JobResult, dea
         if not todo:
             continue
         if deadline is not None:
-            fit = int((deadline - time.monotonic() - RUN_START_S) // step.bucket_s)
+            fit = int((deadline - time.monotonic() - step.costs.run_start_s) // step.bucket_s)
             if fit < len(todo):
                 result.left += todo[max(fit, 0) :]
                 reporter.skipped(

@@ -23,6 +23,7 @@ conditional expressions and those three calls) and evaluated without builtins.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,15 @@ class ExtraBucket:
 
 
 @dataclass(frozen=True)
+class RunCosts:
+    """What a ``dtune tune-gpu`` search costs beyond its buckets' budgets (seconds; the job's estimate)."""
+
+    run_start_s: float = 10.0  # start-up and the export, once per search
+    bucket_end_s: float = 9.0  # the end of a bucket: trials in flight, its records
+    starts_s: float = 20.0  # the first answers (the default and the transferred configs): a shorter budget runs on
+
+
+@dataclass(frozen=True)
 class TuneSpec:
     """``[tune]``: what ``dtune tune-gpu`` tunes of this kernel (defaults: the grid's middle bucket as anchor, then the
     grid, each bucket on a third of the budget)."""
@@ -108,6 +118,7 @@ class TuneSpec:
     packed_seqs: tuple[int, ...] = ()  # one packed batch of these sequence lengths (cu_seqlens), anchor's D and H
     anchor_share: float = 1.0  # of the job's --budget, for the anchor
     bucket_share: float = 1 / 3  # of the job's --budget, for every other bucket
+    costs: RunCosts = field(default_factory=RunCosts)  # measured overheads of this kernel's searches
 
 
 @dataclass(frozen=True)
@@ -318,10 +329,11 @@ def _positive_int(source: str, where: str, value: Any) -> int:
 
 def _parse_tune(source: str, raw: Any) -> TuneSpec:
     """``[tune]``: ``anchor = { T, D[, B, H] }``, ``grid``, ``extra = [{ T, B[, hv_ratio] }, ...]``, ``packed_seqs``,
-    ``anchor_share`` and ``bucket_share`` (fractions of the job's budget, in (0, 10])."""
+    ``anchor_share`` and ``bucket_share`` (fractions of the job's budget, in (0, 10]), ``costs = { run_start_s,
+    bucket_end_s, starts_s }`` (seconds, each optional: :class:`RunCosts`)."""
     if not isinstance(raw, dict):
         raise _fail(source, "[tune] must be a table")
-    unknown = sorted(set(raw) - {"anchor", "grid", "extra", "packed_seqs", "anchor_share", "bucket_share"})
+    unknown = sorted(set(raw) - {"anchor", "grid", "extra", "packed_seqs", "anchor_share", "bucket_share", "costs"})
     if unknown:
         raise _fail(source, f"[tune] has unknown key(s) {unknown}")
     anchor = raw.get("anchor", {})
@@ -344,7 +356,15 @@ def _parse_tune(source: str, raw: Any) -> TuneSpec:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 10:
             raise _fail(source, f"[tune] {key} must be a number in (0, 10] (a share of the budget), got {value!r}")
         shares[key] = float(value)
-    return TuneSpec(anchor, grid, tuple(extra), packed, **shares)
+    costs = raw.get("costs", {})
+    names = {f.name for f in dataclasses.fields(RunCosts)}
+    if not isinstance(costs, dict) or set(costs) - names:
+        raise _fail(source, f"[tune] costs must be a table of {', '.join(sorted(names))}, got {costs!r}")
+    for key, value in costs.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 3600:
+            raise _fail(source, f"[tune] costs.{key} must be seconds in [0, 3600), got {value!r}")
+    run_costs = RunCosts(**{k: float(v) for k, v in costs.items()})
+    return TuneSpec(anchor, grid, tuple(extra), packed, **shares, costs=run_costs)
 
 
 def _parse_accuracy(source: str, raw: Any) -> dict[str, float]:

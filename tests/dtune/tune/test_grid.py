@@ -12,7 +12,7 @@ import pytest
 from dtune.shape import Shape
 from dtune.tune import grid
 from dtune.tune.grid import BUCKET_END_S, RUN_START_S, STARTS_S, Ledger, make_plan
-from dtune.tune.space import SpaceError, load_space, parse_space
+from dtune.tune.space import RunCosts, SpaceError, load_space, parse_space
 from dtune.tune.transfer import bucket_distance
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -109,11 +109,32 @@ def space_with(tune: dict[str, object]) -> dict[str, object]:
         ({"bucket_share": 0}, "bucket_share"),
         ({"grid": "yes"}, "grid must be"),
         ({"budget": 3}, "unknown key"),
+        ({"costs": {"run_start_s": -1}}, "costs.run_start_s"),
+        ({"costs": {"startup": 3}}, "costs must be a table"),
+        ({"costs": 3}, "costs must be a table"),
     ],
 )
 def test_a_bad_tune_section_names_the_problem(tune: dict[str, object], match: str) -> None:
     with pytest.raises(SpaceError, match=match):
         parse_space(space_with(tune), "x.toml")
+
+
+def test_each_kernel_is_estimated_with_its_own_measured_costs() -> None:
+    """A space's ``[tune] costs`` replace the chunk kernels' defaults in its searches' estimate (and in what fits a
+    --timeout); the shipped decode spaces carry their own, far smaller (one small kernel: seconds to compile)."""
+    costs = {"run_start_s": 15, "bucket_end_s": 1, "starts_s": 1.5}
+    own = parse_space(space_with({"costs": costs}), "x.toml")
+    (anchor, rest) = grid.kernel_steps(own, "bf16", budget=30)
+    assert anchor.costs == RunCosts(15.0, 1.0, 1.5) and rest.costs == anchor.costs
+    assert rest.seconds == 10 and rest.estimate_s() == pytest.approx(15 + 1 * (10 + 1))
+    plain = parse_space(space_with({}), "x.toml")
+    (_, rest) = grid.kernel_steps(plain, "bf16", budget=30)
+    assert rest.estimate_s() == pytest.approx(RUN_START_S + max(10, STARTS_S) + BUCKET_END_S)
+    decode = make_plan(["fused_recurrent_kda"], {"fused_recurrent_kda": "bf16"}, budget=15)
+    (fused_anchor, fused_grid) = decode.steps
+    assert fused_grid.seconds == 1 and len(fused_grid.buckets) == 11
+    # measured on the H100: 10 such buckets took 33-39 s of trials a kernel; the chunk kernels' costs said 5 min
+    assert 25 < fused_grid.estimate_s() < 60
 
 
 def test_a_space_without_anchor_starts_from_the_grid_middle() -> None:
