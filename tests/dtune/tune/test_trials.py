@@ -204,20 +204,21 @@ def test_memory_ceiling_fails_the_trial(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.gpu
 def test_a_compile_job_on_the_gpu_measures_its_peak_and_frees_it() -> None:
     """Compile-ahead on a GPU: uninitialised inputs, the job's peak reported (what the compile pool admits the next
-    job of the shape by), and nothing of the call's size left allocated afterwards (an idle compile worker holds no
-    GPU memory). Each job runs twice and the second is measured: a process's first job may allocate what the process
-    then keeps whatever it runs (on an H100 the first job left 44 MiB, not a multiple of the inputs' 6 MiB, while it
-    still computed the edge case's float64 reference: library workspaces, likely); a job that kept its own inputs
-    would keep them again on the second run."""
+    job of the shape by), and no memory kept per job: a compile worker that runs job after job does not grow.
+
+    What a process keeps whatever it runs is not counted: on an H100 (B2 T1024 H4 D128) a process's first job left
+    44 MiB allocated (commit ffd81b6) and its second 11 MiB more (6be175a), neither a multiple of the inputs' 6 MiB
+    (library workspaces and the ops' bounded caches, likely; not isolated), so the third and later runs are measured."""
     dev = torch.device("cuda")
     shape = {"B": 2, "T": 1024, "H": 4, "HV": 4, "K": 128, "V": 128}
     inputs_mb = 3 * 2 * 1024 * 4 * 128 * 2 / 2**20  # q, k, v in bf16
     for kernel in ("chunk_gated_delta_rule", "chunk_gated_delta_rule_bwd"):
         job = TrialJob(kernel, shape, "bf16", {}, 2e-2, device="cuda", compile_only=True, reuse_inputs=True)
-        assert evaluate(job).ok
-        before = torch.cuda.memory_allocated(dev)
-        out = evaluate(job)
-        assert out.ok, out.message
-        assert out.peak_mb is not None and out.peak_mb > inputs_mb, (kernel, out.peak_mb)
-        kept = torch.cuda.memory_allocated(dev) - before
-        assert kept < 2**20 < inputs_mb * 2**20, (kernel, kept)
+        allocated = [torch.cuda.memory_allocated(dev)]
+        for _ in range(4):
+            out = evaluate(job)
+            assert out.ok, out.message
+            assert out.peak_mb is not None and out.peak_mb > inputs_mb, (kernel, out.peak_mb)
+            allocated.append(torch.cuda.memory_allocated(dev))
+        kept_mb = [(b - a) / 2**20 for a, b in zip(allocated, allocated[1:])]
+        assert max(kept_mb[2:]) < 1 < inputs_mb, (kernel, kept_mb)  # a job that kept its inputs: 6 MiB a run
