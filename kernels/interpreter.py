@@ -10,8 +10,11 @@ kernel's swap did not cover; any other call goes through Triton's own code uncha
 Every interpreted operation also builds its result's type: a ``block_type`` (shape checks, a name string) and, for
 its numpy data, a dtype looked up in a table rebuilt on every call. Both depend on their arguments alone, so
 :func:`install` keeps one ``block_type`` per (element type, shape) and the numpy dtype per Triton dtype (the
-segmented varlen KDA backward plan case: 28.6 -> 21.2 s; 136 forward cases 266 -> 204 s). Each patch is a no-op
-where the interpreter's internals differ from the ones it knows; all are applied once per process.
+segmented varlen KDA backward plan case: 28.6 -> 21.2 s; 136 forward cases 266 -> 204 s). Every ``tl.tensor`` also
+rebuilt its shape's constexprs, a function of its type alone: they are kept on the type object; and the implicit
+broadcast of two operands of the very same type returns at once (the same plan case 26.8 -> 21.3 s, 135 forward
+cases 211 -> 162 s, on a 2-core machine). Each patch is a no-op where the interpreter's internals differ from the ones
+it knows; all are applied once per process.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ def install() -> bool:
     ti._patch_lang = swap_once
     executor.__call__ = run_grid
     _cache_types(tl, ti)
+    _fast_tensors(tl)
+    _fast_broadcast(ti)
     _INSTALLED = True
     return True
 
@@ -134,3 +139,48 @@ def _cache_types(tl: Any, ti: Any) -> None:
 
     block.__new__ = new
     block.__init__ = init_once
+
+
+def _fast_tensors(tl: Any) -> None:
+    """``tl.tensor``'s constructor without rebuilding its shape's constexprs: they are a function of its type alone
+    (a memoised ``block_type`` object, or a scalar dtype), so they are built once per type and shared."""
+    tensor = getattr(tl.core, "tensor", None)
+    constexpr = getattr(tl.core, "constexpr", None)
+    base = getattr(tl.core, "base_value", None)
+    if tensor is None or constexpr is None or base is None or "__init__" in vars(base):
+        return  # base_value.__init__ (object's) does nothing here; anything else: leave Triton's code alone
+    if list(inspect.signature(tensor.__init__).parameters) != ["self", "handle", "type"]:
+        return
+    import math
+
+    def init(self: Any, handle: Any, type: Any) -> None:
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        found = getattr(type, "_dtune_tensor_shape", None)  # kept on the type object, which owns it
+        if found is None:
+            dims = tuple(type.shape) if type.is_block() else ()
+            found = (constexpr(math.prod(dims)), tuple(constexpr(d) for d in dims))
+            with contextlib.suppress(AttributeError):  # a type without a __dict__: built each time
+                type._dtune_tensor_shape = found
+        self.numel, self.shape = found
+
+    tensor.__init__ = init
+
+
+def _fast_broadcast(ti: Any) -> None:
+    """The interpreter's implicit broadcast returns at once when both operands have the very same type object (the
+    same memoised block type, or the same scalar dtype): Triton's code would compare the shapes, find them equal
+    and return the operands unchanged."""
+    semantic: Any = getattr(ti, "interpreter_semantic", None)
+    broadcast = getattr(semantic, "broadcast_impl_value", None)
+    if broadcast is None:
+        return
+
+    def broadcast_same(lhs: Any, rhs: Any) -> Any:
+        left = getattr(lhs, "type", None)
+        if left is not None and left is getattr(rhs, "type", None):
+            return lhs, rhs
+        return broadcast(lhs, rhs)
+
+    semantic.broadcast_impl_value = broadcast_same
