@@ -171,7 +171,7 @@ def _fast_tensors(tl: Any) -> None:
 def _fast_broadcast(ti: Any) -> None:
     """The interpreter's implicit broadcast returns at once when both operands have the very same type object (the
     same memoised block type, or the same scalar dtype): Triton's code would compare the shapes, find them equal
-    and return the operands unchanged."""
+    and return the operands unchanged. Its cast likewise, when the target's scalar type is the input's own object."""
     semantic: Any = getattr(ti, "interpreter_semantic", None)
     broadcast = getattr(semantic, "broadcast_impl_value", None)
     if broadcast is None:
@@ -184,3 +184,15 @@ def _fast_broadcast(ti: Any) -> None:
         return broadcast(lhs, rhs)
 
     semantic.broadcast_impl_value = broadcast_same
+    cast = getattr(semantic, "cast", None)
+    if cast is None or list(inspect.signature(cast).parameters) != ["input", "dst_ty", "fp_downcast_rounding"]:
+        return
+
+    def cast_same(input: Any, dst_ty: Any, fp_downcast_rounding: Any = None) -> Any:
+        # Triton's cast returns its input whenever the scalar types are equal; here the same object says so at once
+        scalar = getattr(getattr(input, "type", None), "scalar", None)
+        if scalar is not None and scalar is getattr(dst_ty, "scalar", None):
+            return input
+        return cast(input, dst_ty, fp_downcast_rounding)
+
+    semantic.cast = cast_same

@@ -165,3 +165,19 @@ def test_the_implicit_broadcast_skips_only_operands_of_the_very_same_type() -> N
         assert lhs is x and list(rhs.type.shape) == [4, 8] and rhs.handle.data.shape == (4, 8)
         lhs, rhs = sem.broadcast_impl_value(other, x)
         assert rhs is x and list(lhs.type.shape) == [4, 8] and lhs.handle.data.shape == (4, 8)
+
+
+def test_a_cast_to_the_input_s_own_scalar_type_returns_the_input() -> None:
+    """The interpreter's cast under install(): to the input's own scalar type (or a block type of it) the input
+    itself, as Triton's returns it; to another type still a converted tensor, in its type and its data."""
+    import numpy as np
+    from triton.runtime import interpreter as ti
+
+    sem = ti.interpreter_semantic
+    bt = tl.core.block_type(tl.float32, [2, 4])
+    x = tl.core.tensor(ti.TensorHandle(np.arange(8.0, dtype=np.float32).reshape(2, 4), tl.float32), bt)
+    assert sem.cast(x, tl.float32) is x and sem.cast(x, bt) is x
+    y = sem.cast(x, tl.float16)
+    assert y.dtype == tl.float16 and list(y.type.shape) == [2, 4] and y.handle.data.dtype == np.float16
+    z = sem.cast(x, tl.int32)
+    assert z.dtype == tl.int32 and z.handle.data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
