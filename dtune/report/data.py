@@ -89,7 +89,10 @@ def _read_csv(path: Path, problems: list[str], label: str) -> pd.DataFrame | Non
     except Exception as exc:  # a half-written or empty CSV must not break the report
         problems.append(f"{label}: {type(exc).__name__}: {exc}")
         return None
-    return frame if len(frame) else None
+    if not len(frame):
+        problems.append(f"{label}: no rows")
+        return None
+    return frame
 
 
 def _read_json(path: Path, problems: list[str], label: str) -> Any:

@@ -97,6 +97,11 @@ def test_nothing_to_report_is_an_error(tmp_path: Path) -> None:
     assert not (tmp_path / "b.html").exists()
     r = CliRunner().invoke(cli(), ["report", str(empty)])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    headers = tmp_path / "headers"  # files that parse but hold no rows: named, not taken for absent
+    headers.mkdir()
+    (headers / "bench.csv").write_text("kernel,impl,median_ms\n")
+    with pytest.raises(NothingToReport, match=r"could not read: bench\.csv: no rows"):
+        build_report(headers, tmp_path / "h.html")
 
 
 def test_interpreter_times_are_flagged_and_kept_off_the_roofline(tmp_path: Path) -> None:
