@@ -86,7 +86,7 @@ def install() -> bool:
     executor.__call__ = run_grid
     _cache_types(tl, ti)
     _fast_tensors(tl)
-    _fast_broadcast(ti)
+    _same_type_shortcuts(ti)
     _INSTALLED = True
     return True
 
@@ -168,7 +168,7 @@ def _fast_tensors(tl: Any) -> None:
     tensor.__init__ = init
 
 
-def _fast_broadcast(ti: Any) -> None:
+def _same_type_shortcuts(ti: Any) -> None:
     """The interpreter's implicit broadcast returns at once when both operands have the very same type object (the
     same memoised block type, or the same scalar dtype): Triton's code would compare the shapes, find them equal
     and return the operands unchanged. Its cast likewise, when the target's scalar type is the input's own object."""

@@ -46,15 +46,7 @@ PROGRESS_JSON = "tune-gpu.json"  # the finished buckets and benches of the job i
 RUNS = "runs"
 BENCH = "bench"
 DEFAULT_BUDGET_S = 90.0  # a chunk kernel's anchor search; every other bucket gets its space's share of it
-# What a search costs beyond its buckets' budgets (a space's [tune] costs; these defaults are the chunk kernels'),
-# measured on the H200 (tune-gpu --budget 30, 14 compile workers, 27 buckets of DeltaNet and Gated DeltaNet in 614 s
-# against 310 s of budgets): start-up and the export 7-11 s a run, the end of a bucket (trials in flight, its records)
-# about 9 s. A bucket runs on past a budget shorter than its first answers (the default and the transferred configs,
-# search.tune_shape): about 20 s of compiles on a cold cache. The fused-recurrent spaces set their own (one small
-# kernel: seconds, not tens of seconds).
-RUN_START_S = RunCosts.run_start_s
-BUCKET_END_S = RunCosts.bucket_end_s
-STARTS_S = RunCosts.starts_s
+# What a search costs beyond its buckets' budgets: each space's [tune] costs (dtune.tune.space.RunCosts).
 # What a bench costs a shape on the H200 (3 rounds, fla's first call autotunes): a forward 10-20 s with fla, a
 # packed batch 50-140 s (fla's variable-length autotuning), a training step about a minute.
 BENCH_SHAPE_S = 10.0

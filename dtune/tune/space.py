@@ -100,7 +100,12 @@ class ExtraBucket:
 
 @dataclass(frozen=True)
 class RunCosts:
-    """What a ``dtune tune-gpu`` search costs beyond its buckets' budgets (seconds; the job's estimate)."""
+    """What a ``dtune tune-gpu`` search costs beyond its buckets' budgets (seconds; the job's estimate). The defaults
+    are the chunk kernels', measured on the H200 (tune-gpu --budget 30, 14 compile workers, 27 buckets of DeltaNet and
+    Gated DeltaNet in 614 s against 310 s of budgets): start-up and the export 7-11 s a run, the end of a bucket
+    (trials in flight, its records) about 9 s, and a bucket runs on past a budget shorter than its first answers (the
+    default and the transferred configs, search.tune_shape): about 20 s of compiles on a cold cache. A space sets its
+    own in ``[tune] costs`` (the fused-recurrent kernels: seconds, not tens of seconds)."""
 
     run_start_s: float = 10.0  # start-up and the export, once per search
     bucket_end_s: float = 9.0  # the end of a bucket: trials in flight, its records

@@ -11,11 +11,13 @@ import pytest
 
 from dtune.shape import Shape
 from dtune.tune import grid
-from dtune.tune.grid import BUCKET_END_S, RUN_START_S, STARTS_S, Ledger, make_plan
+from dtune.tune.grid import Ledger, make_plan
 from dtune.tune.space import RunCosts, SpaceError, load_space, parse_space
 from dtune.tune.transfer import bucket_distance
 
 ROOT = Path(__file__).resolve().parents[3]
+# the chunk kernels' search costs: the default of a space without its own
+RUN_START_S, BUCKET_END_S, STARTS_S = RunCosts().run_start_s, RunCosts().bucket_end_s, RunCosts().starts_s
 
 
 def test_a_chunk_kernel_is_its_anchor_then_the_grid_nearest_first_then_the_packed_batch() -> None:
