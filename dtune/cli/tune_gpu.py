@@ -213,20 +213,41 @@ def tune_gpu(
             "their entries.",
         ),
     ] = False,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            help="Tune these models' buckets instead of the default grid (comma-separated names of dtune/models.toml, "
+            "or all): prefill, a packed batch, the training step and decode, with their heads at each tensor-parallel "
+            "degree; -k picks among their kernels."
+        ),
+    ] = None,
+    tp: Annotated[
+        str | None,
+        typer.Option(help="With --models: only these tensor-parallel degrees, e.g. 1,8 (default: the file's)."),
+    ] = None,
     interpret: InterpretOpt = False,
 ) -> None:
     """Tune every kernel's default buckets on this GPU by transfer from the shipped configs, export <gpu>.json, bench
     it against the baselines and write the report.
 
     Per kernel: its anchor bucket on the whole budget, then the other buckets of its default grid (and the long,
-    grouped and packed ones of its space's [tune]) nearest-first, each seeded by the winners before it. Prints the
-    plan and how long it will take first. Every finished bucket is recorded in OUT/tune-gpu.json: run the same command
-    again after a Ctrl-C or --timeout to continue."""
+    grouped and packed ones of its space's [tune]) nearest-first, each seeded by the winners before it; with
+    --models, the models' buckets instead. Prints the plan and how long it will take first. Every finished bucket is
+    recorded in OUT/tune-gpu.json: run the same command again after a Ctrl-C or --timeout to continue."""
     interpret = interpret or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     use_interpreter(interpret)
     from dtune.gpu import get_profile, resolve_gpu
     from dtune.kernels import get_kernel
-    from dtune.tune.grid import Job, Ledger, default_kernels, make_plan, missing_from, run_job
+    from dtune.tune.grid import (
+        Job,
+        Ledger,
+        default_kernels,
+        make_plan,
+        missing_from,
+        model_kernels,
+        model_plan,
+        run_job,
+    )
     from dtune.tune.space import SpaceError
 
     if dtype not in (None, "fp32", "fp16", "bf16"):
@@ -234,14 +255,24 @@ def tune_gpu(
     device_list = tuple(d.strip() for d in (devices or "").split(",") if d.strip())
     if devices is not None and (not device_list or not all(d.isdigit() for d in device_list)):
         raise typer.BadParameter(f"expected CUDA device indices like 0,1, got {devices!r}", param_hint="--devices")
+    if tp is not None and models is None:
+        raise typer.BadParameter("tensor-parallel degrees apply to --models only", param_hint="--tp")
+    degrees = [d.strip() for d in (tp or "").split(",") if d.strip()]
+    if tp is not None and (not degrees or not all(d.isdigit() and int(d) > 0 for d in degrees)):
+        raise typer.BadParameter(f"expected positive degrees like 1,8, got {tp!r}", param_hint="--tp")
     try:
-        names = [k.strip() for k in kernels.split(",") if k.strip()] if kernels else default_kernels()
-        for name in names:
+        asked = [k.strip() for k in kernels.split(",") if k.strip()] if kernels else None
+        for name in asked or ():
             get_kernel(name)
+        model_names = [m.strip() for m in models.split(",") if m.strip()] if models is not None else None
+        names = model_kernels(model_names, asked) if model_names is not None else asked or default_kernels()
         chunk = [k for k in names if get_kernel(k).family == "chunk"]
         chunk_dtype = resolve_dtype(dtype, chunk, interpret) if chunk else dtype or "bf16"
         dtypes = {k: chunk_dtype if k in chunk else dtype or "bf16" for k in names}
-        plan = make_plan(names, dtypes, budget, interpret)
+        if model_names is not None:
+            plan = model_plan(model_names, names, dtypes, budget, [int(d) for d in degrees], interpret)
+        else:
+            plan = make_plan(names, dtypes, budget, interpret)
         if gpu != "auto" and not dry_run:
             raise ValueError(
                 f"--gpu {gpu}: the job tunes the GPU present (--gpu auto); another GPU only with --dry-run"

@@ -38,6 +38,7 @@ from dtune.kernels import get_kernel
 
 from dtune.gpu import GpuProfile
 from dtune.shape import Gate, Shape, ShapeGrid, packed_and_grouped
+from dtune.tune import models as model_data
 from dtune.tune.space import RunCosts, SearchSpace, load_space, shipped_spaces
 from dtune.tune.summary import Reporter, ShapeSummary
 from dtune.tune.transfer import bucket_distance
@@ -214,6 +215,68 @@ def make_plan(
     steps: list[Step] = []
     for kernel in order_kernels(kernels):
         steps += kernel_steps(load_space(kernel), dtypes[kernel], budget, interpret)
+    return Plan(tuple(steps))
+
+
+def model_kernels(names: Sequence[str], kernels: Sequence[str] | None = None) -> list[str]:
+    """The kernels with a search space that the models called ``names`` call (of ``kernels`` if given), in the job's
+    order; ValueError for an unknown model, or ``kernels`` that none of them calls."""
+    chosen = model_data.load().get(names)
+    called = list(dict.fromkeys(k for m in chosen for k in m.kernels if k in shipped_spaces()))
+    if kernels is not None:
+        if not set(kernels) & set(called):
+            raise ValueError(
+                f"none of {', '.join(kernels)} is called by {', '.join(m.name for m in chosen)} (they call "
+                f"{', '.join(called)})"
+            )
+        called = [k for k in called if k in kernels]
+    return order_kernels(called)
+
+
+def model_plan(
+    names: Sequence[str],
+    kernels: Sequence[str] | None,
+    dtypes: Mapping[str, str],
+    budget: float = DEFAULT_BUDGET_S,
+    degrees: Sequence[int] | None = None,
+    interpret: bool = False,
+) -> Plan:
+    """The searches of the models called ``names`` (``dtune/models.toml``; ``all``: every one) instead of the
+    default grid: per kernel the models call (of ``kernels`` if given), one search per model of its buckets at the
+    tensor-parallel ``degrees`` (default the file's), nearest to the kernel's anchor first, then one of its packed
+    batch, each bucket on the space's ``bucket_share`` of ``budget``. ValueError for an unknown model or degree, or
+    ``kernels`` that none of the models calls."""
+    if budget <= 0:
+        raise ValueError(f"--budget must be positive, got {budget}")
+    data = model_data.load()
+    chosen = data.get(names)
+    degrees = tuple(degrees) if degrees else data.calls.tensor_parallel
+    for model in chosen:
+        for tp in degrees:
+            model.heads_at(tp)
+    steps: list[Step] = []
+    for kernel in model_kernels(names, kernels):
+        space = load_space(kernel)
+        gate = Gate(get_kernel(kernel).gate)
+        anchor = anchor_shape(space, space.shapes.shapes(gate), gate)
+        share = max(1, round(budget * space.tune.bucket_share))
+        for model in chosen:
+            if kernel not in model.kernels:
+                continue
+            shapes, packed = data.shapes(model, kernel, degrees, gate)
+            seqs: tuple[int, ...] | None = data.calls.packed_prefill or None
+            if interpret:
+                shapes = [tiny(s, anchor) for s in shapes]
+                ratio = model.v_heads // model.heads
+                packed = packed_and_grouped([tiny(anchor, anchor)], TINY_PACKED, ratio) if packed else []
+                seqs = TINY_PACKED
+            shapes = sorted(dict.fromkeys(shapes), key=lambda s: bucket_distance(s, anchor.bucket()))
+            if shapes:
+                buckets = tuple(Bucket(kernel, s) for s in shapes)
+                steps.append(Step(kernel, model.name, dtypes[kernel], buckets, share, space.tune.costs))
+            if packed:
+                buckets = tuple(Bucket(kernel, s, seqs) for s in dict.fromkeys(packed))
+                steps.append(Step(kernel, f"{model.name}-packed", dtypes[kernel], buckets, share, space.tune.costs))
     return Plan(tuple(steps))
 
 
