@@ -64,8 +64,10 @@ from dtune.integrations import fla_check  # noqa: E402
 from dtune.measure.error import rel_rms_error  # noqa: E402
 from dtune.measure.launches import Launch, by_name, record  # noqa: E402
 from dtune.measure.timing import time_call  # noqa: E402
+from dtune.tune import models  # noqa: E402
 
-SHAPES = loads((ROOT / "benchmarks" / "model_shapes.toml").read_text())
+SHAPES = loads((ROOT / "benchmarks" / "model_shapes.toml").read_text())  # [end_to_end]
+MODELS = models.load().models  # dtune/models.toml
 MIN_LEFT_S = 60  # an item is started only with this much of the budget left (or 1.25x the longest item so far)
 TOL = {torch.bfloat16: 2e-2, torch.float32: 2e-3}
 
@@ -99,12 +101,12 @@ def layer_classes(extra: str | None) -> dict[str, type[nn.Module]]:
 
 
 def build_layer(classes: dict[str, type[nn.Module]], model: str, tp: int, tiny: bool) -> nn.Module:
-    m = SHAPES["models"][model]
-    H, HV, D, hidden = m["heads"] // tp, m["v_heads"] // tp, m["head_dim"], m["hidden_size"]
+    m = MODELS[model]
+    (H, HV), D, hidden = m.heads_at(tp), m.head_dim, m.hidden_size
     if tiny:
         H, HV, D, hidden = 2, 2 * (HV // H), 16, 64
     kw = {"hidden_size": hidden, "head_dim": D, "num_heads": H, "num_v_heads": HV, "expand_v": 1.0, "mode": "chunk"}
-    return classes[m["layer"]](**kw, use_short_conv=True, layer_idx=0)
+    return classes[m.layer](**kw, use_short_conv=True, layer_idx=0)
 
 
 class TorchShortConv(nn.Module):
@@ -166,7 +168,7 @@ def layer_row(
     torch.manual_seed(0)
     layer: Any = build_layer(classes, model, tp, tiny).to(device, dtype)  # (fla's layer: attributes untyped)
     module = sys.modules[type(layer).__module__]
-    op_name = "chunk_kda" if SHAPES["models"][model]["family"] == "kda" else "chunk_gated_delta_rule"
+    op_name = "chunk_kda" if MODELS[model].family == "kda" else "chunk_gated_delta_rule"
     if tiny:
         cpu_stand_ins(layer)
         T = 72  # above 64: a shorter prompt without grad runs the layer's fused-recurrent mode
@@ -361,9 +363,9 @@ def main() -> int:
             if (only and case.name not in only) or not budget_left(case.name):
                 continue
             print(f"[ops] {case.name}", flush=True)
-            m = SHAPES["models"]["kimi_linear" if "kda" in case.op else "qwen3_next"]
-            D = m["head_dim"]
-            dims = fla_check.Dims(1, args.ops_seq_len, m["heads"], m["v_heads"], D, D)
+            m = MODELS["kimi_linear" if "kda" in case.op else "qwen3_next"]
+            D = m.head_dim
+            dims = fla_check.Dims(1, args.ops_seq_len, m.heads, m.v_heads, D, D)
             if device.type != "cuda":
                 dims = fla_check.Dims(1, 20, 1, 2, 16, 32)
             try:

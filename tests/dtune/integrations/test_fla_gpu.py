@@ -1,6 +1,6 @@
 """On a GPU: fla's ops with and without the dtune backend agree within bf16 error on every option (outputs, final
 states and every gradient, each also against the float64 reference), and the calls are seen to route to dtune in fla's
-own log. Shapes: the model heads of benchmarks/model_shapes.toml (Qwen3-Next's Gated DeltaNet H = 16, HV = 32; Kimi
+own log. Shapes: the model heads of dtune/models.toml (Qwen3-Next's Gated DeltaNet H = 16, HV = 32; Kimi
 Linear's KDA H = 32; D = 128), B = 1, T = 1024, bf16."""
 
 from __future__ import annotations
