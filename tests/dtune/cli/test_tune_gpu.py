@@ -115,3 +115,24 @@ def test_missing_plans_only_the_buckets_no_shipped_file_has(gpu: str) -> None:
         assert f"every bucket of the plan has a shipped entry for {gpu}: nothing to tune" in result.stdout
     full_run = runner.invoke(app, args, env=env)
     assert f"{len(full.buckets())} of {len(full.buckets())} buckets to tune" in " ".join(full_run.stdout.split())
+
+
+def test_models_plan_their_buckets_and_bad_model_options_are_named(tmp_path: Path) -> None:
+    job = ["tune-gpu", "--gpu", "h200", "--dry-run", "--out", str(tmp_path / "job"), "--budget", "90"]
+    result = runner.invoke(app, [*job, "--models", "kimi_linear", "--tp", "1,8"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    words = " ".join(result.stdout.replace("│", " ").split())  # the plan's cells, whatever the table's borders
+    assert "chunk_kda kimi_linear 8/8" in words and "chunk_kda kimi_linear-packed 2/2" in words
+    assert "fused_recurrent_kda kimi_linear 6/6" in words and "chunk_kda_bwd kimi_linear 2/2" in words
+    assert "18 of 18 buckets to tune" in words and "gated_delta_rule" not in words
+    only = runner.invoke(app, [*job, "--models", "all", "-k", "chunk_kda_bwd"], env={"COLUMNS": "160"})
+    assert only.exit_code == 0 and "4 of 4 buckets to tune" in " ".join(only.stdout.split()), only.output
+    for args, message in [
+        (["--models", "llama"], "unknown model llama"),
+        (["--models", "kimi_linear", "--tp", "3"], "do not divide by the tensor-parallel degree 3"),
+        (["--models", "kimi_linear", "--tp", "0"], "expected positive degrees"),
+        (["--tp", "2"], "apply to --models only"),
+        (["--models", "kimi_linear", "-k", "chunk_delta_rule"], "none of chunk_delta_rule is called by kimi_linear"),
+    ]:
+        bad = runner.invoke(app, [*job, *args])
+        assert bad.exit_code == 2 and message in " ".join(bad.output.split()), (args, bad.output)
