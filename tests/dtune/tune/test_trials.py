@@ -206,9 +206,21 @@ def test_a_compile_job_on_the_gpu_measures_its_peak_and_frees_it() -> None:
     """Compile-ahead on a GPU: uninitialised inputs, the job's peak reported (what the compile pool admits the next
     job of the shape by), and no memory kept per job: a compile worker that runs job after job does not grow.
 
-    What a process keeps whatever it runs is not counted: on an H100 (B2 T1024 H4 D128) a process's first job left
-    44 MiB allocated (commit ffd81b6) and its second 11 MiB more (6be175a), neither a multiple of the inputs' 6 MiB
-    (library workspaces and the ops' bounded caches, likely; not isolated), so the third and later runs are measured."""
+    Run as a compile worker runs, without the tests' output guards (tests/conftest.py): their list keeps every output
+    a launcher allocated for the out-of-range check, which an H100 run of this test counted as 10.3 MiB kept per job
+    (commit 6be175a; the outputs and intermediates of B2 T1024 H4 D128) and 44 MiB after the first. The first job
+    may keep what a process keeps whatever it runs (Triton's and torch's workspaces), so growth counts from the
+    second."""
+    import dtune.kernels.config as kernel_config
+
+    guards, kernel_config.GUARDS = kernel_config.GUARDS, None
+    try:
+        compile_jobs_keep_nothing()
+    finally:
+        kernel_config.GUARDS = guards
+
+
+def compile_jobs_keep_nothing() -> None:
     dev = torch.device("cuda")
     shape = {"B": 2, "T": 1024, "H": 4, "HV": 4, "K": 128, "V": 128}
     inputs_mb = 3 * 2 * 1024 * 4 * 128 * 2 / 2**20  # q, k, v in bf16
@@ -221,4 +233,4 @@ def test_a_compile_job_on_the_gpu_measures_its_peak_and_frees_it() -> None:
             assert out.peak_mb is not None and out.peak_mb > inputs_mb, (kernel, out.peak_mb)
             allocated.append(torch.cuda.memory_allocated(dev))
         kept_mb = [(b - a) / 2**20 for a, b in zip(allocated, allocated[1:])]
-        assert max(kept_mb[2:]) < 1 < inputs_mb, (kernel, kept_mb)  # a job that kept its inputs: 6 MiB a run
+        assert max(kept_mb[1:]) < 1 < inputs_mb, (kernel, kept_mb)  # a job that kept its inputs: 6 MiB a run
