@@ -40,6 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's dtune, installed or not
 
+from dtune._env import child_env  # noqa: E402
+
 CHUNK = ("chunk_kda", "chunk_gated_delta_rule", "chunk_delta_rule")
 RECURRENT = ("fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "fused_recurrent_delta_rule")
 STEPS = ("forward", "packed", "decode", "training", "profile")
@@ -108,10 +110,17 @@ def command(args: argparse.Namespace, words: list[str], s: dict[str, str]) -> li
     return ["dtune", *words, *extra, *(["--interpret"] if args.interpret else [])]
 
 
+def build_report(record: Path, gpu: str) -> None:
+    """``dtune report`` of the record in a child process that sees what this one sees (PYTHONPATH kept: the report's
+    charting library may be installed there)."""
+    report = [sys.executable, "-m", "dtune", "report", str(record), "-o", str(record / f"dtune-{gpu}-report.html")]
+    subprocess.run(report, cwd=ROOT, env=child_env(), check=False)
+
+
 def run(cmd: list[str], out: Path, timeout: float) -> tuple[int, float, str]:
     """One dtune command line (``dtune ...``) in a child process running this checkout's dtune: its exit code,
     seconds and last lines."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = child_env()
     if "--interpret" in cmd:
         env["TRITON_INTERPRET"] = "1"
     t0 = time.monotonic()
@@ -218,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = merge(parts, record / step, name)  # after every call: a time limit loses only the call it stops
             print(f"{step}: {rows if parts else 0} rows in {record / step / name}", flush=True)
     readme(record, log, gpu)
-    report = [sys.executable, "-m", "dtune", "report", str(record), "-o", str(record / f"dtune-{gpu}-report.html")]
-    subprocess.run(report, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    build_report(record, gpu)
     print(f"\n=== dtune against fla's fastest mode (median ms; x_fla above 1: dtune is faster) ===\n{table(record)}")
     print(f"{failed} call(s) failed; record in {record}")
     return 1 if failed else 0

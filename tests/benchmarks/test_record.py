@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from dtune._env import child_env
+from tests.benchmarks.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "record.py"
 
@@ -36,3 +38,16 @@ def test_the_decode_step_of_the_record_under_the_interpreter(tmp_path: Path) -> 
     ]  # fmt: skip
     lines = proc.stdout.splitlines()
     assert "x_fla" in lines[-5] and lines[-4].split()[0] == "fused_recurrent_kda" and lines[-1].startswith("0 call")
+
+
+def test_the_report_runs_in_a_child_that_keeps_the_python_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU image with the charting library installed under PYTHONPATH (pip --target) got no report: the child
+    process's path held the checkout alone."""
+    record = load_script("record")
+    calls: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(record.subprocess, "run", lambda cmd, env, **kw: calls.append((cmd, env)))
+    monkeypatch.setenv("PYTHONPATH", "/opt/site")
+    record.build_report(tmp_path, "h100")
+    ((cmd, env),) = calls
+    assert cmd[-4:] == ["report", str(tmp_path), "-o", str(tmp_path / "dtune-h100-report.html")]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(SCRIPT.parents[1]), "/opt/site"]
