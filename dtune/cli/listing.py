@@ -25,6 +25,7 @@ def inventory() -> dict[str, Any]:
     from dtune.gpu import detect, profiles
     from dtune.kernels import KERNELS
     from dtune.store import ConfigFileError, config_status, read_configs
+    from dtune.tune import models as model_data
     from dtune.tune.space import SpaceError, load_space, shipped_spaces
 
     spaces = set(shipped_spaces())
@@ -57,11 +58,18 @@ def inventory() -> dict[str, Any]:
                 row["space"] = {"error": str(e)}
         kernels.append(row)
     gpus = [p.as_dict() for p in profiles().values()]
+    data = model_data.load()
+    models = [
+        {"model": m.name, "family": m.family, "heads": m.heads, "v_heads": m.v_heads, "head_dim": m.head_dim,
+         "tensor_parallel": list(data.calls.tensor_parallel)}
+        for m in data.models.values()
+    ]  # fmt: skip
     gpu = detect()
     status = [dataclasses.asdict(st) for st in config_status(gpu)]
     return {
         "kernels": kernels,
         "gpus": gpus,
+        "models": models,
         "configs": sorted(configs, key=lambda c: c["file"]),
         "gpu_detected": gpu,
         "config_sources": status,
@@ -215,6 +223,13 @@ def list_(
             f"{p['fp32_tflops']:g}",
         )
     out.print(g)
+    m = Table(title="models (dtune tune-gpu --models; dtune/models.toml)")
+    for col in ("model", "family", "heads", "value heads", "head dim", "tensor parallel"):
+        m.add_column(col, no_wrap=col in ("model", "kernels"))
+    for row in inv["models"]:
+        m.add_row(row["model"], row["family"], str(row["heads"]), str(row["v_heads"]), str(row["head_dim"]),
+                  ", ".join(map(str, row["tensor_parallel"])))  # fmt: skip
+    out.print(m)
     if inv["configs"]:
         for c in inv["configs"]:
             out.print(f"shipped configs {c['file']}: " + (c.get("error") or f"{c['gpu']}, {c['entries']} entries"))

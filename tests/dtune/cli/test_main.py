@@ -43,6 +43,10 @@ def test_list() -> None:
     assert "FUSE_DV" in kernels["chunk_kda_bwd"]["space"]["params"]
     assert kernels[KERNEL]["space"]["params"]["BV"] == [8, 16, 32, 64, 128]
     assert {g["key"] for g in inv["gpus"]} >= {"h100", "h200", "a100", "l40s", "b200", "rtx4090", "cpu"}
+    models = {m["model"]: m for m in inv["models"]}  # what `dtune tune-gpu --models` takes
+    assert (models["qwen3_next"]["heads"], models["qwen3_next"]["v_heads"]) == (16, 32)
+    assert models["kimi_linear"]["family"] == "kda" and models["kimi_linear"]["tensor_parallel"] == [1, 2, 4, 8]
+    assert "qwen3_next" in result.stdout and "kimi_linear" in result.stdout
 
 
 def test_search_json_then_export(tmp_path: Path) -> None:
