@@ -224,8 +224,8 @@ def list_(
         )
     out.print(g)
     m = Table(title="models (dtune tune-gpu --models; dtune/models.toml)")
-    for col in ("model", "family", "heads", "value heads", "head dim", "tensor parallel"):
-        m.add_column(col, no_wrap=col in ("model", "kernels"))
+    for col in ("model", "family", "heads", "v heads", "D", "TP degrees"):  # fits 80 columns
+        m.add_column(col, no_wrap=col in ("model", "family"))
     for row in inv["models"]:
         m.add_row(row["model"], row["family"], str(row["heads"]), str(row["v_heads"]), str(row["head_dim"]),
                   ", ".join(map(str, row["tensor_parallel"])))  # fmt: skip
