@@ -207,20 +207,21 @@ def test_a_compile_job_on_the_gpu_measures_its_peak_and_frees_it() -> None:
     job of the shape by), and no memory kept per job: a compile worker that runs job after job does not grow.
 
     Run as a compile worker runs, without the tests' output guards (tests/conftest.py): their list keeps every output
-    a launcher allocated for the out-of-range check, which an H100 run of this test counted as 10.3 MiB kept per job
-    (commit 6be175a; the outputs and intermediates of B2 T1024 H4 D128) and 44 MiB after the first. The first job
+    a launcher allocated for the out-of-range check, which H100 runs of this test counted as 10.3–10.8 MiB kept per
+    job (commits 6be175a, 6aa056d; the outputs and intermediates of B2 T1024 H4 D128) and 44 MiB after the first
+    (ffd81b6); without them, 0.00 MiB a job (b6c59d4, outside pytest). The first job
     may keep what a process keeps whatever it runs (Triton's and torch's workspaces), so growth counts from the
     second."""
     import dtune.kernels.config as kernel_config
 
     guards, kernel_config.GUARDS = kernel_config.GUARDS, None
     try:
-        compile_jobs_keep_nothing()
+        _compile_jobs_keep_nothing()
     finally:
         kernel_config.GUARDS = guards
 
 
-def compile_jobs_keep_nothing() -> None:
+def _compile_jobs_keep_nothing() -> None:
     dev = torch.device("cuda")
     shape = {"B": 2, "T": 1024, "H": 4, "HV": 4, "K": 128, "V": 128}
     inputs_mb = 3 * 2 * 1024 * 4 * 128 * 2 / 2**20  # q, k, v in bf16
