@@ -143,3 +143,19 @@ def test_models_plan_their_buckets_and_bad_model_options_are_named(tmp_path: Pat
     ]:
         bad = runner.invoke(app, [*job, *args])
         assert bad.exit_code == 2 and message in " ".join(bad.output.split()), (args, bad.output)
+
+
+def test_a_models_job_runs_under_the_interpreter(tmp_path: Path) -> None:
+    """The models' plan through the job: searched, recorded, exported (tiny shapes keep the model's head ratio)."""
+    job = tmp_path / "job"
+    args = ["tune-gpu", "--interpret", "--models", "qwen3_next", "--tp", "8", "-k", "fused_recurrent_gated_delta_rule",
+            "--trials", "1", "--budget", "600", "--no-bench", "--out", str(job)]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    done = json.loads((job / "tune-gpu.json").read_text())["done"]
+    assert sorted(done) == [
+        "fused_recurrent_gated_delta_rule:T1-B1-H1-HV2-K16-V16", "fused_recurrent_gated_delta_rule:T1-B2-H1-HV2-K16-V16"
+    ]  # fmt: skip
+    assert all(r["run"] == "runs/fused_recurrent_gated_delta_rule/qwen3_next" for r in done.values())
+    entries = json.loads((job / "cpu.json").read_text())["entries"]
+    assert {(e["bucket"]["B"], e["bucket"]["HV"]) for e in entries} >= {(1, 2), (2, 2)}
