@@ -222,7 +222,8 @@ def model_kernels(names: Sequence[str], kernels: Sequence[str] | None = None) ->
     """The kernels with a search space that the models called ``names`` call (of ``kernels`` if given), in the job's
     order; ValueError for an unknown model, or ``kernels`` that none of them calls."""
     chosen = model_data.load().get(names)
-    called = list(dict.fromkeys(k for m in chosen for k in m.kernels if k in shipped_spaces()))
+    spaces = set(shipped_spaces())
+    called = list(dict.fromkeys(k for m in chosen for k in m.kernels if k in spaces))
     if kernels is not None:
         if not set(kernels) & set(called):
             raise ValueError(
@@ -250,10 +251,7 @@ def model_plan(
         raise ValueError(f"--budget must be positive, got {budget}")
     data = model_data.load()
     chosen = data.get(names)
-    degrees = tuple(degrees) if degrees else data.calls.tensor_parallel
-    for model in chosen:
-        for tp in degrees:
-            model.heads_at(tp)
+    degrees = tuple(degrees) if degrees else data.calls.tensor_parallel  # (a degree that does not divide: shapes())
     steps: list[Step] = []
     for kernel in model_kernels(names, kernels):
         space = load_space(kernel)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from typing import Any
 
@@ -152,9 +153,16 @@ def parse(doc: Mapping[str, Any]) -> Models:
 
 
 def load(text: str | None = None) -> Models:
-    """The shipped models (or those of ``text``, a models.toml's content)."""
-    if text is None:
-        text = resources.files("dtune").joinpath("models.toml").read_text(encoding="utf-8")
+    """The shipped models (read once per process), or those of ``text``, a models.toml's content."""
+    return _shipped() if text is None else _parse_text(text)
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> Models:
+    return _parse_text(resources.files("dtune").joinpath("models.toml").read_text(encoding="utf-8"))
+
+
+def _parse_text(text: str) -> Models:
     try:
         doc = loads(text)
     except TOMLDecodeError as e:
