@@ -110,21 +110,39 @@ def chunk_reference(
             h0 = None
         else:
             h0 = initial_state if cu_seqlens is None else initial_state[n : n + 1]
-        seg = slice(bos, eos)
-        o_seq, s_seq = _chunk_one(
-            q[rows, seg],
-            k[rows, seg],
-            v[rows, seg],
-            None if g is None else g[rows, seg],
-            beta[rows, seg],
-            scale,
-            h0,
-            chunk_size,
-            dtype,
-        )
-        o[rows, seg] = o_seq
-        finals.append(s_seq)
+        S = h0
+        # Windows of whole chunks, the state carried from one to the next: the exact chunk form, its float64
+        # intermediates bounded by WORKING_SET_BYTES whatever the sequence's length.
+        rows_n = B if cu_seqlens is None else 1
+        step = window_tokens(rows_n, HV, K, V, chunk_size, dtype)
+        for start in range(bos, max(eos, bos + 1), step):
+            seg = slice(start, min(start + step, eos))
+            o_seq, S = _chunk_one(
+                q[rows, seg],
+                k[rows, seg],
+                v[rows, seg],
+                None if g is None else g[rows, seg],
+                beta[rows, seg],
+                scale,
+                S,
+                chunk_size,
+                dtype,
+            )
+            o[rows, seg] = o_seq
+        finals.append(S)
     return o, (torch.cat(finals, 0) if output_final_state else None)
+
+
+WORKING_SET_BYTES = 2 << 30  # the chunk reference's intermediates per window of chunks (a T = 128K prompt of 32
+# heads at K = V = 128 needs about 70 GB at once in float64; the float64 output itself is allocated whole)
+
+
+def window_tokens(rows: int, hv: int, k: int, v: int, chunk_size: int, dtype: torch.dtype) -> int:
+    """Tokens per window of :func:`chunk_reference`: a multiple of ``chunk_size`` (at least one chunk) whose
+    intermediates, about 16 ``[rows, hv, tokens, max(K, V)]`` and 4 ``[rows, hv, tokens, chunk_size]`` tensors of
+    ``dtype``, fit :data:`WORKING_SET_BYTES`."""
+    per_token = rows * hv * (16 * max(k, v) + 4 * chunk_size) * torch.finfo(dtype).bits // 8
+    return max(1, WORKING_SET_BYTES // max(per_token, 1) // chunk_size) * chunk_size
 
 
 def _chunk_one(

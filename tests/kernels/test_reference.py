@@ -106,3 +106,35 @@ def test_chunk_reference_refuses_gates_past_exp_range(dtype: torch.dtype) -> Non
     x["g"][0, 5] = float("-inf")  # a full forget: exp(-γ) is inf at any chunk
     with pytest.raises(ValueError, match="chunk_reference"):
         chunk_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=2)
+
+
+@pytest.mark.parametrize(("problem", "seq_lens", "chunk"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_chunk_reference_in_windows_matches_loop(
+    problem: Shape, seq_lens: list[int] | None, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A working set too small for more than one chunk at a time: every sequence computed one chunk after
+    another, the state carried across windows, still the loop's result (long prompts at real sizes take this path:
+    a T = 128K prompt of 32 heads needs about 70 GB of float64 intermediates at once)."""
+    import dtune.kernels.reference as reference
+
+    monkeypatch.setattr(reference, "WORKING_SET_BYTES", 1)
+    assert reference.window_tokens(problem.B, problem.HV, problem.K, problem.V, chunk, torch.float64) == chunk
+    x = make_inputs(problem, seed=4, seq_lens=seq_lens)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
+    o_ref, s_ref = naive_recurrent(*args, **kw)
+    o, s = chunk_reference(*args, chunk_size=chunk, **kw)
+    assert s is not None and s_ref is not None
+    assert rel_err(o, o_ref) < 1e-12
+    assert rel_err(s, s_ref) < 1e-12
+
+
+def test_chunk_reference_window_fits_the_working_set() -> None:
+    """The window of the T = 128K, 32-head prompt that once ran a search's gate out of an H100's memory (66 GiB of
+    float64 intermediates) is a whole number of chunks and its intermediates fit the working set."""
+    from dtune.kernels.reference import WORKING_SET_BYTES, window_tokens
+
+    tokens = window_tokens(1, 32, 128, 128, 32, torch.float64)
+    assert tokens % 32 == 0 and 32 <= tokens < 131072
+    assert 1 * 32 * tokens * (16 * 128 + 4 * 32) * 8 <= WORKING_SET_BYTES
+    assert window_tokens(1, 1, 8, 8, 32, torch.float64) >= 131072  # small problems stay one window
