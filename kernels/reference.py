@@ -110,7 +110,7 @@ def chunk_reference(
             h0 = None
         else:
             h0 = initial_state if cu_seqlens is None else initial_state[n : n + 1]
-        S = h0
+        S: Tensor | None = h0
         # Windows of whole chunks, the state carried from one to the next: the exact chunk form, its float64
         # intermediates bounded by WORKING_SET_BYTES whatever the sequence's length.
         rows_n = B if cu_seqlens is None else 1
@@ -129,6 +129,7 @@ def chunk_reference(
                 dtype,
             )
             o[rows, seg] = o_seq
+        assert S is not None  # the loop ran at least once
         finals.append(S)
     return o, (torch.cat(finals, 0) if output_final_state else None)
 
