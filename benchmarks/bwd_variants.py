@@ -135,6 +135,9 @@ VARIANTS: list[Variant] = [
     # 24 bytes with both)
     ("adjoint by TMA store", OnShipped({"dh_STORE_TMA": True}), ("b8", "b1"), DN_GDN),
     ("loads and adjoint by TMA", OnShipped({"dh_TMA": True, "dh_STORE_TMA": True}), ("b8",), (Gate.NONE,)),
+    # the training forward's chunk states and V_new stored through TMA descriptors (fh_STORE_TMA): one store per state
+    # tile, no layout change through shared memory on the forward state pass's chain (its "vk" tiles)
+    ("states by TMA store", OnShipped({"fh_STORE_TMA": True}), ("b8", "b1"), ALL),
 ]
 
 

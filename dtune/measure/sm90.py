@@ -171,6 +171,9 @@ def stage_kernels(
         more += [("w_td", K)] if recompute and G == 2 else []
         more += [] if recompute_qk else [("a_td", BT)]
         state_ptrs |= desc | {n: f"tensordesc<{dtype}[{BT},{w}]>" for n, w in more}
+    if not fuse and cfg.get("STATES_TMA") and _tile(triton.next_power_of_2(K), K) == K and V % h_BV == 0:
+        # the chunk states' and V_new's store descriptors (kernels.chunk.state.state_store_descriptors)
+        state_ptrs |= {"hs_td": f"tensordesc<{dtype}[{K},{h_BV}]>", "vn_td": f"tensordesc<{dtype}[{BT},{h_BV}]>"}
     state = (
         "state",
         chunk_state_kernel,

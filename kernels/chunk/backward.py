@@ -137,6 +137,10 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # ... and its loads: by pointers (False), or its tiles by TMA tensor descriptors (True: the forward's STATE_TMA, on
     # shapes that allow it, else pointers)
     "fh_TMA": (False, True),
+    # ... and its stores of each chunk's state and V_new (read by the backward): by pointers (False), or through TMA
+    # descriptors (True: the forward's STATES_TMA, where K is a power of two and the value tile divides V): one store
+    # per state tile with no layout change through shared memory on the pass's chain (the transposed "vk" tiles)
+    "fh_STORE_TMA": (False, True),
     # stage 1 under autograd (and in the re-run of SAVE "none"), at the backward's BT: its key and value tiles, warps
     # and pipeline stages, 0 = the forward config's (tuned for the forward's own chunk, often smaller)
     "fi_BK": (0, 16, 32, 64, 128),
@@ -224,6 +228,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "fh_num_warps": 0,
         "fh_num_stages": 0,
         "fh_TMA": False,
+        "fh_STORE_TMA": False,
         "fi_BK": 0,
         "fi_BV": 0,
         "fi_num_warps": 0,
@@ -428,7 +433,8 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     pass, ``WU`` / ``AQK = "recomputed"``, stores them here; with ``fh_U = "recomputed"`` U is not, the state pass
     forming V_new from T as ``WU = "recomputed"`` does; with ``fh_W`` W neither, with ``fh_AQK`` no A_qk, formed by
     the state pass with the output fused), the state pass's tiles by TMA descriptors where ``fh_TMA``
-    says so, else by pointer loads, in its plain loop (the forward's ``STATE_TMA`` and ``STATE_LOOP`` are timed in the
+    says so, else by pointer loads, its chunk states and V_new stored through them where ``fh_STORE_TMA`` does, in
+    its plain loop (the forward's ``STATE_TMA`` and ``STATE_LOOP`` are timed in the
     forward, not in the step), everything else the forward's."""
     BT = bwd_config["BT"]
     seg = int(fwd_config.get("SEG_CHUNKS", 0))
@@ -441,6 +447,7 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     # (AQK = "recomputed" here: A_qk not stored, formed by the state pass's fused output and by the reverse pass, fh_AQK)
     aqk = "recomputed" if bwd_config.get("fh_AQK") == "recomputed" else "stored"
     cfg.update(WU=wu, AQK=aqk, STATE_TMA=bool(bwd_config.get("fh_TMA", False)), STATE_LOOP="range")
+    cfg["STATES_TMA"] = bool(bwd_config.get("fh_STORE_TMA", False))
     if aqk == "recomputed":
         cfg["FUSE_OUTPUT"] = True  # (the output is formed in the state pass, which forms A_qk)
     for name in ("BV", "num_warps", "num_stages"):

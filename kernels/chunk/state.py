@@ -149,10 +149,14 @@ def chunk_state_kernel(
     BETA_ACT: tl.constexpr = 0,
     rq=None,
     rk=None,
+    hs_td=None,
+    vn_td=None,
 ):
     """``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1)
     applied to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
-    ``BETA_ACT``: beta's activation where beta is loaded (``WU = "recomputed"``)."""
+    ``BETA_ACT``: beta's activation where beta is loaded (``WU = "recomputed"``); ``hs_td``, ``vn_td``
+    (``STATES_TMA``): descriptors of the chunk states' ``[chunks·HV·K, V]`` and V_new's ``[tokens, HV·V]`` views, each
+    chunk's state tile and a whole chunk's V_new tile stored through them (a partial chunk's V_new by pointers)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -344,8 +348,18 @@ def chunk_state_kernel(
             else:
                 tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
         if SEG != 1 and (not FUSE_OUTPUT or STORE_STATES):  # (STORE_STATES: the backward's, with the output too)
-            tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
-            tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
+            if hs_td is not None:  # STATES_TMA: one TMA store per tile, no layout round trip through shared memory
+                hs_row = (((c0 + i_t) * HV + i_hv) * K).to(tl.int32)
+                b_hs = b_hc.to(hbuf.dtype.element_ty)
+                hs_td.store([hs_row, i_v * BV], tl.trans(b_hs) if TRANS else b_hs)
+                b_vs = b_vnc.to(vnew.dtype.element_ty)
+                if t0 + BT <= eos:  # a whole chunk: one store; the sequence's last, partial one by pointers
+                    vn_td.store([r0, c_v], tl.trans(b_vs) if TRANS else b_vs)
+                else:
+                    tl.store(vnew + row_hv * V + off_v, b_vs, mask=m_tv)
+            else:
+                tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
+                tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
         b_vk = b_vnc  # V_new as the state update's operand
         if GATE != 2 and not EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
@@ -439,6 +453,25 @@ def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[
     return tds
 
 
+def state_store_descriptors(call: ChunkCall, inter: Intermediates, BV: int) -> dict[str, Any]:
+    """``STATES_TMA``: the descriptors the state pass stores each chunk's state and V_new through (``hs_td``:
+    ``[K, BV]`` blocks of the ``[chunks·HV·K, V]`` view, one state's whole key range; ``vn_td``: ``[BT, BV]`` blocks of
+    the ``[tokens, HV·V]`` view). Empty (pointer stores) without it, for a pass that stores no states, or where a tile
+    would not be one state's key range and ``BV`` whole columns (``BK != K``, ``BV`` not dividing ``V``) or a buffer
+    does not start 16-byte aligned."""
+    h, vn = inter.h, inter.v_new
+    if not call.config.get("STATES_TMA", False) or h is None or vn is None or not h.numel() or not vn.numel():
+        return {}
+    if call.BK != call.K or call.V % BV or h.data_ptr() % 16 or vn.data_ptr() % 16:
+        return {}
+    K, V = call.K, call.V
+    width = call.HV * V
+    return {
+        "hs_td": TensorDescriptor(h.view(-1, V), [h.numel() // V, V], [V, 1], [K, BV]),
+        "vn_td": TensorDescriptor(vn.view(-1, width), [vn.numel() // width, width], [width, 1], [call.BT, BV]),
+    }
+
+
 def _launch(
     call: ChunkCall,
     inter: Intermediates,
@@ -457,6 +490,7 @@ def _launch(
     launch: dict[str, Any],
 ) -> Any:
     tds = descriptors(call, inter, o, BV) if seg != 1 else {}
+    stores = state_store_descriptors(call, inter, BV) if seg != 1 else {}
     return chunk_state_kernel[grid](
         call.q,
         call.k,
@@ -505,6 +539,7 @@ def _launch(
         GATE_PREFETCH=call.config.get("GATE_LOADS", "pipelined") == "prefetched",
         **call.in_kernel.chunk_args(),
         **inter.rnorm_args(),
+        **stores,
         **launch,
     )
 

@@ -215,6 +215,20 @@ add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config={**SMALL, "STATE_TMA":
     "h_BV": 16}, extra="-tma-vk")  # fmt: skip
 add(Problem(1, 0, 1, 2, 32, 32, 4, Gate.CHANNEL, True), seq_lens=[1, 40, 0, 33], config={**SMALL, "STATE_TMA": True,
     "STATE_LAYOUT": "vk", "h_BV": 16, "STATE_LOOP": "specialized"}, extra="-tma-vk-ws")  # fmt: skip
+# the unfused state pass storing each chunk's state and V_new through TMA descriptors (STATES_TMA): kv and vk, two value
+# tiles, odd T (a partial last chunk by pointers), grouped heads, K != V, varlen with an empty sequence and a one-token
+# one, the segmented pass's phase 3 (with TMA loads too), KDA's recomputed W and U; K = 24: pointer stores
+ST = {"BT": 32, "BC": 16, "h_BV": 16, "FUSE_OUTPUT": False, "STATES_TMA": True}
+for gate in Gate:
+    for layout in ("kv", "vk"):
+        add(Problem(2, 45, 2, 4, 32, 48, 2, gate), config={**ST, "STATE_LAYOUT": layout}, extra=f"-states-tma-{layout}")
+    add(Problem(1, 0, 1, 2, 32, 32, 4, gate, True), seq_lens=[1, 40, 0, 33], config={**ST, "STATE_LAYOUT": "vk",
+        "STATE_TMA": True}, extra="-states-tma-loads")  # fmt: skip
+    add(Problem(1, 0, 1, 2, 32, 32, 3, gate, True), seq_lens=[70, 0, 45], config={**ST, "SEG_CHUNKS": 2},
+        extra="-states-tma-segments")  # fmt: skip
+add(Problem(1, 37, 1, 1, 24, 40, 1, Gate.SCALAR), config=ST, extra="-states-tma-K24")
+add(Problem(2, 45, 2, 4, 32, 48, 2, Gate.CHANNEL), config={**ST, "INTRA": "onepass", "WU": "recomputed",
+    "STATE_TMA": True, "STATE_LAYOUT": "vk"}, extra="-states-tma-onepass-wurec")  # fmt: skip
 # head dims that are not powers of two (padded tiles, masked channels), fused and unfused
 add(Problem(1, 20, 1, 2, 24, 40, 1, Gate.CHANNEL), config={"BT": 16, "BC": 16, "FUSE_OUTPUT": True}, extra="-fused")
 add(Problem(1, 37, 1, 1, 100, 72, 1, Gate.SCALAR), config=SMALL)

@@ -199,6 +199,13 @@ for gate in Gate:
     tma = {"fh_TMA": True, "fh_BV": 16}
     add("fh-tma-all", Shape(1, 37, 1, 2, 16, 32, 1, gate), {**BT32, **tma, "SAVE": "all"}, scale=0.3)
     add("fh-tma-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **tma}, seq_lens=[1, 17, 0, 20])
+    # ... and its chunk states and V_new stored through TMA descriptors (fh_STORE_TMA): two value tiles, odd T (a
+    # partial last chunk by pointers) with every intermediate kept, grouped heads, varlen with an empty sequence
+    # re-running the state pass with its loads by TMA too (the transposed forward pass: the test of its launches below)
+    fst = {"fh_STORE_TMA": True, "fh_BV": 16}
+    add("fhSTORE-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT16, **fst, "SAVE": "all"}, scale=0.3, gate_min=-60.0)
+    add("fhSTORE-vk-tma-varlen", Shape(1, 0, 2, 4, 16, 32, 4, gate, True), {**BT16, **fst, **tma, **VK},
+        seq_lens=[1, 17, 0, 20])  # fmt: skip
 # The reverse pass's loads by TMA descriptors (dh_TMA): rows past a sequence's end are the next sequence's tokens,
 # zeroed after the load: odd T, varlen with an empty sequence and partial chunks, transposed with REVERSE_DV (T and v
 # by descriptors too), the segmented pass (phase 3 by descriptors, phase 1 by pointers), grouped heads, K != V
@@ -532,6 +539,29 @@ def test_state_pass_loads_under_autograd_follow_fh_tma(monkeypatch: pytest.Monke
         x = make_inputs(p, seed=4)
         assert_close(gradients_vs_loop(p, x, {**BT16, **bwd}, fwd_config=fwd), TOL[torch.float32])
         assert [bool(r["TMA"]) for r in seen] == want, (K, bwd)
+
+
+def test_state_pass_stores_under_autograd_follow_fh_store_tma(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fh_STORE_TMA stores the training forward's chunk states and V_new (SAVE "all"; with "intra" the re-run's, the
+    forward under autograd storing none) through TMA descriptors, the transposed state pass ("vk") too; a shape whose
+    tiles cannot be described stores by pointers (K = 24, not a power of two); without it, pointers. The gradients are
+    the loop's either way."""
+    from dtune.kernels.chunk import state
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(state, "chunk_state_kernel", _Spy(state.chunk_state_kernel, seen))
+    fwd = {"BT": 16, "BC": 16, "h_BV": 16, "STATE_LAYOUT": "vk"}
+    for K, bwd, want in (
+        (16, {"SAVE": "intra"}, [False, False]),
+        (16, {"SAVE": "intra", "fh_STORE_TMA": True}, [False, True]),  # (the forward under autograd stores none)
+        (16, {"SAVE": "all", "fh_STORE_TMA": True, "fh_TMA": True}, [True]),
+        (24, {"SAVE": "all", "fh_STORE_TMA": True}, [False]),
+    ):
+        seen.clear()
+        p = Shape(1, 37, 1, 2, K, 32, 1, Gate.SCALAR)
+        x = make_inputs(p, seed=4, gate_min=-60.0)
+        assert_close(gradients_vs_loop(p, x, {**BT16, **bwd}, fwd_config=fwd), TOL[torch.float32])
+        assert [r.get("hs_td") is not None and r.get("vn_td") is not None for r in seen] == want, (K, bwd)
 
 
 def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover
 SKIP_CODE = 77
 
 
+STATES = {"STATE_LAYOUT": "vk", "h_BV": 64, "FUSE_OUTPUT": False, "STATES_TMA": True}
 CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {}, False),
     ("channel", "bf16", 256, {}, True),
@@ -46,6 +47,10 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
     ("channel", "bf16", 128, {"STATE_LAYOUT": "vk", "h_BV": 64}, True),
     ("none", "bf16", 256, {"STATE_LAYOUT": "vk", "h_BV": 64, "h_num_warps": 8, "h_num_stages": 1}, False),
     ("channel", "fp32", 64, {"STATE_LAYOUT": "vk", "FUSE_OUTPUT": False}, True),
+    # the unfused pass's chunk states and V_new stored through TMA descriptors (STATES_TMA): transposed at h_BV 64 with
+    # the loads by TMA (the training forward's shape), and with pointer loads, varlen
+    ("scalar", "bf16", 128, {**STATES, "STATE_TMA": True, "WU": "recomputed"}, False),
+    ("none", "bf16", 128, {**STATES, "h_BV": 32}, True),
     # "blocks" with A_qk in its own pass: KDA at BT = 64 (4 sub-chunks), the scalar gate at 2
     ("channel", "bf16", 128, {"INTRA": "blocks_split", "BT": 64, "intra_BK": 32}, True),
     ("scalar", "fp16", 64, {"INTRA": "blocks_split"}, False),
