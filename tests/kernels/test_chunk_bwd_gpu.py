@@ -42,6 +42,12 @@ for gate in Gate:
     CASES[f"{tag}-B1-T5000-H2-HV4-K128-seg"] = (
         Shape(1, 5000, 2, 4, 128, 128, 1, gate), None, {**vk, "dh_SEG_CHUNKS": 16}, SEG_FWD,
     )  # fmt: skip
+    # the training forward's chunk states and V_new stored through TMA descriptors (fh_STORE_TMA), its loads by TMA and
+    # its state pass transposed at value tiles of 64 (the forward config's "vk"), every intermediate kept; odd T
+    CASES[f"{tag}-B2-T777-H2-HV4-K128-fhSTORE"] = (
+        Shape(2, 777, 2, 4, 128, 128, 2, gate), None, {**vk, "fh_STORE_TMA": True, "fh_TMA": True, "SAVE": "all"},
+        {"STATE_LAYOUT": "vk", "h_BV": 64},
+    )  # fmt: skip
     # the reverse pass's last chain product in the form that is not the gate's default (dh_ACC; on for Gated DeltaNet),
     # with W read, and (DeltaNet, Gated DeltaNet) formed from K as the shipped B8 entries do (fh_W)
     flip = {"dh_ACC": gate is not Gate.SCALAR}

@@ -39,6 +39,8 @@ for gate in Gate:
         "rows": {"INTRA": "rows", "BT": 64, "BC": 16},
         "vk": {"STATE_LAYOUT": "vk", "h_BV": 64},
         "unfused-BT64": {"BT": 64, "BC": 32, "FUSE_OUTPUT": False},
+        # the chunk states and V_new stored through TMA descriptors for the output stage (STATES_TMA), transposed
+        "unfused-states-tma-vk": {"FUSE_OUTPUT": False, "STATES_TMA": True, "STATE_LAYOUT": "vk", "h_BV": 64},
     }.items():
         CASES[f"{tag}-B2-T777-H4-HV8-K128-{name}"] = (Shape(2, 777, 4, 8, 128, 128, 2, gate), None, cfg)
 
