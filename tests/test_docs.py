@@ -37,5 +37,6 @@ def test_design_and_anchor_references_resolve() -> None:
 
 
 def test_license_file_matches_pyproject() -> None:
-    assert 'license = { text = "MIT" }' in (ROOT / "pyproject.toml").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'license = "MIT"' in pyproject and 'license-files = ["LICENSE"]' in pyproject
     assert "MIT License" in (ROOT / "LICENSE").read_text()

@@ -135,7 +135,7 @@ def print_result(job: Job, result: JobResult, done: dict[str, Any]) -> None:
         failed = sum(r.get("best_ms") is None for r in recs)
         spread = f"{min(speedups):.2f}–{max(speedups):.2f}×" if speedups else "–"
         rows.append([kernel, f"{len(recs)}/{len(planned)}", str(failed), spread, vs_fla.get(kernel, "–")])
-    print_rows(out, f"dtune tune-gpu: {job.gpu.key}", ["kernel", "tuned", "no pass", "× default", "× fla (bench)"],
+    print_rows(out, f"dtune tune-gpu: {job.gpu.key}", ["kernel", "searched", "no pass", "× default", "× fla (bench)"],
                rows, left=("kernel",))  # fmt: skip
     if job.config_file.is_file():
         ship = "" if job.interpret else f", or ship it as dtune/configs/{job.config_file.name}"
