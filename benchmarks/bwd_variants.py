@@ -138,6 +138,9 @@ VARIANTS: list[Variant] = [
     # the training forward's chunk states and V_new stored through TMA descriptors (fh_STORE_TMA): one store per state
     # tile, no layout change through shared memory on the forward state pass's chain (its "vk" tiles)
     ("states by TMA store", OnShipped({"fh_STORE_TMA": True}), ("b8", "b1"), ALL),
+    # stage 1 under autograd inverting its diagonal blocks by repeated squaring (fi_SOLVE; the shipped entries' BC 16):
+    # six float32 dots per block instead of 15 substitution steps of two cross-thread reductions
+    ("stage 1 by squaring", OnShipped({"fi_SOLVE": "squaring"}), ("b8", "b1"), ALL),
 ]
 
 

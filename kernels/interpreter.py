@@ -19,6 +19,7 @@ it knows; all are applied once per process.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import inspect
 import weakref
@@ -132,6 +133,11 @@ def _cache_types(tl: Any, ti: Any) -> None:
     def init_once(self: Any, element_ty: Any, shape: Any) -> None:
         if "numel" in vars(self):
             return
+        if type(shape) is builtins.tuple:
+            # Triton 3.9's split passes its input's shape, a Python tuple, where block_type asserts a list or
+            # *Triton's* tuple (the name shadows the builtin in triton.language.core): a list, as every other caller
+            # passes (else whether tl.split works would depend on whether the memo already holds its result type)
+            shape = list(shape)
         init(self, element_ty, shape)  # raises on a bad shape: nothing is kept
         if type(self) is block:
             with contextlib.suppress(TypeError):  # an unhashable shape: not kept

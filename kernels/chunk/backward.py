@@ -147,6 +147,9 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "fi_BV": (0, 16, 32, 64, 128),
     "fi_num_warps": (0, 1, 2, 4, 8),
     "fi_num_stages": (0, 1, 2, 3),
+    # ... and its diagonal sub-chunks' inverse: forward substitution ("subst", two cross-thread reductions per row), or
+    # repeated squaring ("squaring", six float32 dots per 16-row block: BC = 16 only), as the forward's SOLVE
+    "fi_SOLVE": ("subst", "squaring"),
 }
 
 
@@ -233,6 +236,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "fi_BV": 0,
         "fi_num_warps": 0,
         "fi_num_stages": 0,
+        "fi_SOLVE": "subst",
     }
     if gate == "channel":
         cfg["dqk_BC"] = 16
@@ -267,6 +271,8 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
             f"config for {name}: fh_INTRA='onepass' holds 1 or 2 sub-chunks, needs BT <= 2 * BC, got BT={full['BT']}, "
             f"BC={full['BC']}"
         )
+    if full["fi_SOLVE"] == "squaring" and full["BC"] != 16:
+        raise ValueError(f"config for {name}: fi_SOLVE='squaring' inverts 16-row sub-chunks only, got BC={full['BC']}")
     return full
 
 
@@ -366,15 +372,14 @@ def forward_intermediates(
             kw: dict[str, Any] = dict(
                 H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, BK=i_BK, BV=i_BV, GATE=GATE, NB=BT // BC,
                 NK=triton.cdiv(K, i_BK), NV=triton.cdiv(V, i_BV), VARLEN=varlen, DOT_PREC=dot_prec,
-                ai=inter.ai, STORE_AI=True,
+                ai=inter.ai, STORE_AI=True, SOLVE=int(config["SOLVE"] == "squaring"),
                 num_warps=config["intra_num_warps"], num_stages=config["intra_num_stages"],
             )  # fmt: skip
             grid = (NC, HV)
             if config["INTRA"] == "onepass":  # KDA's one-pass stage 1, T stored as well; flagged chunks as below
                 okw = {n: v for n, v in kw.items() if n != "GATE"}
                 chunk_intra_onepass_kernel[grid](
-                    *args, tables.chunk_info, flags, scale, T, DIAG=1, DIAG_LOWP=False,
-                    SOLVE=int(config["SOLVE"] == "squaring"), **okw,
+                    *args, tables.chunk_info, flags, scale, T, DIAG=1, DIAG_LOWP=False, **okw,
                 )  # fmt: skip
             else:
                 chunk_intra_blocks_kernel[grid](
@@ -426,7 +431,7 @@ def forward_intermediates(
 
 def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -> Config:
     """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as ``"blocks"``
-    (the variant that stores ``T``, by substitution; KDA with ``fh_INTRA = "onepass"`` the one-pass kernel, storing it
+    (the variant that stores ``T``, its diagonal blocks inverted as ``fi_SOLVE`` says; KDA with ``fh_INTRA = "onepass"`` the one-pass kernel, storing it
     too) with its diagonal guard, the forward's segments (``SEG_CHUNKS``) as long in tokens as the forward config's, the
     state pass's tiles from the backward config's ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the
     backward's BT), W, U and A_qk stored (the backward reads them: a forward config that recomputes them in the state
@@ -441,7 +446,8 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     if seg > 0:
         seg = max(1, seg * int(fwd_config["BT"]) // BT)
     intra = "onepass" if bwd_config.get("fh_INTRA") == "onepass" else "blocks"
-    cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA=intra, SOLVE="subst", SEG_CHUNKS=seg)
+    solve = bwd_config.get("fi_SOLVE", "subst")
+    cfg = dict(fwd_config, BT=BT, BC=bwd_config["BC"], INTRA=intra, SOLVE=solve, SEG_CHUNKS=seg)
     # (WU = "recomputed" here: W and T stored, U not: the state pass forms V_new from T, fh_U)
     wu = "recomputed" if bwd_config.get("fh_U") == "recomputed" else "stored"
     # (AQK = "recomputed" here: A_qk not stored, formed by the state pass's fused output and by the reverse pass, fh_AQK)

@@ -170,6 +170,15 @@ FI = {"fi_BK": 16, "fi_BV": 16, "fi_num_warps": 2, "fi_num_stages": 1}
 for gate in Gate:
     add("fi-tiles", Shape(1, 37, 1, 2, 32, 48, 1, gate), {**BT32, **FI}, scale=0.3)
 add("fi-onepass", Shape(2, 20, 1, 2, 32, 16, 2, Gate.CHANNEL), {**BT32, **FI, **ONEPASS}, gate_min=-60.0)
+# ... and its diagonal blocks inverted by repeated squaring (fi_SOLVE): 2 and 4 sub-chunks, odd T with strong decays,
+# K != V and grouped heads, varlen with an empty sequence re-running stage 1 (SAVE "none"), KDA's one-pass stage 1
+SQ = {"fi_SOLVE": "squaring"}
+for gate in Gate:
+    add("fiSQ-odd", Shape(2, 37, 2, 4, 16, 32, 2, gate), {**BT32, **SQ}, scale=0.3, gate_min=-60.0)
+    add("fiSQ-BT64-all", Shape(1, 70, 1, 2, 32, 16, 1, gate), {"BT": 64, "BC": 16, **SQ, "SAVE": "all"})
+    add("fiSQ-varlen-none", Shape(1, 0, 2, 4, 16, 16, 4, gate, True), {**BT16, **SQ, "SAVE": "none"},
+        seq_lens=[1, 17, 0, 20])  # fmt: skip
+add("fiSQ-onepass", Shape(2, 37, 1, 2, 32, 16, 2, Gate.CHANNEL), {**BT32, **SQ, **ONEPASS}, gate_min=-60.0)
 for gate in (Gate.NONE, Gate.SCALAR):  # dA in registers over the key loop; Gated DeltaNet's dγ partial per key tile
     add("kloop-odd", Shape(2, 37, 2, 4, 40, 16, 2, gate), {**BT32, **KLOOP}, scale=0.3)
 
@@ -562,6 +571,32 @@ def test_state_pass_stores_under_autograd_follow_fh_store_tma(monkeypatch: pytes
         x = make_inputs(p, seed=4, gate_min=-60.0)
         assert_close(gradients_vs_loop(p, x, {**BT16, **bwd}, fwd_config=fwd), TOL[torch.float32])
         assert [r.get("hs_td") is not None and r.get("vn_td") is not None for r in seen] == want, (K, bwd)
+
+
+def test_stage_one_inverse_under_autograd_follows_fi_solve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fi_SOLVE reaches stage 1 where the training step launches it, under autograd (SAVE "all") and in the re-run
+    (SAVE "none", whose forward under autograd is the forward config's own, here "squaring"): without it that stage 1
+    substitutes whatever the forward config says; a backward config that asks for squaring at sub-chunks of 32 rows
+    is refused (the gradient cases above pass with either inverse)."""
+    from dtune.kernels.chunk import intra_blocks
+
+    seen: list[dict[str, Any]] = []  # the forward's own launcher and the training step's, in launch order
+    monkeypatch.setattr(intra_blocks, "chunk_intra_blocks_kernel", _Spy(intra_blocks.chunk_intra_blocks_kernel, seen))
+    monkeypatch.setattr(chunk_bwd, "chunk_intra_blocks_kernel", _Spy(chunk_bwd.chunk_intra_blocks_kernel, seen))
+    fwd = {"BT": 32, "BC": 16, "SOLVE": "squaring"}
+    p = Shape(1, 37, 1, 2, 16, 32, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=5, gate_min=-60.0)
+    for bwd, want in (
+        ({"SAVE": "all"}, [0]),
+        ({"SAVE": "all", "fi_SOLVE": "squaring"}, [1]),
+        ({"SAVE": "none"}, [1, 0]),  # (SAVE "none": the forward under autograd is the forward config's own)
+        ({"SAVE": "none", "fi_SOLVE": "squaring"}, [1, 1]),
+    ):
+        seen.clear()
+        assert_close(gradients_vs_loop(p, x, {**BT32, **bwd}, fwd_config=fwd), TOL[torch.float32])
+        assert [r["SOLVE"] for r in seen] == want, bwd
+    with pytest.raises(ValueError, match="fi_SOLVE='squaring' inverts 16-row sub-chunks only"):
+        chunk_bwd.check_config(16, 16, "scalar", {"BT": 64, "BC": 32, "fi_SOLVE": "squaring"})
 
 
 def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,6 +85,40 @@ def test_a_helper_over_other_language_modules_is_still_swapped() -> None:
     assert run.stdout.split()[0] == "ok"
 
 
+def test_split_runs_in_a_fresh_process() -> None:
+    """tl.split hands block_type its input's shape as a Python tuple, which Triton 3.9's block_type refuses (it
+    asserts a list or Triton's own tuple): with the memoised types that passed or failed by whether an earlier kernel
+    in the process had built the same type from a list (KDA's backward at four sub-chunks failed alone and passed in
+    the suite). In a fresh process, the halves of a [BC, N] tile's rows as KDA's pairwise stage takes them."""
+    code = textwrap.dedent(
+        """
+        import torch, triton, triton.language as tl
+        import dtune.kernels
+        from dtune.kernels import interpreter
+        assert interpreter.install()
+
+        @triton.jit
+        def k(x_ptr, out_ptr):
+            r = tl.arange(0, 32)
+            x = tl.load(x_ptr + r[:, None] * 8 + tl.arange(0, 8)[None, :])
+            lo, hi = tl.split(tl.permute(tl.reshape(x, [2, 16, 8]), (1, 2, 0)))
+            o = tl.arange(0, 16)[:, None] * 8 + tl.arange(0, 8)[None, :]
+            tl.store(out_ptr + o, lo)
+            tl.store(out_ptr + 128 + o, hi)
+
+        x = torch.randn(32, 8)
+        out = torch.empty(256)
+        k[(1,)](x, out)
+        torch.testing.assert_close(out.view(32, 8), x)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[0] == "ok"
+
+
 def test_block_types_are_kept_one_per_element_type_and_shape() -> None:
     """The interpreter's type objects, memoised by install(): the same object for the same element type and shape
     (constexpr dims or ints), another for any other; a bad shape still raises and is not kept."""
