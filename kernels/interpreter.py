@@ -14,7 +14,9 @@ segmented varlen KDA backward plan case: 28.6 -> 21.2 s; 136 forward cases 266 -
 rebuilt its shape's constexprs, a function of its type alone: they are kept on the type object; and the implicit
 broadcast of two operands of the very same type returns at once (the same plan case 26.8 -> 21.3 s, 135 forward
 cases 211 -> 162 s, on a 2-core machine). Each patch is a no-op where the interpreter's internals differ from the ones
-it knows; all are applied once per process.
+it knows; all are applied once per process. A memoised ``block_type`` takes a Python tuple shape as a list: Triton
+3.9's ``tl.split`` passes one, which its own constructor refuses, and a memo must not make that depend on which types
+an earlier kernel in the process built.
 """
 
 from __future__ import annotations
