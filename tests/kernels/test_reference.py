@@ -22,8 +22,19 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("windows", ["whole", "one-chunk"])
 @pytest.mark.parametrize(("problem", "seq_lens", "chunk"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_chunk_reference_matches_loop(problem: Shape, seq_lens: list[int] | None, chunk: int) -> None:
+def test_chunk_reference_matches_loop(
+    problem: Shape, seq_lens: list[int] | None, chunk: int, windows: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk form equals the loop; "one-chunk": a working set too small for more than one chunk at a time, every
+    sequence computed one chunk after another, the state carried across windows (long prompts at real sizes take
+    this path: a T = 128K prompt of 32 heads needs about 70 GB of float64 intermediates at once)."""
+    if windows == "one-chunk":
+        import dtune.kernels.reference as reference
+
+        monkeypatch.setattr(reference, "WORKING_SET_BYTES", 1)
+        assert reference.window_tokens(problem.B, problem.HV, problem.K, problem.V, chunk, torch.float64) == chunk
     x = make_inputs(problem, seed=3, seq_lens=seq_lens)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
@@ -106,27 +117,6 @@ def test_chunk_reference_refuses_gates_past_exp_range(dtype: torch.dtype) -> Non
     x["g"][0, 5] = float("-inf")  # a full forget: exp(-γ) is inf at any chunk
     with pytest.raises(ValueError, match="chunk_reference"):
         chunk_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], chunk_size=2)
-
-
-@pytest.mark.parametrize(("problem", "seq_lens", "chunk"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_chunk_reference_in_windows_matches_loop(
-    problem: Shape, seq_lens: list[int] | None, chunk: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A working set too small for more than one chunk at a time: every sequence computed one chunk after
-    another, the state carried across windows, still the loop's result (long prompts at real sizes take this path:
-    a T = 128K prompt of 32 heads needs about 70 GB of float64 intermediates at once)."""
-    import dtune.kernels.reference as reference
-
-    monkeypatch.setattr(reference, "WORKING_SET_BYTES", 1)
-    assert reference.window_tokens(problem.B, problem.HV, problem.K, problem.V, chunk, torch.float64) == chunk
-    x = make_inputs(problem, seed=4, seq_lens=seq_lens)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    kw = {"initial_state": x["initial_state"], "output_final_state": True, "cu_seqlens": x["cu_seqlens"]}
-    o_ref, s_ref = naive_recurrent(*args, **kw)
-    o, s = chunk_reference(*args, chunk_size=chunk, **kw)
-    assert s is not None and s_ref is not None
-    assert rel_err(o, o_ref) < 1e-12
-    assert rel_err(s, s_ref) < 1e-12
 
 
 def test_chunk_reference_window_fits_the_working_set() -> None:
