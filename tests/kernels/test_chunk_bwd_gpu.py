@@ -48,6 +48,10 @@ for gate in Gate:
         Shape(2, 777, 2, 4, 128, 128, 2, gate), None, {**vk, "fh_STORE_TMA": True, "fh_TMA": True, "SAVE": "all"},
         {"STATE_LAYOUT": "vk", "h_BV": 64},
     )  # fmt: skip
+    # stage 1 under autograd inverting its diagonal blocks by repeated squaring (fi_SOLVE; BC 16), odd T, grouped heads
+    CASES[f"{tag}-B2-T777-H2-HV4-K128-squaring"] = (
+        Shape(2, 777, 2, 4, 128, 128, 2, gate), None, {**vk, "fi_SOLVE": "squaring"}, None,
+    )  # fmt: skip
     # the reverse pass's last chain product in the form that is not the gate's default (dh_ACC; on for Gated DeltaNet),
     # with W read, and (DeltaNet, Gated DeltaNet) formed from K as the shipped B8 entries do (fh_W)
     flip = {"dh_ACC": gate is not Gate.SCALAR}
