@@ -411,7 +411,10 @@ def loop_options(config: Config, tma: bool, gate: int) -> dict[str, Any]:
     producer and consumer warps (sm_90a) only when every tile arrives by TMA (``tma``: ``STATE_TMA`` on a shape that
     allows it) in the ``"vk"`` layout at 4 warps with A_qk stored; its pass fails on the other loops (an MLIR error,
     not a slow kernel), so ``"specialized"`` runs as ``"range"`` there; so does KDA's loop with ``WU = "recomputed"``
-    (its bfloat16 outputs came out inf on an H100, float32 right: a miscompile, not a slow kernel)."""
+    (its bfloat16 outputs came out inf on an H100, float32 right: a miscompile, not a slow kernel), and every loop
+    asked for a pipeline other than 2 deep (``h_num_stages``): at 3 the outputs came out NaN or inf in all 20 gated
+    trials of the H100 searches of 2026-12-07 (Gated DeltaNet and KDA, segmented or not), at 2 right in all 30;
+    1 was never tried."""
     ws = config.get("STATE_LOOP", "range") == "specialized" and tma and specializable(config, gate)
     return {"LOOP_STAGES": int(config["h_num_stages"]) if ws else None, "LOOP_WS": ws}
 
@@ -421,7 +424,8 @@ def specializable(config: Config, gate: int) -> bool:
     ``gate``: the call's gate code (2: KDA)."""
     vk = config["STATE_LAYOUT"] == "vk"
     kda_recomputed = gate == 2 and config.get("WU", "stored") == "recomputed"
-    return vk and config["h_num_warps"] == 4 and config.get("AQK", "stored") == "stored" and not kda_recomputed
+    shape = vk and config["h_num_warps"] == 4 and int(config["h_num_stages"]) == 2
+    return shape and config.get("AQK", "stored") == "stored" and not kda_recomputed
 
 
 def descriptors(call: ChunkCall, inter: Intermediates, o: Any, BV: int) -> dict[str, Any]:

@@ -648,8 +648,11 @@ def test_recomputed_needs_blocks_and_fused_output(gate: Gate, cfg: dict[str, Any
         (Gate.CHANNEL, {"WU": "recomputed", "INTRA": "onepass"}, False),  # its bf16 outputs came out inf on an H100
         (Gate.SCALAR, {"AQK": "recomputed", "WU": "recomputed"}, False),  # Triton 3.6 cannot split that loop
         (Gate.NONE, {"STATE_LAYOUT": "kv"}, False),
+        (Gate.SCALAR, {"h_num_stages": 3}, False),  # NaN or inf outputs on an H100 (Triton 3.6)
+        (Gate.CHANNEL, {"h_num_stages": 3}, False),
+        (Gate.NONE, {"h_num_stages": 1}, False),  # never seen compiled
     ],
-    ids=["gdn-recomputed", "kda", "kda-recomputed", "gdn-aqk", "dn-kv"],
+    ids=["gdn-recomputed", "kda", "kda-recomputed", "gdn-aqk", "dn-kv", "gdn-3-deep", "kda-3-deep", "dn-1-deep"],
 )
 def test_which_state_loops_are_warp_specialised(gate: Gate, overrides: dict[str, Any], specialised: bool) -> None:
     """``STATE_LOOP = "specialized"`` with TMA tiles: the loops Triton splits correctly get ``warp_specialize``, the
@@ -675,6 +678,8 @@ GPU_VARIANTS: dict[str, dict[str, Any]] = {
     "wu-tma-BT64": {"WU": "recomputed", "STATE_TMA": True, "BT": 64, "SOLVE": "squaring", "intra_num_warps": 4},
     "tma": {"STATE_TMA": True},
     "tma-ws": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2},
+    # asked for the warp-specialised loop 3 deep, it runs "range" (specialised, its outputs came out NaN or inf)
+    "tma-ws-3deep": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 3},
     # the scalar gate's rows loaded a chunk ahead in registers
     "wu-tma-gatepf": {"WU": "recomputed", "STATE_TMA": True, "GATE_LOADS": "prefetched"},
     "tma-ws-gatepf": {"STATE_TMA": True, "STATE_LOOP": "specialized", "h_num_stages": 2, "GATE_LOADS": "prefetched"},
