@@ -126,6 +126,11 @@ def supersede(
                 changes.append(f"{line} (kept the entry of {old_ms:.4g} ms: more than {max_slowdown:g}x slower)")
                 continue
             was = "new" if old is None else f"was {old['time_ms']:.4g} ms in its own search"
+            if old is not None and _same_config(old, e):
+                kept = {k: old[k] for k in BENCH_FIELDS if k in old and k not in e}
+                if kept:  # the same launch re-timed: its side-by-side bench still holds
+                    e = {**e, **kept}
+                    was += f"; the same config: kept its {', '.join(kept)}"
             changes.append(f"{line} ({was})")
             entries[_key(e)] = e
     out = {**shipped, "created": now_iso(), "versions": newer[-1].get("versions", shipped.get("versions", {}))}
@@ -133,6 +138,25 @@ def supersede(
         out["note"] = f"{shipped.get('note', '')}; {note}".strip("; ")
     out["entries"] = sorted(entries.values(), key=_key)
     return out, changes
+
+
+# An entry's measurements made outside its search (a side-by-side bench of that config with its peers, its peak memory,
+# how they were made, the time of the config it replaced there): they stay with the config, not with the search.
+BENCH_FIELDS = ("side_by_side_ms", "peak_mb", "measured_by", "replaces_ms")
+
+
+def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two entries of one bucket launch the same thing: their configs equal once each is completed with the
+    kernel's defaults (an entry written before a parameter existed lacks it; a newer search writes it out). A config
+    the kernel refuses is compared as written."""
+    if a["config"] == b["config"]:
+        return True
+    try:
+        spec = get_kernel(a["kernel"])
+        K, V = a["bucket"]["K"], a["bucket"]["V"]
+        return spec.check_config(K, V, a["config"]) == spec.check_config(K, V, b["config"])
+    except (ValueError, TypeError, KeyError):
+        return False
 
 
 def _key(entry: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dtune.kernels import get_kernel
 
 from dtune.store import parse_configs
 from dtune.tune.export import merge_exports, supersede
@@ -68,6 +69,27 @@ def test_a_much_slower_newer_entry_keeps_the_shipped_one() -> None:
     got = {e["bucket"]["T"]: e["time_ms"] for e in merged["entries"]}
     assert got == {4096: 0.5, 1024: 0.56, 16384: 2.0}
     assert any("kept the entry of 0.5 ms" in c for c in changes) and len(changes) == 3
+
+
+def test_supersede_keeps_the_bench_of_the_same_config() -> None:
+    """A newer search that re-finds an entry's config (written out with parameters added since) keeps that entry's
+    side-by-side bench, which the fla backend's speed rule reads; another config drops it."""
+    old_cfg = {"BT": 64, "dh_BV": 64}
+    full = get_kernel("chunk_kda_bwd").check_config(64, 64, old_cfg)
+    assert full != old_cfg  # the newer search writes every parameter
+    bench = {"side_by_side_ms": {"dtune": 2.0, "fla": 5.0}, "peak_mb": 900.0, "measured_by": "dtune bench ..."}
+    shipped = _doc("h100", ("chunk_kda_bwd", 4096, 2.1), ("chunk_kda_bwd", 1024, 1.5))
+    for e in shipped["entries"]:
+        e.update(config=old_cfg, **bench)
+    newer = _doc("h100", ("chunk_kda_bwd", 4096, 2.05), ("chunk_kda_bwd", 1024, 1.4))
+    newer["entries"][0]["config"] = full
+    newer["entries"][1]["config"] = {**full, "dh_BV": 32}
+    merged, changes = supersede(shipped, [newer])
+    got = {e["bucket"]["T"]: e for e in merged["entries"]}
+    assert got[4096]["time_ms"] == 2.05 and got[4096]["config"] == full
+    assert got[4096]["side_by_side_ms"] == bench["side_by_side_ms"] and got[4096]["peak_mb"] == 900.0
+    assert got[1024]["time_ms"] == 1.4 and "side_by_side_ms" not in got[1024] and "measured_by" not in got[1024]
+    assert any("the same config: kept its side_by_side_ms, peak_mb, measured_by" in c for c in changes)
 
 
 def test_supersede_refuses_another_gpu() -> None:
