@@ -141,6 +141,20 @@ VARIANTS: list[Variant] = [
     # stage 1 under autograd inverting its diagonal blocks by repeated squaring (fi_SOLVE; the shipped entries' BC 16):
     # six float32 dots per block instead of 15 substitution steps of two cross-thread reductions
     ("stage 1 by squaring", OnShipped({"fi_SOLVE": "squaring"}), ("b8", "b1"), ALL),
+    # Gated DeltaNet's dq/dk stage in its other order (dqk_DG_ROWS: both dA decayed by the value side before their
+    # rounding, q and k re-read where the pairwise terms use them; sm_90a spills of the shipped entries 156 -> 40 and
+    # 160 -> 48 bytes)
+    ("dq/dk other order", OnShipped({"dqk_DG_ROWS": True}), ("b8", "b1"), (Gate.SCALAR,)),
+    # Gated DeltaNet's training forward with A_qk formed in the state pass (fh_AQK) at value tiles of 64 and of 128 (the
+    # searches timed it only at the shipped tiles of 32, each program forming the [BT, BT] product again: 2.97 ms
+    # against 2.44 at B8; DeltaNet's entries ship it at the forward's tiles)
+    ("A_qk in the state pass, tiles 64", OnShipped({"fh_AQK": "recomputed", "fh_BV": 64}), ("b8",), (Gate.SCALAR,)),
+    (
+        "A_qk in the state pass, tiles 128",
+        OnShipped({"fh_AQK": "recomputed", "fh_BV": 128, "fh_num_warps": 8}),
+        ("b8",),
+        (Gate.SCALAR,),
+    ),
 ]
 
 

@@ -181,6 +181,17 @@ for gate in Gate:
 add("fiSQ-onepass", Shape(2, 37, 1, 2, 32, 16, 2, Gate.CHANNEL), {**BT32, **SQ, **ONEPASS}, gate_min=-60.0)
 for gate in (Gate.NONE, Gate.SCALAR):  # dA in registers over the key loop; Gated DeltaNet's dγ partial per key tile
     add("kloop-odd", Shape(2, 37, 2, 4, 40, 16, 2, gate), {**BT32, **KLOOP}, scale=0.3)
+# Gated DeltaNet's dq/dk stage in its other order (dqk_DG_ROWS: both dA decayed by the value side, q and k re-read):
+# odd T with strong decays and K != V, several key tiles, the key loop (its dA from the kernel's value side), the
+# reverse pass's dVβ, varlen with an empty sequence, grouped heads, -inf gates, chunks of 64
+DGR = {"dqk_DG_ROWS": True}
+add("dgrows-odd", Shape(2, 37, 2, 4, 16, 32, 2, Gate.SCALAR), {**BT32, **DGR}, scale=0.3, gate_min=-60.0)
+add("dgrows-ktiles", Shape(1, 40, 2, 4, 40, 24, 1, Gate.SCALAR), {**BT16, **DGR, "dqk_BK": 16})
+add("dgrows-kloop", Shape(2, 37, 2, 4, 40, 16, 2, Gate.SCALAR), {**BT32, **KLOOP, **DGR}, scale=0.3)
+add("dgrows-revdv-varlen", Shape(1, 0, 2, 4, 16, 16, 4, Gate.SCALAR, True), {**BT16, **DGR, "REVERSE_DV": True},
+    seq_lens=[1, 17, 0, 5])  # fmt: skip
+add("dgrows-inf", Shape(1, 50, 2, 4, 16, 16, 1, Gate.SCALAR), {**BT32, **DGR}, inf=True)
+add("dgrows-BT64-all", Shape(1, 70, 1, 2, 32, 16, 1, Gate.SCALAR), {"BT": 64, "BC": 16, **DGR, "SAVE": "all"})
 
 # The reverse pass: transposed adjoint (dh_LAYOUT = "vk") and sequence-parallel (dh_SEG_CHUNKS: segments of 1-2 chunks
 # so that every sequence has several), with grouped heads (H = 2, HV = 4), K != V, varlen with an empty sequence
@@ -610,6 +621,26 @@ def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     gradients_vs_loop(p, x, {**BT16, "dqk_BK": 16})
     gradients_vs_loop(p, x, {**BT16, "dqk_KLOOP": True, "dqk_BK": 32})
     assert [(d["grid"][1], d["KLOOP"], d["NK"]) for d in dqk] == [(1, True, 2), (2, False, 2), (1, False, 1)]
+
+
+def test_dqk_gate_rows_reach_their_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dqk_DG_ROWS reaches the dq/dk stage's launch (the gradient cases above would pass in either order); it is
+    refused where it has nothing to order: no scalar gate, the dv stage apart, or no dq/dk stage (REVERSE_DQK)."""
+    dqk: list[dict[str, Any]] = []
+    monkeypatch.setattr(chunk_bwd, "chunk_bwd_dqk_kernel", _Spy(chunk_bwd.chunk_bwd_dqk_kernel, dqk))
+    p = Shape(1, 37, 1, 2, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=4, gate_min=-8.0)
+    assert_close(gradients_vs_loop(p, x, {**BT16, **DGR}), TOL[torch.float32])
+    gradients_vs_loop(p, x, BT16)
+    assert [d["DG_ROWS"] for d in dqk] == [True, False]
+    with pytest.raises(ValueError, match="dqk_DG_ROWS orders Gated DeltaNet's fused dq/dk stage"):
+        chunk_bwd.check_config(16, 16, "none", DGR)
+    with pytest.raises(ValueError, match="unknown parameter"):
+        chunk_bwd.check_config(16, 16, "channel", DGR)
+    with pytest.raises(ValueError, match="FUSE_DV=False"):
+        chunk_bwd.check_config(16, 16, "scalar", {**DGR, "FUSE_DV": False})
+    with pytest.raises(ValueError, match="REVERSE_DQK=True"):
+        chunk_bwd.check_config(16, 16, "scalar", {**DGR, "REVERSE_DV": True, "REVERSE_DQK": True})
 
 
 def test_dqk_register_cap_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
