@@ -1,9 +1,12 @@
-"""Which source a result came from: the commit recorded in ``run.json``, ``bench.csv`` and ``profile.csv``."""
+"""Which source a result came from: the commit recorded in ``run.json``, ``bench.csv`` and ``profile.csv``, and the
+command line that made it."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 ENV = "DTUNE_COMMIT"
@@ -28,3 +31,12 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         found = ""
     return found or None
+
+
+def command_line() -> str | None:
+    """The ``dtune`` command line of this process (``dtune search ...``, also when started as ``python -m dtune``), or
+    None where dtune's CLI did not start it (a script, a test)."""
+    prog = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if prog is None or not (prog.name == "dtune" or (prog.name == "__main__.py" and prog.parent.name == "dtune")):
+        return None
+    return shlex.join(["dtune", *sys.argv[1:]])

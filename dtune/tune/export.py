@@ -6,7 +6,7 @@ Schema 1::
      "versions": {"dtune", "torch", "triton", "optuna", "python"},
      "entries": [{"kernel", "dtype", "bucket": {"T", "B", "H", "HV", "K", "V"}, "config": {...},
                   "time_ms", "default_time_ms", "speedup", "gate_error",
-                  "trials": {"complete", "failed", "pruned"}}]}
+                  "trials": {"complete", "failed", "pruned"}, "measured_by"}]}
 
 Only COMPLETE trials that passed the gate are candidates (:func:`dtune.results.passed`); a study without
 one contributes no entry, so a config that failed can never be exported.
@@ -68,6 +68,7 @@ def build_export(run_dir: Path) -> dict[str, Any]:
                 "speedup": (default_ms / best.value) if default_ms and best.value else None,
                 "gate_error": max((e for e in errors if e is not None), default=None),
                 "trials": results.counts(trials),
+                "measured_by": measured_by(info),
             }
         )
     return {
@@ -78,6 +79,18 @@ def build_export(run_dir: Path) -> dict[str, Any]:
         "versions": info.get("versions", {}),
         "entries": entries,
     }
+
+
+def measured_by(info: dict[str, Any]) -> str:
+    """How a run's entries were measured, from its ``run.json``: the command, the GPU as torch named it, the commit and
+    the day, e.g. ``dtune search -k chunk_kda --timeout 300 (NVIDIA H100 80GB HBM3, commit 2d7cbf2, 2026-12-07)``."""
+    what = info.get("command") or f"dtune search -k {info['kernel']}"
+    where = info.get("device_name") or info.get("gpu", {}).get("name") or ""
+    commit = str(info.get("commit") or "")[:7]
+    parts = [where, f"commit {commit}" if commit else "", str(info.get("created") or "")[:10]]
+    if info.get("interpret"):
+        parts.insert(0, "Triton's interpreter")
+    return f"{what} ({', '.join(p for p in parts if p)})"
 
 
 def merge_exports(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -128,8 +141,11 @@ def supersede(
             was = "new" if old is None else f"was {old['time_ms']:.4g} ms in its own search"
             if old is not None and _same_config(old, e):
                 kept = {k: old[k] for k in BENCH_FIELDS if k in old and k not in e}
-                if kept:  # the same launch re-timed: its side-by-side bench still holds
+                if kept:  # the same launch re-timed: its side-by-side bench still holds, and how it was made
                     e = {**e, **kept}
+                    if "measured_by" in old and "measured_by" not in kept:
+                        e["measured_by"] = f"{e['measured_by']}; before, the same config: {old['measured_by']}"
+                        kept["measured_by"] = old["measured_by"]
                     was += f"; the same config: kept its {', '.join(kept)}"
             changes.append(f"{line} ({was})")
             entries[_key(e)] = e

@@ -12,6 +12,7 @@ from dtune._env import child_env
 from dtune.gpu import GpuProfile, device_name
 from dtune.measure.inputs import DEFAULT_WORKLOAD, Workload
 from dtune.measure.timing import TIMINGS
+from dtune.provenance import command_line
 from dtune.shape import Shape, ShapeGrid
 from dtune.tune import transfer
 from dtune.tune.runinfo import git_commit, now_iso, versions
@@ -128,6 +129,7 @@ def run_info(cfg: SearchConfig) -> dict[str, Any]:
         "shapes": [s.as_dict() for s in cfg.shapes],
         "versions": versions(),
         "commit": git_commit(),
+        "command": command_line(),  # None where no dtune command started it
         "interpret": cfg.interpret,
         "strategy": cfg.strategy,
         "sampler": cfg.strategy,  # the report's name for it

@@ -10,7 +10,7 @@ import pytest
 from dtune.kernels import get_kernel
 
 from dtune.store import parse_configs
-from dtune.tune.export import merge_exports, supersede
+from dtune.tune.export import measured_by, merge_exports, supersede
 
 
 def _doc(gpu: str, *entries: tuple[str, int, float]) -> dict[str, Any]:
@@ -90,6 +90,45 @@ def test_supersede_keeps_the_bench_of_the_same_config() -> None:
     assert got[4096]["side_by_side_ms"] == bench["side_by_side_ms"] and got[4096]["peak_mb"] == 900.0
     assert got[1024]["time_ms"] == 1.4 and "side_by_side_ms" not in got[1024] and "measured_by" not in got[1024]
     assert any("the same config: kept its side_by_side_ms, peak_mb, measured_by" in c for c in changes)
+    # a newer search that says how it measured keeps its own words, followed by the kept bench's
+    newer["entries"][0]["measured_by"] = "dtune tune-gpu --models all (H100, commit abc1234, 2026-12-07)"
+    merged, _ = supersede(shipped, [newer])
+    got = {e["bucket"]["T"]: e for e in merged["entries"]}
+    assert got[4096]["measured_by"] == (
+        "dtune tune-gpu --models all (H100, commit abc1234, 2026-12-07); before, the same config: dtune bench ..."
+    )
+    assert got[4096]["side_by_side_ms"] == bench["side_by_side_ms"]
+
+
+def test_measured_by_names_the_command_gpu_commit_and_day() -> None:
+    info = {
+        "kernel": "chunk_kda",
+        "gpu": {"key": "h100", "name": "NVIDIA H100 SXM5 80GB"},
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "commit": "2d7cbf2a1b2c3d4e",
+        "command": "dtune search -k chunk_kda --timeout 300",
+        "created": "2026-12-07T10:49:21+00:00",
+    }
+    assert (
+        measured_by(info)
+        == "dtune search -k chunk_kda --timeout 300 (NVIDIA H100 80GB HBM3, commit 2d7cbf2, 2026-12-07)"
+    )
+    # a run not started by dtune's CLI (no command), under the interpreter, without a commit
+    bare = {**info, "command": None, "commit": None, "device_name": None, "interpret": True}
+    assert measured_by(bare) == "dtune search -k chunk_kda (Triton's interpreter, NVIDIA H100 SXM5 80GB, 2026-12-07)"
+
+
+def test_command_line_only_for_dtunes_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from dtune.provenance import command_line
+
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/dtune", "search", "-k", "chunk_kda", "--out", "a b"])
+    assert command_line() == "dtune search -k chunk_kda --out 'a b'"
+    monkeypatch.setattr(sys, "argv", ["/x/site-packages/dtune/__main__.py", "tune-gpu", "--budget", "30"])
+    assert command_line() == "dtune tune-gpu --budget 30"
+    monkeypatch.setattr(sys, "argv", ["/x/bin/pytest", "-k", "x"])
+    assert command_line() is None
 
 
 def test_supersede_refuses_another_gpu() -> None:
@@ -141,3 +180,4 @@ def test_export_takes_only_complete_trials_that_passed(tmp_path: Path) -> None:
     assert entry["config"] == {"BV": 32, "num_warps": 1, "num_stages": 1}
     assert entry["time_ms"] == 1.0 and entry["default_time_ms"] == 2.0 and entry["speedup"] == 2.0
     assert entry["trials"] == {"complete": 6, "failed": 1, "pruned": 1}
+    assert entry["measured_by"].startswith("dtune search -k fused_recurrent_kda (")  # (no command in this run.json)
