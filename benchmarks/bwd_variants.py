@@ -124,37 +124,26 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # key tiles of 32 at 4 warps: all slower on the H100 at commit 7b29413, reports/h100/training/dqk_caps/; then the
 # dq/dk stage at 16 warps by key tiles of 64 and 32 and by DeltaNet's key loop: Gated DeltaNet's step 3.144 and 4.399
 # ms against the shipped 2.433, DeltaNet's 2.455, 3.377, 2.406 against 1.962, on the H100 at commit 4a398b4,
-# reports/h100/training/dqk16w/; one bf16 GPU case at 16 warps hit an illegal memory access), with their
-# measured times in the comments, are in this file's history.
+# reports/h100/training/dqk16w/; one bf16 GPU case at 16 warps hit an illegal memory access); then, on the H100 at
+# commit 2d7cbf2 (reports/h100/training/states_tma_squaring/): the adjoint by one TMA store (dh_STORE_TMA; DeltaNet's
+# entries ship it; Gated DeltaNet 2.312 / 3.321 ms against 2.319 / 3.329 at B8 / B1), with DeltaNet's B8 loads by TMA
+# too (1.886 against 1.856), the training forward's states by TMA store (fh_STORE_TMA: shipped for Gated DeltaNet and
+# DeltaNet's B1; DeltaNet's B8 2.049 against 1.856, KDA 4.399 / 5.545 against 4.383 / 5.495) and stage 1 by repeated
+# squaring (fi_SOLVE: DeltaNet 1.906 / 3.251 against 1.856 / 2.937, Gated DeltaNet 2.630 / 3.714 against 2.319 /
+# 3.329, KDA 4.394 / 5.542), with their measured times in the comments, are in this file's history.
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
     # the kin GPU's tuning of the same bucket (the H100's backward grid on an H200), where its file gives one
     ("kin GPU's entry", KinEntry(), ("b8", "b1"), ALL),
-    # the reverse pass's adjoint stored by one TMA store per chunk (dh_STORE_TMA): no layout round trip through shared
-    # memory on its chain; DeltaNet's B8 entry loads by pointers, so also with its loads by TMA (sm_90a: spills 136 ->
-    # 24 bytes with both)
-    ("adjoint by TMA store", OnShipped({"dh_STORE_TMA": True}), ("b8", "b1"), DN_GDN),
-    ("loads and adjoint by TMA", OnShipped({"dh_TMA": True, "dh_STORE_TMA": True}), ("b8",), (Gate.NONE,)),
-    # the training forward's chunk states and V_new stored through TMA descriptors (fh_STORE_TMA): one store per state
-    # tile, no layout change through shared memory on the forward state pass's chain (its "vk" tiles)
-    ("states by TMA store", OnShipped({"fh_STORE_TMA": True}), ("b8", "b1"), ALL),
-    # stage 1 under autograd inverting its diagonal blocks by repeated squaring (fi_SOLVE; the shipped entries' BC 16):
-    # six float32 dots per block instead of 15 substitution steps of two cross-thread reductions
-    ("stage 1 by squaring", OnShipped({"fi_SOLVE": "squaring"}), ("b8", "b1"), ALL),
     # Gated DeltaNet's dq/dk stage in its other order (dqk_DG_ROWS: both dA decayed by the value side before their
     # rounding, q and k re-read where the pairwise terms use them; sm_90a spills of the shipped entries 156 -> 40 and
     # 160 -> 48 bytes)
     ("dq/dk other order", OnShipped({"dqk_DG_ROWS": True}), ("b8", "b1"), (Gate.SCALAR,)),
-    # Gated DeltaNet's training forward with A_qk formed in the state pass (fh_AQK) at value tiles of 64 and of 128 (the
-    # searches timed it only at the shipped tiles of 32, each program forming the [BT, BT] product again: 2.97 ms
-    # against 2.44 at B8; DeltaNet's entries ship it at the forward's tiles)
+    # Gated DeltaNet's training forward with A_qk formed in the state pass (fh_AQK) at value tiles of 64 (the searches
+    # timed it only at the shipped tiles of 32, each program forming the [BT, BT] product again: 2.97 ms against 2.44
+    # at B8; DeltaNet's entries ship it at the forward's tiles). sm_90a (Triton 3.9): the training forward's state pass
+    # spills 196 bytes (44 shipped), the reverse pass 264 (none shipped): likely slower, timed to know
     ("A_qk in the state pass, tiles 64", OnShipped({"fh_AQK": "recomputed", "fh_BV": 64}), ("b8",), (Gate.SCALAR,)),
-    (
-        "A_qk in the state pass, tiles 128",
-        OnShipped({"fh_AQK": "recomputed", "fh_BV": 128, "fh_num_warps": 8}),
-        ("b8",),
-        (Gate.SCALAR,),
-    ),
 ]
 
 
