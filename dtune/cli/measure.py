@@ -87,6 +87,14 @@ def bench(
     ] = "fwd",
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
+    record: Annotated[
+        bool,
+        typer.Option(
+            "--record",
+            help="Write each bucket's side-by-side medians (dtune with its own entry, fla, FlashQLA) into the --config "
+            "file as side_by_side_ms, which the fla backend's speed rule reads; the file must be for this GPU.",
+        ),
+    ] = False,
     interpret: InterpretOpt = False,
 ) -> None:
     """Time the tuned config against the untuned default, flash-linear-attention and the PyTorch reference."""
@@ -104,6 +112,8 @@ def bench(
     )
     batches = int_list(batch, "--batch")
     check_env_config()
+    if record:
+        _record_target(config)
     dtype = resolve_dtype(dtype, [kernel], interpreting())
     dest = out_dir(out or b.default_out_dir(config), "output folder")
     try:
@@ -146,9 +156,11 @@ def bench(
     except ValueError as exc:
         fail(str(exc))
     csv_path, json_path = b.write(result, dest)
+    recorded = _record(config, result.frame, rounds) if record else []
     if as_json:
         rows = json.loads(result.frame.to_json(orient="records"))
-        typer.echo(json.dumps({"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}))
+        doc = {"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}
+        typer.echo(json.dumps(doc | ({"recorded": recorded} if record else {})))
         return
     step = get_kernel(kernel).backward
     headers = ["shape", "impl", "mode", "median ms", "×default", "×fla", "GB/s", "TFLOP/s", "rel err"]
@@ -186,6 +198,44 @@ def bench(
             + f") at B{r.B} T{r.T}"
         )
     console.print(f"wrote {csv_path} and {json_path}", highlight=False)
+    if record:
+        if recorded:
+            console.print(f"recorded side_by_side_ms of {len(recorded)} entries in {config}", highlight=False)
+        else:
+            note(f"recorded nothing in {config}: no meaningful timing of an entry's own config beside a peer")
+
+
+def _record_target(config: Path | None) -> Path:
+    """The tuned-config file that ``--record`` writes: given, a file, for the GPU present (times measured on one GPU
+    are not another's); exit 2 otherwise, before anything is timed."""
+    import torch
+
+    from dtune.store import gpu_key
+
+    if config is None or not config.is_file():
+        fail("--record writes into the --config file: give a tuned-config file")
+    doc = json.loads(config.read_text(encoding="utf-8"))
+    here = gpu_key(torch.device("cuda")) if torch.cuda.is_available() else "cpu"
+    if isinstance(doc, dict) and doc.get("gpu") not in (here, None):
+        fail(f"--record: {config} is for GPU {doc.get('gpu')!r} and this is {here!r}: its times would be another GPU's")
+    return config
+
+
+def _record(config: Path | None, frame: object, rounds: int | None) -> list[str]:
+    """Write the bench's side-by-side medians into ``config`` (see :func:`_record_target`); the entries recorded."""
+    import datetime
+
+    from dtune.provenance import command_line, git_commit
+    from dtune.tune.export import record_side_by_side, write_configs
+
+    path = _record_target(config)
+    commit = str(git_commit() or "")[:7]
+    facts = [f"{rounds or 3} rounds", f"commit {commit}" if commit else "", datetime.date.today().isoformat()]
+    how = f"side_by_side_ms: {command_line() or 'dtune bench --record'} ({', '.join(f for f in facts if f)})"
+    doc, lines = record_side_by_side(json.loads(path.read_text(encoding="utf-8")), frame, how)
+    if lines:
+        write_configs(doc, path)
+    return lines
 
 
 def profile(

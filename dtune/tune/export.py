@@ -23,6 +23,7 @@ from typing import Any
 import optuna
 from dtune.kernels import get_kernel
 
+from dtune.shape import Shape
 from dtune.tune import results
 from dtune.tune.runinfo import TUNED_JSON, now_iso, read_run_json
 from dtune.tune.storage import default_storage_url, open_storage, study_name
@@ -173,6 +174,52 @@ def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return spec.check_config(K, V, a["config"]) == spec.check_config(K, V, b["config"])
     except (ValueError, TypeError, KeyError):
         return False
+
+
+# The bench's implementations that are peers of dtune in an entry's side_by_side_ms (what the fla backend's speed rule
+# compares: fla's Triton path, fastest of its modes, and fla's other backends by their registry names)
+PEERS = {"fla": ("fla", "fla_fast"), "flash_qla": ("flashqla",)}
+
+
+def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict[str, Any], list[str]]:
+    """``doc`` (a tuned-config document) with ``side_by_side_ms`` from a bench of it (``frame``: the rows of
+    :func:`dtune.measure.bench.run_bench`, its ``--config`` that document): for each entry whose own config the bench
+    timed (a ``tuned`` row whose config is the bucket's exact entry, meaningful, not under CUDA-graph replay; a packed
+    batch by its lookup bucket), dtune's median and each peer's (:data:`PEERS`), and the step's peak memory for a
+    backward entry; ``measured_by`` gains ``how``. One line per entry recorded. Entries the bench did not time keep
+    what they had."""
+    rows = frame[(frame["mode"] != "graph") & frame["meaningful"].astype(bool)]
+    by_key: dict[str, dict[str, Any]] = {}
+    for keys, grp in rows.groupby(["kernel", "dtype", "B", "T", "H", "HV", "K", "V", "N"], dropna=False):
+        kernel, dtype, B, T, H, HV, K, V, N = keys
+        tuned = grp[(grp["impl"] == "tuned") & (grp["config_match"] == "exact")]
+        if tuned.empty or not math.isfinite(float(tuned["median_ms"].iloc[0])):
+            continue
+        times = {"dtune": round(float(tuned["median_ms"].iloc[0]), 4)}
+        for peer, impls in PEERS.items():
+            ms = grp[grp["impl"].isin(impls)]["median_ms"].astype(float)
+            ms = ms[ms.map(math.isfinite)]
+            if not ms.empty:
+                times[peer] = round(float(ms.min()), 4)
+        if len(times) < 2:  # nothing beside dtune
+            continue
+        shape = Shape(int(B), int(T), int(H), int(HV), int(K), int(V), int(N), varlen=int(N) != int(B))
+        key = json.dumps([kernel, dtype, shape.lookup_bucket()], sort_keys=True)
+        peak = float(tuned["peak_mb"].iloc[0])
+        by_key[key] = {"side_by_side_ms": times, **({"peak_mb": round(peak, 1)} if math.isfinite(peak) else {})}
+    entries, lines = [], []
+    for e in doc["entries"]:
+        found = by_key.get(_key(e))
+        if found is not None:
+            if not get_kernel(e["kernel"]).backward:
+                found = {k: v for k, v in found.items() if k != "peak_mb"}
+            e = {**e, **found, "measured_by": f"{e['measured_by']}; {how}" if e.get("measured_by") else how}
+            times = found["side_by_side_ms"]
+            lines.append(
+                f"{e['kernel']} {e['dtype']} {e['bucket']}: " + ", ".join(f"{k} {v:.4g} ms" for k, v in times.items())
+            )
+        entries.append(e)
+    return {**doc, "entries": entries}, lines
 
 
 def _key(entry: dict[str, Any]) -> str:

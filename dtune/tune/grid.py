@@ -602,10 +602,28 @@ def _bench(job: Job, kernel: str, ledger: Ledger, result: JobResult, reporter: J
             rounds=job.rounds, graph=graph, workload=Workload(True, True, packed),
         )  # fmt: skip
         paths.append(b.write(res, job.out / BENCH / name)[0])
+        record_bench(job, res.frame)
     ledger.benched[kernel] = ledger.done_of(kernel)
     ledger.save()
     result.bench_dirs += [p.parent for p in paths]
     reporter.benched(kernel, paths)
+
+
+def record_bench(job: Job, frame: Any) -> None:
+    """The bench's side-by-side times into the job's config file (:func:`dtune.tune.export.record_side_by_side`), so
+    that what the job measured is what the fla backend's speed rule reads."""
+    from dtune.provenance import command_line, git_commit
+    from dtune.tune.export import record_side_by_side, write_configs
+
+    doc = json.loads(job.config_file.read_text(encoding="utf-8"))
+    peers = ", ".join(b for b in job.baselines if b != "default") or "no peer"
+    commit = str(git_commit() or "")[:7]
+    facts = [f"{job.rounds or 3} rounds", f"commit {commit}" if commit else "", datetime.date.today().isoformat()]
+    what = command_line() or "dtune tune-gpu"
+    how = f"side_by_side_ms: the bench of {what} beside {peers} ({', '.join(f for f in facts if f)})"
+    doc, lines = record_side_by_side(doc, frame, how)
+    if lines:
+        write_configs(doc, job.config_file, job.gpu.key)
 
 
 def run_job(job: Job, reporter: JobReporter | None = None) -> JobResult:

@@ -143,6 +143,27 @@ def test_bf16_chunk_under_the_interpreter_is_refused_or_runs_fp32(tmp_path: Path
     assert json.loads((tmp_path / "b" / "run.json").read_text())["dtype"] == "fp32"
 
 
+def test_bench_record_needs_this_gpus_config_file(tmp_path: Path) -> None:
+    """``dtune bench --record`` writes into the --config file: refused, before anything is timed, without one or with
+    another GPU's; under the interpreter it records nothing (no meaningful time) and leaves the file as it was."""
+    args = ["bench", "-k", KERNEL, "--interpret", "--dtype", "fp32", "--baselines", "default", *TINY, "--record"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert result.exit_code == 2 and not (tmp_path / "a").exists()
+    one_error_line(result.output, "--record writes into the --config file")
+    entry = {"kernel": KERNEL, "dtype": "fp32", "bucket": {"T": 1, "B": 1, "H": 1, "HV": 1, "K": 16, "V": 16},
+             "config": {}, "time_ms": 1.0}  # fmt: skip
+    other = tmp_path / "h200.json"
+    other.write_text(json.dumps({"schema": 1, "gpu": "h200", "entries": [entry]}))
+    result = runner.invoke(app, [*args, "--config", str(other), "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2 and not (tmp_path / "b").exists()
+    one_error_line(result.output, "is for GPU 'h200' and this is 'cpu'")
+    mine = tmp_path / "cpu.json"
+    mine.write_text(text := json.dumps({"schema": 1, "gpu": "cpu", "entries": [entry]}))
+    result = runner.invoke(app, [*args, "--config", str(mine), "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "recorded nothing in" in result.output and mine.read_text() == text
+
+
 def _strict_space(tmp_path: Path) -> Path:
     """The shipped space with an fp32 tolerance no kernel meets: every trial fails the gate."""
     shipped = Path(common.__file__).parent.parent.parent / "search_spaces" / f"{KERNEL}.toml"

@@ -3,6 +3,8 @@ export supersedes a shipped file bucket by bucket."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import pytest
 from dtune.kernels import get_kernel
 
 from dtune.store import parse_configs
-from dtune.tune.export import measured_by, merge_exports, supersede
+from dtune.tune.export import measured_by, merge_exports, record_side_by_side, supersede
 
 
 def _doc(gpu: str, *entries: tuple[str, int, float]) -> dict[str, Any]:
@@ -181,3 +183,90 @@ def test_export_takes_only_complete_trials_that_passed(tmp_path: Path) -> None:
     assert entry["time_ms"] == 1.0 and entry["default_time_ms"] == 2.0 and entry["speedup"] == 2.0
     assert entry["trials"] == {"complete": 6, "failed": 1, "pruned": 1}
     assert entry["measured_by"].startswith("dtune search -k fused_recurrent_kda (")  # (no command in this run.json)
+
+
+def _bench_rows(*rows: tuple[str, str, int, int, int, str, float, bool, str, float]) -> Any:
+    """A bench frame: (kernel, impl, B, T, N, mode, median_ms, meaningful, config_match, peak_mb) per row."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        [
+            {"kernel": k, "impl": i, "dtype": "bf16", "B": B, "T": T, "H": 16, "HV": 16, "K": 64, "V": 64, "N": N,
+             "mode": mode, "median_ms": ms, "meaningful": ok, "config_match": match, "peak_mb": peak}
+            for k, i, B, T, N, mode, ms, ok, match, peak in rows
+        ]
+    )  # fmt: skip
+
+
+def test_side_by_side_times_are_recorded_into_the_entries_the_bench_ran() -> None:
+    """Each entry whose own config the bench timed, meaningfully and eagerly, beside a peer gets side_by_side_ms: dtune,
+    fla's fastest mode, FlashQLA under fla's registry name; a packed batch by its lookup bucket; a backward entry its
+    peak memory too. A borrowed config, an interpreter timing, a graph replay or no peer records nothing."""
+    nan = math.nan
+    doc = {
+        "schema": 1,
+        "gpu": "h100",
+        "entries": [
+            {"kernel": k, "dtype": "bf16", "bucket": {"T": T, "B": B, "H": 16, "HV": 16, "K": 64, "V": 64},
+             "config": {}, "time_ms": 1.0, **extra}
+            for k, T, B, extra in [
+                ("chunk_gated_delta_rule", 4096, 8, {"measured_by": "dtune search ..."}),
+                ("chunk_gated_delta_rule", 1024, 32, {}),  # timed with a borrowed config
+                ("chunk_gated_delta_rule", 16384, 2, {}),  # timed under the interpreter
+                ("chunk_gated_delta_rule", 1024, 4, {}),  # the packed batch's lookup bucket (4 sequences of 1024)
+                ("chunk_gated_delta_rule_bwd", 4096, 8, {}),
+                ("fused_recurrent_kda", 1, 32, {"side_by_side_ms": {"dtune": 9.0, "fla": 9.0}}),  # only graph rows
+            ]
+        ],
+    }  # fmt: skip
+    g, gb, fr = "chunk_gated_delta_rule", "chunk_gated_delta_rule_bwd", "fused_recurrent_kda"
+    frame = _bench_rows(
+        (g, "tuned", 8, 4096, 8, "fwd", 0.5, True, "exact", 900.0),
+        (g, "default", 8, 4096, 8, "fwd", 0.45, True, "default", nan),  # dtune's own default: not a peer
+        (g, "fla", 8, 4096, 8, "fwd", 1.0, True, "", nan),
+        (g, "fla_fast", 8, 4096, 8, "fwd", 0.9, True, "", nan),
+        (g, "flashqla", 8, 4096, 8, "fwd", 0.4, True, "", nan),
+        (g, "tuned", 32, 1024, 32, "fwd", 0.3, True, "borrowed", nan),
+        (g, "fla", 32, 1024, 32, "fwd", 0.6, True, "", nan),
+        (g, "tuned", 2, 16384, 2, "fwd", 5.0, False, "exact", nan),
+        (g, "fla", 2, 16384, 2, "fwd", 9.0, False, "", nan),
+        (g, "tuned", 1, 4096, 4, "fwd", 0.2, True, "exact", nan),
+        (g, "fla", 1, 4096, 4, "fwd", nan, True, "", nan),  # fla failed: FlashQLA is the peer
+        (g, "flashqla", 1, 4096, 4, "fwd", 0.25, True, "", nan),
+        (gb, "tuned", 8, 4096, 8, "fwd+bwd", 2.3, True, "exact", 1435.0),
+        (gb, "fla", 8, 4096, 8, "fwd+bwd", 3.9, True, "", 1879.0),
+        (fr, "tuned", 32, 1, 32, "graph", 0.01, True, "exact", nan),
+        (fr, "fla", 32, 1, 32, "graph", 0.02, True, "", nan),
+    )
+    out, lines = record_side_by_side(doc, frame, "side_by_side_ms: the bench")
+    got = {(e["kernel"], e["bucket"]["T"], e["bucket"]["B"]): e for e in out["entries"]}
+    anchor = got[(g, 4096, 8)]
+    assert anchor["side_by_side_ms"] == {"dtune": 0.5, "fla": 0.9, "flash_qla": 0.4}
+    assert anchor["measured_by"] == "dtune search ...; side_by_side_ms: the bench" and "peak_mb" not in anchor
+    assert got[(g, 1024, 4)]["side_by_side_ms"] == {"dtune": 0.2, "flash_qla": 0.25}
+    assert got[(gb, 4096, 8)]["side_by_side_ms"] == {"dtune": 2.3, "fla": 3.9} and got[(gb, 4096, 8)]["peak_mb"] == 1435
+    for key in ((g, 1024, 32), (g, 16384, 2)):
+        assert "side_by_side_ms" not in got[key] and "measured_by" not in got[key]
+    assert got[(fr, 1, 32)]["side_by_side_ms"] == {"dtune": 9.0, "fla": 9.0}  # kept: graph replays are not the call
+    assert len(lines) == 3
+    parse_configs(out, "recorded", "h100")  # what the ops read
+
+
+def test_a_tune_gpu_bench_is_recorded_in_the_jobs_config_file(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from dtune.tune.grid import record_bench
+
+    path = tmp_path / "h100.json"
+    entry = {"kernel": "chunk_kda", "dtype": "bf16", "bucket": {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 64, "V": 64},
+             "config": {}, "time_ms": 1.0}  # fmt: skip
+    path.write_text(json.dumps({"schema": 1, "gpu": "h100", "entries": [entry]}))
+    job = SimpleNamespace(config_file=path, baselines=("default", "fla"), rounds=None, gpu=SimpleNamespace(key="h100"))
+    frame = _bench_rows(
+        ("chunk_kda", "tuned", 8, 4096, 8, "fwd", 0.9, True, "exact", math.nan),
+        ("chunk_kda", "fla", 8, 4096, 8, "fwd", 1.6, True, "", math.nan),
+    )
+    record_bench(job, frame)  # type: ignore[arg-type]
+    (got,) = json.loads(path.read_text())["entries"]
+    assert got["side_by_side_ms"] == {"dtune": 0.9, "fla": 1.6}
+    assert got["measured_by"].startswith("side_by_side_ms: the bench of dtune tune-gpu beside fla (3 rounds")
