@@ -184,10 +184,10 @@ PEERS = {"fla": ("fla", "fla_fast"), "flash_qla": ("flashqla",)}
 def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict[str, Any], list[str]]:
     """``doc`` (a tuned-config document) with ``side_by_side_ms`` from a bench of it (``frame``: the rows of
     :func:`dtune.measure.bench.run_bench`, its ``--config`` that document): for each entry whose own config the bench
-    timed (a ``tuned`` row whose config is the bucket's exact entry, meaningful, not under CUDA-graph replay; a packed
-    batch by its lookup bucket), dtune's median and each peer's (:data:`PEERS`), and the step's peak memory for a
-    backward entry; ``measured_by`` gains ``how``. One line per entry recorded. Entries the bench did not time keep
-    what they had."""
+    timed (a ``tuned`` row whose config is the bucket's exact entry, the entry's config as it is now where the row
+    records it, meaningful, not under CUDA-graph replay; a packed batch by its lookup bucket), dtune's median and each
+    peer's (:data:`PEERS`), and the step's peak memory for a backward entry; ``measured_by`` gains ``how``. One line
+    per entry recorded. Entries the bench did not time keep what they had."""
     rows = frame[(frame["mode"] != "graph") & frame["meaningful"].astype(bool)]
     by_key: dict[str, dict[str, Any]] = {}
     for keys, grp in rows.groupby(["kernel", "dtype", "B", "T", "H", "HV", "K", "V", "N"], dropna=False):
@@ -206,11 +206,16 @@ def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict
         shape = Shape(int(B), int(T), int(H), int(HV), int(K), int(V), int(N), varlen=int(N) != int(B))
         key = json.dumps([kernel, dtype, shape.lookup_bucket()], sort_keys=True)
         peak = float(tuned["peak_mb"].iloc[0])
-        by_key[key] = {"side_by_side_ms": times, **({"peak_mb": round(peak, 1)} if math.isfinite(peak) else {})}
+        ran = tuned["config"].iloc[0] if "config" in tuned.columns else None
+        found = {"side_by_side_ms": times, **({"peak_mb": round(peak, 1)} if math.isfinite(peak) else {})}
+        by_key[key] = {**found, "_ran": json.loads(ran) if isinstance(ran, str) and ran else None}
     entries, lines = [], []
     for e in doc["entries"]:
         found = by_key.get(_key(e))
+        if found is not None and found["_ran"] is not None and not _same_config(e, {**e, "config": found["_ran"]}):
+            found = None  # the bench ran another config at this bucket (an older entry): its times are not this one's
         if found is not None:
+            found = {k: v for k, v in found.items() if k != "_ran"}
             if not get_kernel(e["kernel"]).backward:
                 found = {k: v for k, v in found.items() if k != "peak_mb"}
             e = {**e, **found, "measured_by": f"{e['measured_by']}; {how}" if e.get("measured_by") else how}

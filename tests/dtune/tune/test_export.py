@@ -270,3 +270,25 @@ def test_a_tune_gpu_bench_is_recorded_in_the_jobs_config_file(tmp_path: Path) ->
     (got,) = json.loads(path.read_text())["entries"]
     assert got["side_by_side_ms"] == {"dtune": 0.9, "fla": 1.6}
     assert got["measured_by"].startswith("side_by_side_ms: the bench of dtune tune-gpu beside fla (3 rounds")
+
+
+def test_side_by_side_times_of_another_config_are_not_recorded() -> None:
+    """A bench row that records the config it ran (bench.csv's ``config``) counts only for an entry that still has that
+    config (compared completed with the kernel's defaults): an older bench of a re-tuned bucket records nothing."""
+    bucket = {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 64, "V": 64}
+    doc = {"schema": 1, "gpu": "h100", "entries": [
+        {"kernel": "chunk_kda", "dtype": "bf16", "bucket": {**bucket, "B": B}, "config": {"BT": 64, "BC": 16}}
+        for B in (8, 4)
+    ]}  # fmt: skip
+    frame = _bench_rows(
+        ("chunk_kda", "tuned", 8, 4096, 8, "fwd", 0.9, True, "exact", math.nan),
+        ("chunk_kda", "fla", 8, 4096, 8, "fwd", 1.6, True, "", math.nan),
+        ("chunk_kda", "tuned", 4, 4096, 4, "fwd", 0.5, True, "exact", math.nan),
+        ("chunk_kda", "fla", 4, 4096, 4, "fwd", 0.8, True, "", math.nan),
+    )
+    full = get_kernel("chunk_kda").check_config(64, 64, {"BT": 64, "BC": 16})
+    frame["config"] = [json.dumps(full), "", json.dumps({"BT": 32}), ""]
+    out, lines = record_side_by_side(doc, frame, "the bench")
+    got = {e["bucket"]["B"]: e for e in out["entries"]}
+    assert got[8]["side_by_side_ms"] == {"dtune": 0.9, "fla": 1.6} and "side_by_side_ms" not in got[4]
+    assert len(lines) == 1
