@@ -21,7 +21,9 @@ and the final state written):
 Each call runs in a child process (a crash costs one call) with a time limit (--call-timeout). Written under $OUT
 (default ./out), at most 8 files: record/<step>/bench.csv (profile: profile.csv), record/commands.json (every call:
 command, exit code, seconds; kept across runs into the same folder), record/README.md (the commands and the commit)
-and the report record/dtune-<gpu>-report.html (dtune report). A table of dtune against fla is printed last.
+and the report record/dtune-<gpu>-report.html (dtune report). A table of dtune against fla is printed last. With
+--record-into FILE (this GPU's tuned-config file), each entry the benches ran as it is gets their medians as its
+side_by_side_ms, which the fla backend's speed rule reads.
 """
 
 from __future__ import annotations
@@ -91,6 +93,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--anchors", action="store_true", help="only the headline shapes (B8 T4096, B1 T32768; decode)")
     ap.add_argument("--budget-s", type=float, default=None, help="start no call after this many seconds")
     ap.add_argument("--interpret", action="store_true", help="CPU, Triton's interpreter, tiny shapes (a dry run)")
+    ap.add_argument(
+        "--record-into",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a tuned-config file of this GPU (e.g. dtune/configs/h200.json): each entry the benches ran as it is "
+        "gets their side-by-side medians (side_by_side_ms, read by the fla backend's speed rule)",
+    )
     args = ap.parse_args(argv)
     unknown = [x for x in args.steps.split(",") if x not in STEPS]
     if unknown:
@@ -191,6 +201,33 @@ def table(record: Path) -> str:
     return rows.reset_index().to_string(index=False, float_format=lambda x: f"{x:.4g}")
 
 
+def record_into(path: Path, record: Path, args: argparse.Namespace, gpu: str) -> None:
+    """Each bench step's side-by-side medians into the tuned-config file ``path``
+    (:func:`dtune.tune.export.record_side_by_side`: the entries the benches ran as they are, timed meaningfully)."""
+    import datetime
+
+    import pandas as pd
+
+    from dtune.provenance import git_commit
+    from dtune.tune.export import record_side_by_side, write_configs
+
+    doc = json.loads(path.read_text())
+    commit = str(git_commit() or "")[:7]
+    when = ", ".join(x for x in (f"commit {commit}" if commit else "", datetime.date.today().isoformat()) if x)
+    total = 0
+    for step in args.steps.split(","):
+        csv = record / step / "bench.csv"
+        if step == "profile" or not csv.is_file():
+            continue
+        how = (f"side_by_side_ms: the benchmark of record (python benchmarks/record.py --steps {step}, the default "
+               f"call beside fla, {args.rounds or 3} interleaved rounds, {when})")  # fmt: skip
+        doc, lines = record_side_by_side(doc, pd.read_csv(csv), how)
+        total += len(lines)
+    if total:
+        write_configs(doc, path, gpu)
+    print(f"recorded side_by_side_ms of {total} entries in {path}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.interpret:
@@ -198,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     from dtune.gpu import resolve_gpu
 
     gpu = resolve_gpu("auto", interpret=args.interpret).key
+    if args.record_into is not None:
+        recorded_gpu = json.loads(args.record_into.read_text()).get("gpu") if args.record_into.is_file() else None
+        if recorded_gpu != gpu:
+            print(f"--record-into {args.record_into}: not a tuned-config file of this GPU ({gpu})", file=sys.stderr)
+            return 2
     s = TINY if args.interpret else ANCHORS if args.anchors else FULL
     start = time.monotonic()
     record = Path(os.environ.get("OUT", "out")) / "record"
@@ -227,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows = merge(parts, record / step, name)  # after every call: a time limit loses only the call it stops
             print(f"{step}: {rows if parts else 0} rows in {record / step / name}", flush=True)
     readme(record, log, gpu)
+    if args.record_into is not None:
+        record_into(args.record_into, record, args, gpu)
     build_report(record, gpu)
     print(f"\n=== dtune against fla's fastest mode (median ms; x_fla above 1: dtune is faster) ===\n{table(record)}")
     print(f"{failed} call(s) failed; record in {record}")

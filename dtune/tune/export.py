@@ -189,7 +189,7 @@ def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict
     peer's (:data:`PEERS`), and the step's peak memory for a backward entry; ``measured_by`` gains ``how``. One line
     per entry recorded. Entries the bench did not time keep what they had."""
     rows = frame[(frame["mode"] != "graph") & frame["meaningful"].astype(bool)]
-    by_key: dict[str, dict[str, Any]] = {}
+    by_key: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
     for keys, grp in rows.groupby(["kernel", "dtype", "B", "T", "H", "HV", "K", "V", "N"], dropna=False):
         kernel, dtype, B, T, H, HV, K, V, N = keys
         tuned = grp[(grp["impl"] == "tuned") & (grp["config_match"] == "exact")]
@@ -207,22 +207,22 @@ def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict
         key = json.dumps([kernel, dtype, shape.lookup_bucket()], sort_keys=True)
         peak = float(tuned["peak_mb"].iloc[0])
         ran = tuned["config"].iloc[0] if "config" in tuned.columns else None
-        found = {"side_by_side_ms": times, **({"peak_mb": round(peak, 1)} if math.isfinite(peak) else {})}
-        by_key[key] = {**found, "_ran": json.loads(ran) if isinstance(ran, str) and ran else None}
+        bench: dict[str, Any] = {"side_by_side_ms": times}
+        if math.isfinite(peak):
+            bench["peak_mb"] = round(peak, 1)
+        by_key[key] = (bench, json.loads(ran) if isinstance(ran, str) and ran else None)
     entries, lines = [], []
     for e in doc["entries"]:
-        found = by_key.get(_key(e))
-        if found is not None and found["_ran"] is not None and not _same_config(e, {**e, "config": found["_ran"]}):
-            found = None  # the bench ran another config at this bucket (an older entry): its times are not this one's
-        if found is not None:
-            found = {k: v for k, v in found.items() if k != "_ran"}
-            if not get_kernel(e["kernel"]).backward:
-                found = {k: v for k, v in found.items() if k != "peak_mb"}
-            e = {**e, **found, "measured_by": f"{e['measured_by']}; {how}" if e.get("measured_by") else how}
-            times = found["side_by_side_ms"]
-            lines.append(
-                f"{e['kernel']} {e['dtype']} {e['bucket']}: " + ", ".join(f"{k} {v:.4g} ms" for k, v in times.items())
-            )
+        hit = by_key.get(_key(e))
+        if hit is None or (hit[1] is not None and not _same_config(e, {**e, "config": hit[1]})):
+            entries.append(e)  # not benched, or the bench ran another config at this bucket (an older entry)
+            continue
+        bench = {k: v for k, v in hit[0].items() if k != "peak_mb" or get_kernel(e["kernel"]).backward}
+        e = {**e, **bench, "measured_by": f"{e['measured_by']}; {how}" if e.get("measured_by") else how}
+        got = bench["side_by_side_ms"]
+        lines.append(
+            f"{e['kernel']} {e['dtype']} {e['bucket']}: " + ", ".join(f"{k} {v:.4g} ms" for k, v in got.items())
+        )
         entries.append(e)
     return {**doc, "entries": entries}, lines
 

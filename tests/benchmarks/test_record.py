@@ -51,3 +51,30 @@ def test_the_report_runs_in_a_child_that_keeps_the_python_path(tmp_path: Path, m
     ((cmd, env),) = calls
     assert cmd[-4:] == ["report", str(tmp_path), "-o", str(tmp_path / "dtune-h100-report.html")]
     assert env["PYTHONPATH"].split(os.pathsep) == [str(SCRIPT.parents[1]), "/opt/site"]
+
+
+def test_record_into_writes_the_side_by_side_medians_of_this_gpus_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--record-into: refused (exit 2, nothing run) for a file of another GPU; the benches' medians go into the entries
+    they ran as they are (here a bench.csv made by hand: the interpreter's timings are never recorded)."""
+    record = load_script("record")
+    entry = {"kernel": "chunk_kda", "dtype": "bf16", "bucket": {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 128,
+             "V": 128}, "config": {}, "time_ms": 1.0}  # fmt: skip
+    other = tmp_path / "h200.json"
+    other.write_text(json.dumps({"schema": 1, "gpu": "h200", "entries": [entry]}))
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    assert record.main(["--interpret", "--steps", "decode", "--record-into", str(other)]) == 2
+    assert not (tmp_path / "out").exists()
+    mine = tmp_path / "cpu.json"
+    mine.write_text(json.dumps({"schema": 1, "gpu": "cpu", "entries": [entry]}))
+    (tmp_path / "rec" / "forward").mkdir(parents=True)
+    rows = [{"kernel": "chunk_kda", "impl": i, "mode": "eager", "dtype": "bf16", "B": 8, "T": 4096, "H": 16, "HV": 16,
+             "K": 128, "V": 128, "N": 8, "median_ms": ms, "meaningful": True, "config_match": m, "peak_mb": 1.0}
+            for i, ms, m in (("tuned", 0.96, "exact"), ("fla", 1.95, ""), ("fla_fast", 1.56, ""))]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "rec" / "forward" / "bench.csv", index=False)
+    args = record.parse(["--steps", "forward,profile"])
+    record.record_into(mine, tmp_path / "rec", args, "cpu")
+    (got,) = json.loads(mine.read_text())["entries"]
+    assert got["side_by_side_ms"] == {"dtune": 0.96, "fla": 1.56}
+    assert got["measured_by"].startswith("side_by_side_ms: the benchmark of record (python benchmarks/record.py")
