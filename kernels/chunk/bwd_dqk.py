@@ -275,8 +275,8 @@ def _finish_da(
 ):
     """The value side's results: dA masked (scale folded into ``dA_qk``) in the intermediates' dtype, as the unfused
     stages keep it in memory (with ``b_g1``, Gated DeltaNet's gate row: times the decay ``D_ij = exp(γ_i − γ_j)``
-    first, in float32, as ``dqk_DG_ROWS`` has the local formulas expect); dβ's ``v`` part stored (rows ``< L0``); KDA's dA written to its scratch copy at ``a_b``,
-    ``ak_b`` (read by blocks, across threads, after the barrier)."""
+    first, in float32, as ``dqk_DG_ROWS`` has the local formulas expect); dβ's ``v`` part stored (rows ``< L0``);
+    KDA's dA written to its scratch copy at ``a_b``, ``ak_b`` (read by blocks, across threads, after the barrier)."""
     m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
     if b_g1 is not None:  # Gated DeltaNet: the decay D_ij = exp(γ_i − γ_j) applied before the rounding
         b_gam = tl.cumsum(floor_gate(b_g1, FLOOR), 0)
