@@ -135,10 +135,9 @@ VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
     # the kin GPU's tuning of the same bucket (the H100's backward grid on an H200), where its file gives one
     ("kin GPU's entry", KinEntry(), ("b8", "b1"), ALL),
-    # Gated DeltaNet's dq/dk stage in its other order (dqk_DG_ROWS: both dA decayed by the value side before their
-    # rounding, q and k re-read where the pairwise terms use them; sm_90a spills of the shipped entries 156 -> 40 and
-    # 160 -> 48 bytes)
-    ("dq/dk other order", OnShipped({"dqk_DG_ROWS": True}), ("b8", "b1"), (Gate.SCALAR,)),
+    # Gated DeltaNet's dq/dk stage with both dA decayed by its value side in float32 before their rounding
+    # (dqk_DECAY = "value"; sm_90a with Triton 3.6, the shipped entries: spills 128 -> 66 and 188 -> 102 bytes)
+    ("dA decayed by the value side", OnShipped({"dqk_DECAY": "value"}), ("b8", "b1"), (Gate.SCALAR,)),
     # Gated DeltaNet's training forward with A_qk formed in the state pass (fh_AQK) at value tiles of 64 (the searches
     # timed it only at the shipped tiles of 32, each program forming the [BT, BT] product again: 2.97 ms against 2.44
     # at B8; DeltaNet's entries ship it at the forward's tiles). sm_90a (Triton 3.9): the training forward's state pass

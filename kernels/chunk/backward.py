@@ -167,10 +167,11 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
     # (the forward's AQK = "recomputed") and by the reverse pass ("recomputed", off both chains: one [BT, K] x [K, BT]
     # product and BT² exponentials per chunk instead of a [tokens, BT] store and two loads)
     "fh_AQK": ("stored", "recomputed"),
-    # Gated DeltaNet's dq/dk stage (fused): its local formulas as first written (False), or in another order (True):
-    # the value side applies the decay to both dA in float32 before rounding them, the pairwise terms re-read q and k
-    # where they use them (sm_90a, Triton 3.9, the H100's B8 and B1 entries: spills 156 -> 40 and 160 -> 48 bytes)
-    "dqk_DG_ROWS": (False, True),
+    # Gated DeltaNet's dq/dk stage (fused): the decay D_ij = exp(γ_i − γ_j) applied to both dA by its pairwise terms,
+    # from their bf16 copies ("pairwise"), or by the value side in float32 before their rounding ("value": one
+    # rounding less, no float32 round trip there; sm_90a, the H100's B8 and B1 entries: spills 128 -> 66 and 188 -> 102
+    # bytes with Triton 3.6, the GPU machines', 156 -> 118 at B8 with 3.9)
+    "dqk_DECAY": ("pairwise", "value"),
     # the chunk-parallel stages (dq/dk, finish) apart (False), or their work done per chunk inside the reverse state
     # pass on the whole state (True, needs REVERSE_DV; :mod:`.bwd_reverse_dqk`): the adjoints X_{c+1} and dVβ never
     # stored or read back, the dq/dk stage's loads of the chunk states, V_new and dO gone with its launch, more work
@@ -249,7 +250,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["fh_U"] = "stored"
         cfg["fh_W"] = "stored"
         cfg["fh_AQK"] = "stored"
-        cfg["dqk_DG_ROWS"] = False
+        cfg["dqk_DECAY"] = "pairwise"
         cfg["REVERSE_DQK"] = False
     return cfg
 
@@ -276,10 +277,11 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
             f"config for {name}: fh_INTRA='onepass' holds 1 or 2 sub-chunks, needs BT <= 2 * BC, got BT={full['BT']}, "
             f"BC={full['BC']}"
         )
-    if full.get("dqk_DG_ROWS") and (gate != "scalar" or not full["FUSE_DV"] or full["REVERSE_DQK"]):
+    if full.get("dqk_DECAY") == "value" and (gate != "scalar" or not full["FUSE_DV"] or full["REVERSE_DQK"]):
         raise ValueError(
-            f"config for {name}: dqk_DG_ROWS orders Gated DeltaNet's fused dq/dk stage (gate 'scalar', FUSE_DV, no "
-            f"REVERSE_DQK), got gate={gate!r}, FUSE_DV={full['FUSE_DV']}, REVERSE_DQK={full['REVERSE_DQK']}"
+            f"config for {name}: dqk_DECAY='value' decays Gated DeltaNet's dA in its fused dq/dk stage (gate "
+            f"'scalar', FUSE_DV, no REVERSE_DQK), got gate={gate!r}, FUSE_DV={full['FUSE_DV']}, "
+            f"REVERSE_DQK={full['REVERSE_DQK']}"
         )
     if full["fi_SOLVE"] == "squaring" and full["BC"] != 16:
         raise ValueError(f"config for {name}: fi_SOLVE='squaring' inverts 16-row sub-chunks only, got BC={full['BC']}")
@@ -778,7 +780,7 @@ class BackwardPass:
             self.tables.chunk_info, self.scale, self.T, self.n_v, self.ss,
             H=self.H, HV=HV, K=K, V=V, BT=BT, BC=cfg.get("dqk_BC", self.cfg["BC"]), BK=self.dqk_BK, BV=self.dqk_BV,
             NV=triton.cdiv(V, self.dqk_BV), GATE=GATE, FUSED=fused, VARLEN=self.varlen, DOT_PREC=self.dot_prec,
-            FLOOR=GATE_FLOOR, DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, DG_ROWS=bool(cfg.get("dqk_DG_ROWS", False)),
+            FLOOR=GATE_FLOOR, DVB_GIVEN=rev_dv, KLOOP=kloop, NK=NK, DA_DECAYED=cfg.get("dqk_DECAY") == "value",
             num_warps=cfg["dqk_num_warps"],
             num_stages=cfg["dqk_num_stages"], **tds, **register_cap(cfg, "dqk"),
         )  # fmt: skip

@@ -213,7 +213,7 @@ def _key_tile(
     h_td=None,
     x_td=None,
     b_g1=None,
-    DG_ROWS: tl.constexpr = False,
+    DA_DECAYED: tl.constexpr = False,
 ):
     """Key tile ``i_k`` of the chunk: its V contractions (with ``VSIDE`` also the value side, as one pass), the local
     and pairwise terms and the gate, and its stores (dq, dk, KDA's dg, Gated DeltaNet's dγ partial, dβ's k part);
@@ -233,12 +233,12 @@ def _key_tile(
     if VSIDE:
         b_daq, b_dak = _finish_da(
             b_daqv, b_dakv, b_dbv, a_b, ak_b, dbeta_part, row, o_t, m_t, L0, scale, SLOT, SS, HV, BT, GATE, DVB_GIVEN,
-            DT, FLOOR, b_g1 if DG_ROWS else None,
+            DT, FLOOR, b_g1 if DA_DECAYED else None,
         )  # fmt: skip
     b_dq, b_dk, b_db, b_dg = chunk_local_grads(
         b_dqt, b_dkt, b_dkb, b_dec, b_daq, b_dak, a_b, ak_b, b_beta, q + (bos * H + i_h) * K,
         k + (bos * H + i_h) * K, g, beta + row, i_k * BK, o_t, tl.arange(0, BK), m_t, m_k, L, scale, r0,
-        H, HV, K, BT, BC, HV * BT, GATE, DT, DOT_PREC, FLOOR, b_g1, DG_ROWS,
+        H, HV, K, BT, BC, HV * BT, GATE, DT, DOT_PREC, FLOOR, b_g1, DA_DECAYED,
     )  # fmt: skip
     if GATE == 2:
         tl.store(dg + off_hk, b_dg.to(dg.dtype.element_ty), mask=m_tk)
@@ -275,7 +275,7 @@ def _finish_da(
 ):
     """The value side's results: dA masked (scale folded into ``dA_qk``) in the intermediates' dtype, as the unfused
     stages keep it in memory (with ``b_g1``, Gated DeltaNet's gate row: times the decay ``D_ij = exp(γ_i − γ_j)``
-    first, in float32, as ``dqk_DG_ROWS`` has the local formulas expect); dβ's ``v`` part stored (rows ``< L0``);
+    first, in float32, as ``dqk_DECAY = "value"`` has the local formulas expect); dβ's ``v`` part stored (rows ``< L0``);
     KDA's dA written to its scratch copy at ``a_b``, ``ak_b`` (read by blocks, across threads, after the barrier)."""
     m_low = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
     if b_g1 is not None:  # Gated DeltaNet: the decay D_ij = exp(γ_i − γ_j) applied before the rounding
@@ -343,7 +343,7 @@ def chunk_bwd_dqk_kernel(
     v_td=None,
     h_td=None,
     x_td=None,
-    DG_ROWS: tl.constexpr = False,
+    DA_DECAYED: tl.constexpr = False,
 ):
     i_c, i_kp, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -399,7 +399,7 @@ def chunk_bwd_dqk_kernel(
             )  # fmt: skip
             b_daq, b_dak = _finish_da(
                 b_daqv, b_dakv, b_dbv, a_b, ak_b, dbeta_part, row, o_t, m_t, L, scale, SLOT, SS, HV, BT, GATE,
-                DVB_GIVEN, DT, FLOOR, b_g1 if DG_ROWS else None,
+                DVB_GIVEN, DT, FLOOR, b_g1 if DA_DECAYED else None,
             )  # fmt: skip
             if GATE != 2:
                 tl.debug_barrier()  # dVβ in dvb, read back across threads
@@ -410,7 +410,7 @@ def chunk_bwd_dqk_kernel(
                 b_beta, i_k, i_c, i_h, i_hv, bos, row, r0 + o_t, m_t, L, L, scale, r0, SLOT, SS,
                 H, HV, K, V, BT, BC, BK, BV, NV, GATE, False, True, DT, DOT_PREC, FLOOR,
                 TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td, b_g1=b_g1,
-                DG_ROWS=DG_ROWS,
+                DA_DECAYED=DA_DECAYED,
             )  # fmt: skip
     else:  # one program per key tile: each does the value side (key tile 0 stores dv and dβ's v part)
         _key_tile(
@@ -418,7 +418,7 @@ def chunk_bwd_dqk_kernel(
             b_beta, i_kp, i_c, i_h, i_hv, bos, row, o_t, m_t, L, tl.where(i_kp == 0, L, 0), scale, 0, SLOT, SS,
             H, HV, K, V, BT, BC, BK, BV, NV, GATE, FUSED, DVB_GIVEN or not FUSED, DT, DOT_PREC, FLOOR,
             TMA=TMA, vn_td=vn_td, do_td=do_td, dvb_td=dvb_td, v_td=v_td, h_td=h_td, x_td=x_td, b_g1=b_g1,
-            DG_ROWS=DG_ROWS,
+            DA_DECAYED=DA_DECAYED,
         )  # fmt: skip
 
 

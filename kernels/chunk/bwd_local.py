@@ -60,7 +60,7 @@ def chunk_local_grads(
     DOT_PREC: tl.constexpr,
     FLOOR: tl.constexpr,
     b_g1=None,
-    DG_ROWS: tl.constexpr = False,
+    DA_DECAYED: tl.constexpr = False,
 ):
     """``(dq, dk, dβ, dg)`` of one chunk and key tile (see the module): ``dq``, ``dk`` ``[BT, BK]`` float32, ``dβ``
     ``[BT]`` (the k side; the caller adds ``Σ_v dVβ ⊙ v``), ``dg``: KDA ``[BT, BK]`` (final), Gated DeltaNet
@@ -72,10 +72,9 @@ def chunk_local_grads(
     beta; the tile's key channels are ``k0 + o_k`` (``m_k`` their mask), its rows ``o_t < L`` (``m_t``). ``r0``: zero
     (KDA's pairwise terms add it to their load rows: :func:`.bwd_pairwise.kda_pairwise`).
 
-    ``DG_ROWS`` (Gated DeltaNet, ``dqk_DG_ROWS``): ``b_daq``, ``b_dak`` come with the decay ``D`` already applied (by
-    the value side, in float32 before their rounding) and the pairwise terms read q and k again where they use them
-    (the float32 tiles loaded for the local terms die there): the same formulas in another order, fewer live
-    registers."""
+    ``DA_DECAYED`` (Gated DeltaNet, ``dqk_DECAY = "value"``): ``b_daq``, ``b_dak`` come with the decay ``D`` already applied (by
+    the value side, in float32 before their rounding), so the pairwise terms use them as they are: the same formulas,
+    no float32 round trip of both dA here, another register allocation."""
     m_tk = m_t[:, None] & m_k[None, :]
     off_q = o_t[:, None] * (H * K) + (k0 + o_k)[None, :]  # [BT, BK] of [tokens, H, K] from the chunk's first row
     off_g = o_t[:, None] * (HV * K) + (k0 + o_k)[None, :]  # ... of [tokens, HV, K]
@@ -118,63 +117,42 @@ def chunk_local_grads(
             SA, H * K, HV, BT, BC, DT, DOT_PREC,
         )  # fmt: skip
     b_q = tl.load(q_b + off_q, mask=m_tk, other=0).to(tl.float32)  # (loaded late: not live through KDA's terms)
-    if GATE == 1 and DG_ROWS:  # Gated DeltaNet, dA decayed by the caller; q and k re-read (L1/L2) where used
-        b_qc = tl.load(q_b + off_q, mask=m_tk, other=0).to(DT)
-        b_kc = tl.load(k_b + off_q, mask=m_tk, other=0).to(DT)
-        b_dkcol += tl.dot(tl.trans(b_daq), b_qc, input_precision=DOT_PREC)
-        b_dkcol += tl.dot(tl.trans((b_dak.to(tl.float32) * b_beta[:, None]).to(DT)), b_kc, input_precision=DOT_PREC)
+    if GATE != 2:  # DeltaNet, Gated DeltaNet: over the whole chunk with the masked [BT, BT] decay (safe at every BT)
+        if GATE == 1 and not DA_DECAYED:
+            b_D = tl.exp(tl.where(o_t[None, :] <= o_t[:, None], b_gam1[:, None] - b_gam1[None, :], float("-inf")))
+            b_daq = (b_daq.to(tl.float32) * b_D).to(DT)
+            b_dak = (b_dak.to(tl.float32) * b_D).to(DT)
+        b_qc = b_q.to(DT)
+        b_kc = b_k.to(DT)
+        b_dq += tl.dot(b_daq, b_kc, input_precision=DOT_PREC)
+        if GATE == 0:  # both transposed products into one accumulator, added once: one [BT, BK] float32 layout
+            # conversion instead of two (H100, B8 T4096: DeltaNet's step -1%; Gated DeltaNet's +0.3%, its second
+            # accumulator spills: 20 -> 164 bytes at sm_90a). Both branches spell the β-scaled dA_kk operand in place:
+            # hoisted into one variable it compiles to another register allocation, not the code timed above
+            b_tr = tl.dot(tl.trans(b_daq), b_qc, input_precision=DOT_PREC)
+            b_tr = tl.dot(
+                tl.trans((b_dak.to(tl.float32) * b_beta[:, None]).to(DT)), b_kc, b_tr, input_precision=DOT_PREC
+            )
+            b_dkcol += b_tr
+        else:
+            b_dkcol += tl.dot(tl.trans(b_daq), b_qc, input_precision=DOT_PREC)
+            b_dkcol += tl.dot(tl.trans((b_dak.to(tl.float32) * b_beta[:, None]).to(DT)), b_kc, input_precision=DOT_PREC)
         b_R = tl.dot(b_dak, b_kc, input_precision=DOT_PREC)
         b_dkrow += b_beta[:, None] * b_R
-        b_dq += tl.dot(b_daq, b_kc, input_precision=DOT_PREC)
-        b_k2 = tl.load(k_b + off_q, mask=m_tk, other=0).to(tl.float32)
-        b_db += tl.sum(b_k2 * b_R, 1)
-        b_q2 = tl.load(q_b + off_q, mask=m_tk, other=0).to(tl.float32)
-        b_dgam = b_q2 * b_dq + b_k2 * (b_dkrow - b_dkcol)
-        b_dgc1 = tl.sum(b_dgc, 0) + tl.exp(b_gC1) * tl.sum(b_dec, 0)
-        b_dg = tl.sum(b_dgam, 1) + tl.where(o_t == L - 1, b_dgc1, 0.0)
-        b_dk = b_dkrow + b_dkcol
-    else:
-        if (
-            GATE != 2
-        ):  # DeltaNet, Gated DeltaNet: over the whole chunk with the masked [BT, BT] decay (safe at every BT)
-            if GATE == 1:
-                b_D = tl.exp(tl.where(o_t[None, :] <= o_t[:, None], b_gam1[:, None] - b_gam1[None, :], float("-inf")))
-                b_daq = (b_daq.to(tl.float32) * b_D).to(DT)
-                b_dak = (b_dak.to(tl.float32) * b_D).to(DT)
-            b_qc = b_q.to(DT)
-            b_kc = b_k.to(DT)
-            b_dq += tl.dot(b_daq, b_kc, input_precision=DOT_PREC)
-            if GATE == 0:  # both transposed products into one accumulator, added once: one [BT, BK] float32 layout
-                # conversion instead of two (H100, B8 T4096: DeltaNet's step -1%; Gated DeltaNet's +0.3%, its second
-                # accumulator spills: 20 -> 164 bytes at sm_90a). Both branches spell the β-scaled dA_kk operand in place:
-                # hoisted into one variable it compiles to another register allocation, not the code timed above
-                b_tr = tl.dot(tl.trans(b_daq), b_qc, input_precision=DOT_PREC)
-                b_tr = tl.dot(
-                    tl.trans((b_dak.to(tl.float32) * b_beta[:, None]).to(DT)), b_kc, b_tr, input_precision=DOT_PREC
-                )
-                b_dkcol += b_tr
-            else:
-                b_dkcol += tl.dot(tl.trans(b_daq), b_qc, input_precision=DOT_PREC)
-                b_dkcol += tl.dot(
-                    tl.trans((b_dak.to(tl.float32) * b_beta[:, None]).to(DT)), b_kc, input_precision=DOT_PREC
-                )
-            b_R = tl.dot(b_dak, b_kc, input_precision=DOT_PREC)
-            b_dkrow += b_beta[:, None] * b_R
-            b_db += tl.sum(b_k * b_R, 1)
+        b_db += tl.sum(b_k * b_R, 1)
 
-        # ---- the gate -------------------------------------------------------------------------------------------------
-        b_dg = b_db
-        if GATE != 0:
-            b_dgam = b_q * b_dq + b_k * (b_dkrow - b_dkcol)
-            last = (o_t == L - 1)[:, None]
-            if GATE == 2:
-                b_dgc += tl.exp(b_gC) * b_dec
-                b_dgam += tl.where(last, b_dgc[None, :], 0.0)
-                b_dg = tl.cumsum(b_dgam, 0, reverse=True)
-                b_graw = tl.load(g_b + off_g, mask=m_tk, other=0).to(tl.float32)
-                b_dg = tl.where(b_graw < FLOOR, 0.0, b_dg)
-            else:
-                b_dgc1 = tl.sum(b_dgc, 0) + tl.exp(b_gC1) * tl.sum(b_dec, 0)
-                b_dg = tl.sum(b_dgam, 1) + tl.where(o_t == L - 1, b_dgc1, 0.0)
-        b_dk = b_dkrow + b_dkcol
-    return b_dq, b_dk, b_db, b_dg
+    # ---- the gate -------------------------------------------------------------------------------------------------
+    b_dg = b_db
+    if GATE != 0:
+        b_dgam = b_q * b_dq + b_k * (b_dkrow - b_dkcol)
+        last = (o_t == L - 1)[:, None]
+        if GATE == 2:
+            b_dgc += tl.exp(b_gC) * b_dec
+            b_dgam += tl.where(last, b_dgc[None, :], 0.0)
+            b_dg = tl.cumsum(b_dgam, 0, reverse=True)
+            b_graw = tl.load(g_b + off_g, mask=m_tk, other=0).to(tl.float32)
+            b_dg = tl.where(b_graw < FLOOR, 0.0, b_dg)
+        else:
+            b_dgc1 = tl.sum(b_dgc, 0) + tl.exp(b_gC1) * tl.sum(b_dec, 0)
+            b_dg = tl.sum(b_dgam, 1) + tl.where(o_t == L - 1, b_dgc1, 0.0)
+    return b_dq, b_dkrow + b_dkcol, b_db, b_dg

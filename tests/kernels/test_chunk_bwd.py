@@ -181,10 +181,10 @@ for gate in Gate:
 add("fiSQ-onepass", Shape(2, 37, 1, 2, 32, 16, 2, Gate.CHANNEL), {**BT32, **SQ, **ONEPASS}, gate_min=-60.0)
 for gate in (Gate.NONE, Gate.SCALAR):  # dA in registers over the key loop; Gated DeltaNet's dγ partial per key tile
     add("kloop-odd", Shape(2, 37, 2, 4, 40, 16, 2, gate), {**BT32, **KLOOP}, scale=0.3)
-# Gated DeltaNet's dq/dk stage in its other order (dqk_DG_ROWS: both dA decayed by the value side, q and k re-read):
+# Gated DeltaNet's dq/dk stage with both dA decayed by its value side before their rounding (dqk_DECAY = "value"):
 # odd T with strong decays and K != V, several key tiles, the key loop (its dA from the kernel's value side), the
 # reverse pass's dVβ, varlen with an empty sequence, grouped heads, -inf gates, chunks of 64
-DGR = {"dqk_DG_ROWS": True}
+DGR = {"dqk_DECAY": "value"}
 add("dgrows-odd", Shape(2, 37, 2, 4, 16, 32, 2, Gate.SCALAR), {**BT32, **DGR}, scale=0.3, gate_min=-60.0)
 add("dgrows-ktiles", Shape(1, 40, 2, 4, 40, 24, 1, Gate.SCALAR), {**BT16, **DGR, "dqk_BK": 16})
 add("dgrows-kloop", Shape(2, 37, 2, 4, 40, 16, 2, Gate.SCALAR), {**BT32, **KLOOP, **DGR}, scale=0.3)
@@ -624,7 +624,7 @@ def test_key_loop_reaches_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_dqk_gate_rows_reach_their_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """dqk_DG_ROWS reaches the dq/dk stage's launch (the gradient cases above would pass in either order); it is
+    """dqk_DECAY reaches the dq/dk stage's launch (the gradient cases above would pass in either order); it is
     refused where it has nothing to order: no scalar gate, the dv stage apart, or no dq/dk stage (REVERSE_DQK)."""
     dqk: list[dict[str, Any]] = []
     monkeypatch.setattr(chunk_bwd, "chunk_bwd_dqk_kernel", _Spy(chunk_bwd.chunk_bwd_dqk_kernel, dqk))
@@ -632,8 +632,8 @@ def test_dqk_gate_rows_reach_their_launch(monkeypatch: pytest.MonkeyPatch) -> No
     x = make_inputs(p, seed=4, gate_min=-8.0)
     assert_close(gradients_vs_loop(p, x, {**BT16, **DGR}), TOL[torch.float32])
     gradients_vs_loop(p, x, BT16)
-    assert [d["DG_ROWS"] for d in dqk] == [True, False]
-    with pytest.raises(ValueError, match="dqk_DG_ROWS orders Gated DeltaNet's fused dq/dk stage"):
+    assert [d["DA_DECAYED"] for d in dqk] == [True, False]
+    with pytest.raises(ValueError, match="dqk_DECAY='value' decays Gated DeltaNet's dA in its fused dq/dk stage"):
         chunk_bwd.check_config(16, 16, "none", DGR)
     with pytest.raises(ValueError, match="unknown parameter"):
         chunk_bwd.check_config(16, 16, "channel", DGR)

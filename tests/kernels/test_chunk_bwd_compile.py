@@ -128,7 +128,7 @@ def bwd_stages(gate: str, dtype: str, K: int, V: int, cfg: dict[str, Any], varle
     dqk |= {"daq": p, "dak": p} if G == 2 or not fused else {}
     dqk |= {"dg": f32} if G else {}
     dqk |= dict(BC=cfg.get("dqk_BC", BC), BK=_tile(cfg["dqk_BK"], K), BV=dqk_BV, NV=triton.cdiv(V, dqk_BV), GATE=G)
-    dqk |= dict(FUSED=fused, KLOOP=bool(cfg["dqk_KLOOP"]) and NK > 1, NK=NK, DG_ROWS=bool(cfg.get("dqk_DG_ROWS")))
+    dqk |= dict(FUSED=fused, KLOOP=bool(cfg["dqk_KLOOP"]) and NK > 1, NK=NK, DA_DECAYED=cfg.get("dqk_DECAY") == "value")
     kloop_stores = dqk["KLOOP"] and not rev_dv
     if cfg.get("dqk_TMA") and fused and not kloop_stores and K % dqk["BK"] == 0 and V % dqk_BV == 0:
         tok, st = f"tensordesc<{dtype}[{BT},{dqk_BV}]>", f"tensordesc<{dtype}[{dqk['BK']},{dqk_BV}]>"
@@ -234,10 +234,10 @@ CASES: list[tuple[str, str, int, dict[str, Any], bool]] = [
         for gate in ("none", "scalar")
         for seg in ({}, {"dh_SEG_CHUNKS": 64})
     ],
-    # Gated DeltaNet's dq/dk stage in its other order (dqk_DG_ROWS), as the H100's B = 8 entry runs it, and in its key
-    # loop
-    ("scalar", "bf16", 128, {**_SHIP64, "dqk_num_stages": 3, "dqk_DG_ROWS": True}, False),
-    ("scalar", "bf16", 128, {**_SHIP64, "dqk_BK": 32, "dqk_KLOOP": True, "dqk_DG_ROWS": True}, False),
+    # Gated DeltaNet's dq/dk stage with dA decayed by its value side (dqk_DECAY = "value"), as the H100's B = 8 entry,
+    # and in its key loop
+    ("scalar", "bf16", 128, {**_SHIP64, "dqk_num_stages": 3, "dqk_DECAY": "value"}, False),
+    ("scalar", "bf16", 128, {**_SHIP64, "dqk_BK": 32, "dqk_KLOOP": True, "dqk_DECAY": "value"}, False),
     # the reverse pass's tiles by TMA descriptors (dh_TMA), as the shipped B = 8 entries run it; KDA's at BT 32
     ("none", "bf16", 128, {**_SHIP64, "dh_TMA": True, "fh_U": "recomputed", "fh_W": "recomputed"}, False),
     ("scalar", "bf16", 128, {**_SHIP64, "dh_TMA": True, "fh_U": "recomputed", "fh_W": "rebuilt"}, False),

@@ -52,12 +52,14 @@ for gate in Gate:
     CASES[f"{tag}-B2-T777-H2-HV4-K128-squaring"] = (
         Shape(2, 777, 2, 4, 128, 128, 2, gate), None, {**vk, "fi_SOLVE": "squaring"}, None,
     )  # fmt: skip
-    if gate is Gate.SCALAR:  # the dq/dk stage's other order (dqk_DG_ROWS), as the shipped B8 entry with it; varlen
-        dgr = {**vk, "REVERSE_DV": True, "dqk_BK": 128, "dqk_BV": 64, "dqk_num_stages": 3, "dqk_DG_ROWS": True}
+    if (
+        gate is Gate.SCALAR
+    ):  # dA decayed by the value side (dqk_DECAY = "value"), as the shipped B8 entry with it; varlen
+        dgr = {**vk, "REVERSE_DV": True, "dqk_BK": 128, "dqk_BV": 64, "dqk_num_stages": 3, "dqk_DECAY": "value"}
         CASES[f"{tag}-B2-T777-H2-HV4-K128-dgrows"] = (Shape(2, 777, 2, 4, 128, 128, 2, gate), None, dgr, None)
         CASES[f"{tag}-varlen-K96-V64-dgrows-kloop"] = (
             Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64],
-            {**vk, "dh_BV": 64, "dqk_BK": 32, "dqk_KLOOP": True, "dqk_DG_ROWS": True}, None,
+            {**vk, "dh_BV": 64, "dqk_BK": 32, "dqk_KLOOP": True, "dqk_DECAY": "value"}, None,
         )  # fmt: skip
     # the reverse pass's last chain product in the form that is not the gate's default (dh_ACC; on for Gated DeltaNet),
     # with W read, and (DeltaNet, Gated DeltaNet) formed from K as the shipped B8 entries do (fh_W)
