@@ -204,23 +204,20 @@ def table(record: Path) -> str:
 def record_into(path: Path, record: Path, args: argparse.Namespace, gpu: str) -> None:
     """Each bench step's side-by-side medians into the tuned-config file ``path``
     (:func:`dtune.tune.export.record_side_by_side`: the entries the benches ran as they are, timed meaningfully)."""
-    import datetime
-
     import pandas as pd
 
-    from dtune.provenance import git_commit
+    from dtune.provenance import stamp
     from dtune.tune.export import record_side_by_side, write_configs
 
     doc = json.loads(path.read_text())
-    commit = str(git_commit() or "")[:7]
-    when = ", ".join(x for x in (f"commit {commit}" if commit else "", datetime.date.today().isoformat()) if x)
+    when = stamp(f"{args.rounds or 3} interleaved rounds")
     total = 0
     for step in args.steps.split(","):
         csv = record / step / "bench.csv"
         if step == "profile" or not csv.is_file():
             continue
         how = (f"side_by_side_ms: the benchmark of record (python benchmarks/record.py --steps {step}, the default "
-               f"call beside fla, {args.rounds or 3} interleaved rounds, {when})")  # fmt: skip
+               f"call beside fla, {when})")  # fmt: skip
         doc, lines = record_side_by_side(doc, pd.read_csv(csv), how)
         total += len(lines)
     if total:
@@ -236,7 +233,13 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = resolve_gpu("auto", interpret=args.interpret).key
     if args.record_into is not None:
-        recorded_gpu = json.loads(args.record_into.read_text()).get("gpu") if args.record_into.is_file() else None
+        from dtune.store import ConfigFileError, read_configs
+
+        try:
+            recorded_gpu = read_configs(args.record_into).gpu
+        except ConfigFileError as e:
+            print(f"--record-into: {e}", file=sys.stderr)
+            return 2
         if recorded_gpu != gpu:
             print(f"--record-into {args.record_into}: not a tuned-config file of this GPU ({gpu})", file=sys.stderr)
             return 2

@@ -3,6 +3,7 @@ command line that made it."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import shlex
 import subprocess
@@ -31,6 +32,14 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         found = ""
     return found or None
+
+
+def stamp(*facts: str) -> str:
+    """``facts`` (the empty ones left out), then this source's short commit and today's date, comma-separated: the tail
+    of a ``measured_by`` line, e.g. ``3 rounds, commit 2d7cbf2, 2026-12-07``."""
+    commit = str(git_commit() or "")[:7]
+    parts = [*facts, f"commit {commit}" if commit else "", datetime.date.today().isoformat()]
+    return ", ".join(p for p in parts if p)
 
 
 def command_line() -> str | None:

@@ -210,28 +210,24 @@ def _record_target(config: Path | None) -> Path:
     are not another's); exit 2 otherwise, before anything is timed."""
     import torch
 
-    from dtune.store import gpu_key
+    from dtune.store import gpu_key, read_configs
 
     if config is None or not config.is_file():
         fail("--record writes into the --config file: give a tuned-config file")
-    doc = json.loads(config.read_text(encoding="utf-8"))
+    gpu = read_configs(config).gpu  # a file that cannot be read or parsed: ConfigFileError, one line naming it
     here = gpu_key(torch.device("cuda")) if torch.cuda.is_available() else "cpu"
-    if isinstance(doc, dict) and doc.get("gpu") not in (here, None):
-        fail(f"--record: {config} is for GPU {doc.get('gpu')!r} and this is {here!r}: its times would be another GPU's")
+    if gpu != here:
+        fail(f"--record: {config} is for GPU {gpu!r} and this is {here!r}: its times would be another GPU's")
     return config
 
 
 def _record(config: Path | None, frame: object, rounds: int | None) -> list[str]:
     """Write the bench's side-by-side medians into ``config`` (see :func:`_record_target`); the entries recorded."""
-    import datetime
-
-    from dtune.provenance import command_line, git_commit
+    from dtune.provenance import command_line, stamp
     from dtune.tune.export import record_side_by_side, write_configs
 
     path = _record_target(config)
-    commit = str(git_commit() or "")[:7]
-    facts = [f"{rounds or 3} rounds", f"commit {commit}" if commit else "", datetime.date.today().isoformat()]
-    how = f"side_by_side_ms: {command_line() or 'dtune bench --record'} ({', '.join(f for f in facts if f)})"
+    how = f"side_by_side_ms: {command_line() or 'dtune bench --record'} ({stamp(f'{rounds or 3} rounds')})"
     doc, lines = record_side_by_side(json.loads(path.read_text(encoding="utf-8")), frame, how)
     if lines:
         write_configs(doc, path)

@@ -612,15 +612,13 @@ def _bench(job: Job, kernel: str, ledger: Ledger, result: JobResult, reporter: J
 def record_bench(job: Job, frame: Any) -> None:
     """The bench's side-by-side times into the job's config file (:func:`dtune.tune.export.record_side_by_side`), so
     that what the job measured is what the fla backend's speed rule reads."""
-    from dtune.provenance import command_line, git_commit
+    from dtune.provenance import command_line, stamp
     from dtune.tune.export import record_side_by_side, write_configs
 
     doc = json.loads(job.config_file.read_text(encoding="utf-8"))
     peers = ", ".join(b for b in job.baselines if b != "default") or "no peer"
-    commit = str(git_commit() or "")[:7]
-    facts = [f"{job.rounds or 3} rounds", f"commit {commit}" if commit else "", datetime.date.today().isoformat()]
     what = command_line() or "dtune tune-gpu"
-    how = f"side_by_side_ms: the bench of {what} beside {peers} ({', '.join(f for f in facts if f)})"
+    how = f"side_by_side_ms: the bench of {what} beside {peers} ({stamp(f'{job.rounds or 3} rounds')})"
     doc, lines = record_side_by_side(doc, frame, how)
     if lines:
         write_configs(doc, job.config_file, job.gpu.key)

@@ -65,6 +65,8 @@ def test_record_into_writes_the_side_by_side_medians_of_this_gpus_entries(
     other.write_text(json.dumps({"schema": 1, "gpu": "h200", "entries": [entry]}))
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     assert record.main(["--interpret", "--steps", "decode", "--record-into", str(other)]) == 2
+    (tmp_path / "corrupt.json").write_text("{bad")
+    assert record.main(["--interpret", "--steps", "decode", "--record-into", str(tmp_path / "corrupt.json")]) == 2
     assert not (tmp_path / "out").exists()
     mine = tmp_path / "cpu.json"
     mine.write_text(json.dumps({"schema": 1, "gpu": "cpu", "entries": [entry]}))

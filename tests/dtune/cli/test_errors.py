@@ -157,6 +157,11 @@ def test_bench_record_needs_this_gpus_config_file(tmp_path: Path) -> None:
     result = runner.invoke(app, [*args, "--config", str(other), "--out", str(tmp_path / "b")])
     assert result.exit_code == 2 and not (tmp_path / "b").exists()
     one_error_line(result.output, "is for GPU 'h200' and this is 'cpu'")
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{bad")
+    result = runner.invoke(app, [*args, "--config", str(corrupt), "--out", str(tmp_path / "d")])
+    assert result.exit_code == 2 and not (tmp_path / "d").exists()
+    one_error_line(result.output, str(corrupt), "is not valid JSON")
     mine = tmp_path / "cpu.json"
     mine.write_text(text := json.dumps({"schema": 1, "gpu": "cpu", "entries": [entry]}))
     result = runner.invoke(app, [*args, "--config", str(mine), "--out", str(tmp_path / "c")])
