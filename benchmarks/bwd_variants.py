@@ -143,6 +143,12 @@ VARIANTS: list[Variant] = [
     # at B8; DeltaNet's entries ship it at the forward's tiles). sm_90a (Triton 3.9): the training forward's state pass
     # spills 196 bytes (44 shipped), the reverse pass 264 (none shipped): likely slower, timed to know
     ("A_qk in the state pass, tiles 64", OnShipped({"fh_AQK": "recomputed", "fh_BV": 64}), ("b8",), (Gate.SCALAR,)),
+    # B1's stage 1 under autograd stores W and U at the forward's 1 warp (DeltaNet 0.571 ms, 2.14x its floor, against
+    # 0.231 at B8, where the state passes recompute both; H100, commit 2d7cbf2): both recomputed there too (each alone,
+    # and all three with A_qk, were slower at commit bf1f65d), or stage 1 at more warps
+    ("W and U recomputed", OnShipped({"fh_U": "recomputed", "fh_W": "recomputed"}), ("b1",), DN_GDN),
+    ("stage 1 at 2 warps", OnShipped({"fi_num_warps": 2}), ("b1",), DN_GDN),
+    ("stage 1 at 4 warps", OnShipped({"fi_num_warps": 4}), ("b1",), DN_GDN),
 ]
 
 
