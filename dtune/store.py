@@ -22,6 +22,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -81,10 +82,13 @@ class TunedConfigs:
         except GpuError:
             return None
 
-    def nearest(self, kernel: str, dtype: str, shape: Shape) -> Entry | None:
+    def nearest(
+        self, kernel: str, dtype: str, shape: Shape, keep: Callable[[Entry], bool] | None = None
+    ) -> Entry | None:
         """The entry of ``kernel`` and ``dtype`` nearest to ``shape`` (:func:`dtune.borrow.distance`: head dims, the
-        value-head ratio, then the bucket), verbatim; None when there is none."""
-        candidates = self._index.get((kernel, dtype))
+        value-head ratio, then the bucket), verbatim, among those ``keep`` accepts (all by default); None when there
+        is none."""
+        candidates = [e for e in self._index.get((kernel, dtype), []) if keep is None or keep(e)]
         return min(candidates, key=lambda e: distance(shape, e.bucket)) if candidates else None
 
     def choose(self, kernel: str, dtype: str, shape: Shape) -> Choice | None:
@@ -377,13 +381,20 @@ def tuned_choice(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.
     return found
 
 
-def tuned_entry(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.device) -> Entry | None:
+def tuned_entry(
+    kernel: str,
+    problem: Shape,
+    dtype: torch.dtype,
+    device: torch.device,
+    keep: Callable[[Entry], bool] | None = None,
+) -> Entry | None:
     """The tuned-config entry of the nearest bucket for this kernel, GPU, dtype and shape (its config, bucket and
-    side-by-side times), or None (no file for this GPU, or no entry of this kernel, dtype, K, V and HV/H). For
-    callers that need an entry's measurements (``dtune.integrations.fla``); the ops use :func:`tuned_config`."""
+    side-by-side times) among those ``keep`` accepts (all by default), or None (no file for this GPU, or no such
+    entry). For callers that need an entry's measurements (``dtune.integrations.fla``); the ops use
+    :func:`tuned_config`."""
     gpu = gpu_key(device)
     configs = _configs_for(gpu) if gpu is not None else None
-    return configs.nearest(kernel, dtype_name(dtype), problem) if configs is not None else None
+    return configs.nearest(kernel, dtype_name(dtype), problem, keep) if configs is not None else None
 
 
 def explain(kernel: str, problem: Shape, dtype: str, gpu: str) -> tuple[Choice | None, str | None]:

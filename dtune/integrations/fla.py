@@ -39,14 +39,15 @@ are accepted; ``cu_seqlens_cpu`` saves dtune's host read of ``cu_seqlens``.
 
 **Never slower** (policy ``measured``, the default). The verifier finds which backend would run the call if dtune
 declined (the next one in fla's order whose own verifier accepts it, else ``"fla"``: fla's Triton path) and accepts
-only where the tuned-config entry of the call's bucket records, side by side in one run, dtune at least as fast as
-that one (``side_by_side_ms``: the forward entry for a call without gradients, the ``*_bwd`` entry's training step for
-one with them). No such measurement near the call's shape (within a factor of :data:`NEAR` in tokens per sequence,
-sequences and heads), or a faster peer: dtune declines and says why. One exception: where fla's own function would
-raise on the call (its Gated DeltaNet backward on Hopper with Triton >= 3.4, < 3.7.1, fla issue 640) and no other
+only where the nearest tuned-config entry that measured the two side by side in one run, at the call's head dims and
+value-head ratio, records dtune at least as fast as that one (``side_by_side_ms``: the forward entry for a call without
+gradients, the ``*_bwd`` entry's training step for one with them): the call's own bucket where it was measured, else
+the nearest measured one. No such measurement near the call's shape (within a factor of :data:`NEAR` in tokens per
+sequence, sequences and heads), or a faster peer: dtune declines and says why. One exception: where fla's own function
+would raise on the call (its Gated DeltaNet backward on Hopper with Triton >= 3.4, < 3.7.1, fla issue 640) and no other
 backend takes it, dtune takes it, measured or not (:func:`fla_refusal`): the alternative is an error. The verdict is
-cached by shape, dtype, options and what would run instead (the other backends' verifiers are asked on every call:
-their verdicts may read any argument), so a call pays attribute reads and those verifiers; :func:`decisions` lists the
+cached by shape, dtype, options and what would run instead (the other backends' verifiers are asked on every call: their
+verdicts may read any argument), so a call pays attribute reads and those verifiers; :func:`decisions` lists the
 verdicts so far.
 """
 
@@ -69,7 +70,7 @@ from dtune.kernels import get_kernel
 from dtune.kernels.chunk.tables import remember_host_offsets
 from dtune.ops import run_kernel
 from dtune.shape import Gate, Shape
-from dtune.store import tuned_entry
+from dtune.store import Entry, tuned_entry
 
 try:
     import fla.backends as fla_backends
@@ -279,8 +280,9 @@ def fla_refusal(call: Call, grad: bool, peer: str | None) -> str | None:
 
 
 def measured_verdict(call: Call, peer: str | None, grad: bool) -> tuple[bool, str | None]:
-    """The speed rule: accept when the nearest tuned bucket (near enough, :data:`NEAR`) records dtune at least as
-    fast as ``peer`` (None: as every other implementation it records), side by side."""
+    """The speed rule: accept when the nearest bucket that records dtune and ``peer`` (None: any other
+    implementation) side by side, at the call's head dims and value-head ratio, is near enough (:data:`NEAR`) and
+    records dtune at least as fast as ``peer`` (None: as every other implementation it records)."""
     q, v = call.q, call.v
     B, T, H, K = q.shape
     N = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
@@ -289,26 +291,26 @@ def measured_verdict(call: Call, peer: str | None, grad: bool) -> tuple[bool, st
     kernel = spec.backward_kernel if grad and spec.backward_kernel else spec.name
     what = "training step" if grad else "forward"
     against = peer or "the other implementations"
-    entry = tuned_entry(kernel, shape, v.dtype, q.device)
-    same_dims = entry is not None and (
-        entry.bucket["K"],
-        entry.bucket["V"],
-        entry.bucket["HV"] // entry.bucket["H"],
-    ) == (
-        shape.K,
-        shape.V,
-        shape.HV // shape.H,
-    )
-    if entry is None or not same_dims:  # a measurement at other head dims or head ratio says nothing of this call
+    dims = (shape.K, shape.V, shape.HV // shape.H)
+
+    def same_dims(e: Entry) -> bool:  # a measurement at other head dims or head ratio says nothing of this call
+        return (e.bucket["K"], e.bucket["V"], e.bucket["HV"] // e.bucket["H"]) == dims
+
+    def measured(e: Entry) -> bool:
+        times = e.side_by_side_ms
+        return same_dims(e) and "dtune" in times and (peer in times if peer is not None else len(times) > 1)
+
+    if tuned_entry(kernel, shape, v.dtype, q.device, same_dims) is None:
         return False, f"no tuned {kernel} entry for this GPU, dtype and head dims: no measurement against {against}"
+    entry = tuned_entry(kernel, shape, v.dtype, q.device, measured)
+    if entry is None:
+        return False, f"no {kernel} bucket records a side-by-side {what} time of dtune and {against}"
     where = _bucket_text(entry.bucket)
     if not _near(shape, entry.bucket):
         return False, f"the nearest measured bucket ({kernel} {where}) is not within {NEAR:g}x of this shape"
     times = entry.side_by_side_ms
-    others = {n: t for n, t in times.items() if n != "dtune"} if peer is None else {peer: times.get(peer)}
-    if "dtune" not in times or not others or any(t is None for t in others.values()):
-        return False, f"{kernel} {where} records no side-by-side {what} time of dtune and {against}"
-    name, best = min(((n, t) for n, t in others.items() if t is not None), key=lambda nt: nt[1])
+    others = {n: t for n, t in times.items() if n != "dtune"} if peer is None else {peer: times[peer]}
+    name, best = min(others.items(), key=lambda nt: nt[1])
     if times["dtune"] > best:
         return False, f"{name} is faster at {kernel} {where}: {best:.4g} ms against dtune's {times['dtune']:.4g} ms"
     return True, None

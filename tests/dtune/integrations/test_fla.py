@@ -279,8 +279,14 @@ SPEED_CASES: list[tuple[str, list[dict[str, Any]], bool, str | None]] = [
     ("dtune-faster", [_entry(FWD, {"dtune": 1.0, "fla": 2.0})], False, None),
     ("dtune-tied", [_entry(FWD, {"dtune": 2.0, "fla": 2.0})], False, None),
     ("fla-faster", [_entry(FWD, {"dtune": 2.0, "fla": 1.0})], False, "fla is faster at chunk_gated_delta_rule B1"),
-    ("no-times", [_entry(FWD, None)], False, "records no side-by-side forward time of dtune and fla"),
-    ("only-flashqla", [_entry(FWD, {"dtune": 1.0, "flash_qla": 2.0})], False, "no side-by-side"),
+    ("no-times", [_entry(FWD, None)], False, "no chunk_gated_delta_rule bucket records a side-by-side forward time"),
+    # the call's own bucket unmeasured: the nearest measured one speaks for it when near enough, else nothing does
+    ("own-unmeasured", [_entry(FWD, None), _entry(FWD, {"dtune": 1.0, "fla": 2.0}, T=32)], False, None),
+    ("own-unmeasured-far", [_entry(FWD, None), _entry(FWD, {"dtune": 1.0, "fla": 2.0}, T=64)], False, "not within"),
+    ("own-unmeasured-slower", [_entry(FWD, None), _entry(FWD, {"dtune": 2.0, "fla": 1.0}, B=2)], False, "fla is"),
+    # a measurement at other head dims never speaks, however near its bucket
+    ("measured-other-dims", [_entry(FWD, None), _entry(FWD, {"dtune": 1.0, "fla": 2.0}, K=64)], False, "no chunk"),
+    ("only-flashqla", [_entry(FWD, {"dtune": 1.0, "flash_qla": 2.0})], False, "records a side-by-side forward time"),
     ("far-bucket", [_entry(FWD, {"dtune": 1.0, "fla": 2.0}, T=4096)], False, "not within 2x"),
     ("near-bucket", [_entry(FWD, {"dtune": 1.0, "fla": 2.0}, T=32, H=2, HV=4)], False, None),
     ("other-head-dims", [_entry(FWD, {"dtune": 1.0, "fla": 2.0}, K=64)], False, "no tuned chunk_gated_delta_rule"),
