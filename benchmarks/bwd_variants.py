@@ -130,25 +130,20 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # too (1.886 against 1.856), the training forward's states by TMA store (fh_STORE_TMA: shipped for Gated DeltaNet and
 # DeltaNet's B1; DeltaNet's B8 2.049 against 1.856, KDA 4.399 / 5.545 against 4.383 / 5.495) and stage 1 by repeated
 # squaring (fi_SOLVE: DeltaNet 1.906 / 3.251 against 1.856 / 2.937, Gated DeltaNet 2.630 / 3.714 against 2.319 /
-# 3.329, KDA 4.394 / 5.542), with their measured times in the comments, are in this file's history.
+# 3.329, KDA 4.394 / 5.542), with their measured times in the comments, are in this file's history; then, on the H100
+# at commit fd89bc4 (reports/h100/training/dqk_decay_stage1/): Gated DeltaNet's dA decayed by the dq/dk stage's value
+# side (dqk_DECAY = "value": 2.267 / 3.239 ms against 2.293 / 3.304 at B8 / B1, its dq/dk launch 0.865 against 0.893
+# at B8; shipped for both), A_qk formed in the training forward's state pass at value tiles of 64 (2.895 against
+# 2.293), and at B1 W and U recomputed in the state passes (DeltaNet 2.887 against 2.916, peak 1415 MiB against 1543;
+# Gated DeltaNet 3.421 against 3.304) and stage 1 under autograd at 4 warps (3.144 / 3.621, slower).
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
     # the kin GPU's tuning of the same bucket (the H100's backward grid on an H200), where its file gives one
     ("kin GPU's entry", KinEntry(), ("b8", "b1"), ALL),
-    # Gated DeltaNet's dq/dk stage with both dA decayed by its value side in float32 before their rounding
-    # (dqk_DECAY = "value"; sm_90a with Triton 3.6, the shipped entries: spills 128 -> 66 and 188 -> 102 bytes)
-    ("dA decayed by the value side", OnShipped({"dqk_DECAY": "value"}), ("b8", "b1"), (Gate.SCALAR,)),
-    # Gated DeltaNet's training forward with A_qk formed in the state pass (fh_AQK) at value tiles of 64 (the searches
-    # timed it only at the shipped tiles of 32, each program forming the [BT, BT] product again: 2.97 ms against 2.44
-    # at B8; DeltaNet's entries ship it at the forward's tiles). sm_90a (Triton 3.9): the training forward's state pass
-    # spills 196 bytes (44 shipped), the reverse pass 264 (none shipped): likely slower, timed to know
-    ("A_qk in the state pass, tiles 64", OnShipped({"fh_AQK": "recomputed", "fh_BV": 64}), ("b8",), (Gate.SCALAR,)),
-    # B1's stage 1 under autograd stores W and U at the forward's 1 warp (DeltaNet 0.571 ms, 2.14x its floor, against
-    # 0.231 at B8, where the state passes recompute both; H100, commit 2d7cbf2): both recomputed there too (each alone,
-    # and all three with A_qk, were slower at commit bf1f65d), or stage 1 at more warps
-    ("W and U recomputed", OnShipped({"fh_U": "recomputed", "fh_W": "recomputed"}), ("b1",), DN_GDN),
-    ("stage 1 at 2 warps", OnShipped({"fi_num_warps": 2}), ("b1",), DN_GDN),
-    ("stage 1 at 4 warps", OnShipped({"fi_num_warps": 4}), ("b1",), DN_GDN),
+    # B1's stage 1 under autograd (it stores W and U) at 2 warps instead of the forward's 1: DeltaNet's entry ships it
+    # (2.828 ms against 2.916, commit fd89bc4); Gated DeltaNet's step 3.261 against 3.304 then, untimed on top of the
+    # dq/dk stage's dqk_DECAY that its entry ships since
+    ("stage 1 at 2 warps", OnShipped({"fi_num_warps": 2}), ("b1",), (Gate.SCALAR,)),
 ]
 
 

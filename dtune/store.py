@@ -263,6 +263,12 @@ def _configs_for(gpu: str) -> TunedConfigs | None:
     return found
 
 
+def configs_in_force(gpu: str) -> TunedConfigs | None:
+    """The tuned configs the ops read on GPU ``gpu`` (its key): ``DTUNE_CONFIG``, else its shipped file over its kin's
+    (:func:`kin_gpu`); None when there are none."""
+    return _configs_for(gpu)
+
+
 def shipped_configs(gpu: str, stacklevel: int = 2) -> TunedConfigs | None:
     """What dtune ships for GPU ``gpu`` (a key): its own file over its kin's (either may be missing; a corrupt one is
     left out, with a warning), None when there is neither. The ops' configs unless a file is given
@@ -379,22 +385,6 @@ def tuned_choice(kernel: str, problem: Shape, dtype: torch.dtype, device: torch.
         del _cache[next(iter(_cache))]
     _cache[key] = found
     return found
-
-
-def tuned_entry(
-    kernel: str,
-    problem: Shape,
-    dtype: torch.dtype,
-    device: torch.device,
-    keep: Callable[[Entry], bool] | None = None,
-) -> Entry | None:
-    """The tuned-config entry of the nearest bucket for this kernel, GPU, dtype and shape (its config, bucket and
-    side-by-side times) among those ``keep`` accepts (all by default), or None (no file for this GPU, or no such
-    entry). For callers that need an entry's measurements (``dtune.integrations.fla``); the ops use
-    :func:`tuned_config`."""
-    gpu = gpu_key(device)
-    configs = _configs_for(gpu) if gpu is not None else None
-    return configs.nearest(kernel, dtype_name(dtype), problem, keep) if configs is not None else None
 
 
 def explain(kernel: str, problem: Shape, dtype: str, gpu: str) -> tuple[Choice | None, str | None]:

@@ -4,7 +4,9 @@ ops read on this machine (a corrupt ``DTUNE_CONFIG`` is an error, exit 2, after 
 
 ``dtune list --shape T16384-B2-H16-D64 [-k chunk_kda] [--gpu h200]``: instead, the config the ops would run for that
 shape, per kernel, and where it comes from: its own tuned bucket (``exact``), the nearest buckets adjusted to the
-shape (``borrowed``, with every change and why: :mod:`dtune.borrow`), or the template's default."""
+shape (``borrowed``, with every change and why: :mod:`dtune.borrow`), or the template's default; for the ops that the
+fla backend serves, what its speed rule decides there against fla's own path, forward and training step
+(:mod:`dtune.integrations.speed_rule`)."""
 
 from __future__ import annotations
 
@@ -136,16 +138,26 @@ def parse_shape(text: str) -> dict[str, int]:
 
 def lookups(shape_text: str, kernels: list[str], gpu: str | None, dtype: str) -> list[dict[str, Any]]:
     """The lookup of every kernel in ``kernels`` for the shape on ``gpu`` (see the module's docstring)."""
+    from dtune.integrations.fla_calls import KERNEL_OF
+    from dtune.integrations.speed_rule import speed_verdict
     from dtune.kernels import get_kernel
     from dtune.shape import Gate, Shape
-    from dtune.store import explain
+    from dtune.store import configs_in_force, explain
 
     d = parse_shape(shape_text)
+    configs = configs_in_force(gpu) if gpu else None
     rows = []
     for kernel in kernels:
         spec = get_kernel(kernel)
         p = Shape(d["B"], d["T"], d["H"], d["HV"], d["K"], d["V"], d["N"], Gate(spec.gate), bool(d["varlen"]))
         choice, source = explain(spec.name, p, dtype, gpu) if gpu else (None, None)
+        fla: dict[str, str] = {}  # the fla backend's speed rule against fla's own path, for the ops it serves
+        if spec.name in KERNEL_OF.values():
+            for mode, grad in (("forward", False), ("training step", True)):
+                if grad and not spec.backward_kernel:
+                    continue
+                ok, why = speed_verdict(configs, spec.name, p, dtype, "fla", grad)
+                fla[mode] = "dtune" if ok else f"fla: {why}"
         rows.append(
             {
                 "kernel": spec.name,
@@ -156,6 +168,7 @@ def lookups(shape_text: str, kernels: list[str], gpu: str | None, dtype: str) ->
                 "from": choice.describe() if choice else (f"no {dtype} entry in {Path(source).name}" if source else ""),
                 "changes": [str(c) for c in choice.changes] if choice else [],
                 "config": choice.config if choice else None,
+                "fla_backend": fla,
             }
         )
     return rows
@@ -264,6 +277,9 @@ def _print_lookups(shape: str, kernel: str | None, gpu: str | None, dtype: str, 
     for r in rows:
         text = r["from"] if r["match"] != "default" else f"default ({r['from'] or 'no tuned-config file'})"
         out.print(f"  {r['kernel']}: {escape(text)}", highlight=False, soft_wrap=True)
+        for mode, verdict in r["fla_backend"].items():
+            out.print(f"    fla backend, {mode} (against fla's own path): {escape(verdict)}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -55,22 +55,22 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from inspect import unwrap
 from typing import Any, ClassVar
 
 import torch
 
+from dtune import store
 from dtune.autograd import needs_grad
-from dtune.inputs import FLOAT_DTYPES, interpreting
+from dtune.inputs import FLOAT_DTYPES, dtype_name, interpreting
 from dtune.integrations.fla_calls import KERNEL_OF, READERS, Call
+from dtune.integrations.speed_rule import NEAR, speed_verdict
 from dtune.kernels import get_kernel
 from dtune.kernels.chunk.tables import remember_host_offsets
 from dtune.ops import run_kernel
 from dtune.shape import Gate, Shape
-from dtune.store import Entry, tuned_entry
 
 try:
     import fla.backends as fla_backends
@@ -89,7 +89,6 @@ __all__ = ["NEAR", "DtuneBackend", "chunk_delta_rule", "clear_cache", "decisions
 
 ENV = "FLA_DTUNE"
 POLICIES = ("measured", "always")
-NEAR = 2.0  # a measured bucket speaks for shapes within this factor of its tokens per sequence, sequences and heads
 HEAD_DIMS = (16, 256)  # the head dims dtune's templates are checked at
 PRIORITY = 2
 
@@ -242,16 +241,6 @@ def fallback(entry: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str |
     return "fla"
 
 
-def _near(shape: Shape, bucket: Mapping[str, int]) -> bool:
-    tokens = shape.T // max(shape.N, 1) if shape.varlen else shape.T
-    pairs = ((tokens, bucket["T"]), (shape.N, bucket["B"]), (shape.H, bucket["H"]))
-    return all(abs(math.log(max(a, 1) / b)) <= math.log(NEAR) + 1e-9 for a, b in pairs)
-
-
-def _bucket_text(b: Mapping[str, int]) -> str:
-    return f"B{b['B']} T{b['T']} H{b['H']} HV{b['HV']} K{b['K']} V{b['V']}"
-
-
 def fla_checks_gated_backward() -> bool:
     """Whether fla's own ``chunk_bwd_dqkwg`` refuses its gated call here (Hopper, Triton >= 3.4, < 3.7.1: fla issue
     640), from fla's own flags; False for an fla without them."""
@@ -280,40 +269,16 @@ def fla_refusal(call: Call, grad: bool, peer: str | None) -> str | None:
 
 
 def measured_verdict(call: Call, peer: str | None, grad: bool) -> tuple[bool, str | None]:
-    """The speed rule: accept when the nearest bucket that records dtune and ``peer`` (None: any other
-    implementation) side by side, at the call's head dims and value-head ratio, is near enough (:data:`NEAR`) and
-    records dtune at least as fast as ``peer`` (None: as every other implementation it records)."""
+    """The speed rule (:func:`dtune.integrations.speed_rule.speed_verdict`) on the call's shape, with the tuned
+    configs in force on its GPU."""
     q, v = call.q, call.v
     B, T, H, K = q.shape
     N = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
     spec = get_kernel(call.kernel)
     shape = Shape(B, T, H, v.shape[2], K, v.shape[3], N, Gate(spec.gate), call.cu_seqlens is not None)
-    kernel = spec.backward_kernel if grad and spec.backward_kernel else spec.name
-    what = "training step" if grad else "forward"
-    against = peer or "the other implementations"
-    dims = (shape.K, shape.V, shape.HV // shape.H)
-
-    def same_dims(e: Entry) -> bool:  # a measurement at other head dims or head ratio says nothing of this call
-        return (e.bucket["K"], e.bucket["V"], e.bucket["HV"] // e.bucket["H"]) == dims
-
-    def measured(e: Entry) -> bool:
-        times = e.side_by_side_ms
-        return same_dims(e) and "dtune" in times and (peer in times if peer is not None else len(times) > 1)
-
-    if tuned_entry(kernel, shape, v.dtype, q.device, same_dims) is None:
-        return False, f"no tuned {kernel} entry for this GPU, dtype and head dims: no measurement against {against}"
-    entry = tuned_entry(kernel, shape, v.dtype, q.device, measured)
-    if entry is None:
-        return False, f"no {kernel} bucket records a side-by-side {what} time of dtune and {against}"
-    where = _bucket_text(entry.bucket)
-    if not _near(shape, entry.bucket):
-        return False, f"the nearest measured bucket ({kernel} {where}) is not within {NEAR:g}x of this shape"
-    times = entry.side_by_side_ms
-    others = {n: t for n, t in times.items() if n != "dtune"} if peer is None else {peer: times[peer]}
-    name, best = min(others.items(), key=lambda nt: nt[1])
-    if times["dtune"] > best:
-        return False, f"{name} is faster at {kernel} {where}: {best:.4g} ms against dtune's {times['dtune']:.4g} ms"
-    return True, None
+    gpu = store.gpu_key(q.device)  # through the module: tests and tools may swap it
+    configs = store.configs_in_force(gpu) if gpu is not None else None
+    return speed_verdict(configs, call.kernel, shape, dtype_name(v.dtype), peer, grad)
 
 
 _verdicts: dict[tuple[Any, ...], tuple[bool, str | None]] = {}

@@ -1,4 +1,5 @@
-"""The tuned-config entries' optional side-by-side times (``side_by_side_ms``) and their accessor ``tuned_entry``."""
+"""The tuned-config entries' optional side-by-side times (``side_by_side_ms``) and the nearest entry that carries them
+(``TunedConfigs.nearest`` with ``keep``), as the fla backend's speed rule reads them."""
 
 from __future__ import annotations
 
@@ -7,13 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import dtune.gpu
 from dtune.shape import Gate, Shape
-from dtune.store import ConfigFileError, load_configs, read_configs, tuned_entry
-
-CUDA = torch.device("cuda", 0)  # a descriptor only: no GPU is touched
+from dtune.store import ConfigFileError, configs_in_force, load_configs, read_configs
 
 
 def _doc(times: Any = None) -> dict[str, Any]:
@@ -49,11 +47,18 @@ def test_bad_side_by_side_times_are_refused(tmp_path: Path, times: Any) -> None:
         read_configs(path)
 
 
-def test_tuned_entry_is_the_lookup_s_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nearest_entry_that_keep_accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dtune.gpu, "detect", lambda index=0: "h100")
-    load_configs(_write(tmp_path, _doc({"dtune": 1.0, "fla": 2.0})), gpu="h100")
-    shape = Shape(B=4, T=8192, H=16, HV=16, K=128, V=128, gate=Gate.CHANNEL)  # nearest bucket: the only one
-    entry = tuned_entry("chunk_kda", shape, torch.bfloat16, CUDA)
-    assert entry is not None and entry.config == {"BT": 32} and entry.side_by_side_ms["fla"] == 2.0
-    assert tuned_entry("chunk_kda", shape, torch.float16, CUDA) is None
-    assert tuned_entry("chunk_kda", shape, torch.bfloat16, torch.device("cpu")) is None
+    doc = _doc({"dtune": 1.0, "fla": 2.0})  # B8 T4096, measured
+    unmeasured = {**doc["entries"][0], "bucket": {**doc["entries"][0]["bucket"], "T": 8192, "B": 4}}
+    del unmeasured["side_by_side_ms"]
+    doc["entries"].append({**unmeasured, "config": {"BT": 64}})
+    load_configs(_write(tmp_path, doc), gpu="h100")
+    configs = configs_in_force("h100")
+    assert configs is not None
+    shape = Shape(B=4, T=8192, H=16, HV=16, K=128, V=128, gate=Gate.CHANNEL)  # exactly the unmeasured bucket
+    assert configs.nearest("chunk_kda", "bf16", shape).config == {"BT": 64}
+    measured = configs.nearest("chunk_kda", "bf16", shape, keep=lambda e: bool(e.side_by_side_ms))
+    assert measured is not None and measured.config == {"BT": 32} and measured.side_by_side_ms["fla"] == 2.0
+    assert configs.nearest("chunk_kda", "bf16", shape, keep=lambda e: False) is None
+    assert configs.nearest("chunk_kda", "fp16", shape) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -50,6 +51,31 @@ def test_packed_and_defaults() -> None:
         ).stdout
     )
     assert fp32["lookups"][0]["match"] == "default"  # nothing tuned in fp32
+
+
+def test_the_fla_backend_s_speed_rule_per_shape(tmp_path: Path) -> None:
+    def entry(kernel: str, B: int, T: int, times: dict[str, float]) -> dict[str, object]:
+        bucket = {"T": T, "B": B, "H": 16, "HV": 16, "K": 128, "V": 128}
+        return {"kernel": kernel, "dtype": "bf16", "bucket": bucket, "config": {}, "side_by_side_ms": times}
+
+    doc = {"schema": 1, "gpu": "h200", "entries": [
+        entry("chunk_gated_delta_rule", 1, 8192, {"dtune": 1.0, "fla": 2.0}),
+        entry("chunk_gated_delta_rule_bwd", 1, 8192, {"dtune": 3.0, "fla": 2.0}),
+    ]}  # fmt: skip
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(doc))
+    store.load_configs(path, gpu="h200")
+    kernels = "chunk_gated_delta_rule,chunk_delta_rule,fused_recurrent_delta_rule"
+    args = ["list", "--shape", "T16384-B1-D128", "-k", kernels, "--gpu", "h200", "--json"]
+    gdn, dn, decode = json.loads(runner.invoke(app, args).stdout)["lookups"]
+    assert gdn["fla_backend"]["forward"] == "dtune"  # the B1 T8192 bucket speaks for T16384 (within 2x)
+    assert "fla is faster at chunk_gated_delta_rule_bwd B1 T8192" in gdn["fla_backend"]["training step"]
+    assert "no tuned chunk_delta_rule entry" in dn["fla_backend"]["forward"]
+    assert decode["fla_backend"] == {}  # fla dispatches no fused-recurrent delta rule to a backend
+    far = runner.invoke(app, ["list", "--shape", "T65536-B1-D128", "-k", "chunk_gated_delta_rule", "--gpu", "h200"])
+    assert "fla backend, forward (against fla's own path): fla: the nearest measured bucket" in " ".join(
+        far.output.split()
+    )
 
 
 @pytest.mark.parametrize(
