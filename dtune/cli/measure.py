@@ -92,7 +92,8 @@ def bench(
         typer.Option(
             "--record",
             help="Write each bucket's side-by-side medians (dtune with its own entry, fla, FlashQLA) into the --config "
-            "file as side_by_side_ms, which the fla backend's speed rule reads; the file must be for this GPU.",
+            "file as side_by_side_ms, which the fla backend's speed rule reads, as each shape finishes; the file must "
+            "be for this GPU.",
         ),
     ] = False,
     interpret: InterpretOpt = False,
@@ -136,6 +137,13 @@ def bench(
         if packed is not None or hv_ratio != 1:
             grid = ShapeGrid(explicit=tuple(packed_and_grouped(grid.shapes(Gate(spec.gate)), packed, hv_ratio)))
         status = err.status("benchmarking", spinner="dots") if not as_json else None
+        recorded: list[str] = []
+
+        def shape_done(partial: b.BenchResult) -> None:  # each finished shape on disk at once: a stopped run keeps it
+            b.write(partial, dest)
+            if record:
+                recorded[:] = _record(config, partial.frame, rounds)
+
         if status:
             status.start()
         try:
@@ -149,6 +157,7 @@ def bench(
                 graph=graph,
                 progress=(lambda s: status.update(f"benchmarking {s}")) if status else None,
                 workload=Workload(initial_state, final_state, None if packed is None else tuple(packed)),
+                shape_done=shape_done,
             )
         finally:
             if status:
@@ -156,7 +165,6 @@ def bench(
     except ValueError as exc:
         fail(str(exc))
     csv_path, json_path = b.write(result, dest)
-    recorded = _record(config, result.frame, rounds) if record else []
     if as_json:
         rows = json.loads(result.frame.to_json(orient="records"))
         doc = {"rows": rows, "notes": result.notes, "csv": str(csv_path), "json": str(json_path)}

@@ -272,8 +272,11 @@ def run_bench(
     graph: bool = False,
     progress: Callable[[str], None] | None = None,
     workload: Workload = DEFAULT_WORKLOAD,
+    shape_done: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult:
-    """Time every implementation on every shape of ``grid``; one row per (shape, implementation, mode)."""
+    """Time every implementation on every shape of ``grid``; one row per (shape, implementation, mode).
+    ``shape_done`` gets the result so far after each shape (to write it as it grows: a run stopped midway keeps its
+    finished shapes)."""
     spec = get_kernel(kernel)
     device = torch.device(device) if device is not None else default_device()
     on_gpu = device.type == "cuda"
@@ -303,11 +306,17 @@ def run_bench(
         impls, impl_notes = build_impls(kernel, baselines, config, where, on_gpu, run.shape, dtype)
         notes.extend(n for n in impl_notes if n not in notes)
         rows.extend(_shape_rows(run, impls, rounds, graph))
+        if shape_done:
+            shape_done(BenchResult(_frame(rows), list(notes)))
+    return BenchResult(_frame(rows), notes)
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = add_speedups(
         pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("speedup_vs_default", "speedup_vs_fla", "commit")])
     )
     frame["commit"] = git_commit()  # the source these times belong to (the report shows one commit per source)
-    return BenchResult(frame[COLUMNS], notes)
+    return frame[COLUMNS]
 
 
 def default_out_dir(config_file: str | Path | None) -> Path:

@@ -187,7 +187,8 @@ def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict
     timed (a ``tuned`` row whose config is the bucket's exact entry, the entry's config as it is now where the row
     records it, meaningful, not under CUDA-graph replay; a packed batch by its lookup bucket), dtune's median and each
     peer's (:data:`PEERS`), and the step's peak memory for a backward entry; ``measured_by`` gains ``how``. One line
-    per entry recorded. Entries the bench did not time keep what they had."""
+    per entry recorded (an earlier recording's ``how`` is replaced). Entries the bench did not time keep what they
+    had."""
     rows = frame[(frame["mode"] != "graph") & frame["meaningful"].astype(bool)]
     by_key: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
     for keys, grp in rows.groupby(["kernel", "dtype", "B", "T", "H", "HV", "K", "V", "N"], dropna=False):
@@ -218,13 +219,21 @@ def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict
             entries.append(e)  # not benched, or the bench ran another config at this bucket (an older entry)
             continue
         bench = {k: v for k, v in hit[0].items() if k != "peak_mb" or get_kernel(e["kernel"]).backward}
-        e = {**e, **bench, "measured_by": f"{e['measured_by']}; {how}" if e.get("measured_by") else how}
+        e = {**e, **bench, "measured_by": _with_bench(e.get("measured_by", ""), how)}
         got = bench["side_by_side_ms"]
         lines.append(
             f"{e['kernel']} {e['dtype']} {e['bucket']}: " + ", ".join(f"{k} {v:.4g} ms" for k, v in got.items())
         )
         entries.append(e)
     return {**doc, "entries": entries}, lines
+
+
+def _with_bench(measured_by: str, how: str) -> str:
+    """``measured_by`` with ``how`` (it starts ``side_by_side_ms:``) in place of an earlier side-by-side part."""
+    if measured_by.startswith("side_by_side_ms: "):
+        measured_by = ""
+    head = measured_by.split("; side_by_side_ms: ")[0]
+    return f"{head}; {how}" if head else how
 
 
 def _key(entry: dict[str, Any]) -> str:

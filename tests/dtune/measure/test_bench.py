@@ -195,6 +195,27 @@ def test_bench_cli_json_and_default_out(tmp_path: Path, monkeypatch: pytest.Monk
     assert r.exit_code == 2 and "unknown kernel" in r.output
 
 
+def test_a_stopped_bench_keeps_its_finished_shapes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.csv is written as each shape finishes: a run stopped at its second shape (a time limit, Ctrl-C) leaves
+    the first shape's rows on disk (and, with --record, in the config file)."""
+    real = b._shape_rows
+    calls: list[int] = []
+
+    def second_shape_stops(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(b, "_shape_rows", second_shape_stops)
+    out = tmp_path / "out"
+    args = ["bench", "-k", "fused_recurrent_kda", "--baselines", "default", "--head-dims", "16", "--batch", "1,2"]
+    r = CliRunner().invoke(cli(), [*args, "--heads", "1", "--seq-lens", "1", "--out", str(out)])
+    assert r.exit_code != 0 and len(calls) == 2
+    rows = pd.read_csv(out / "bench.csv")
+    assert set(rows["B"]) == {1} and set(rows["impl"]) == {"tuned", "default"}
+
+
 def test_bench_chunk_kernel_runs_under_interpreter(tmp_path: Path) -> None:
     """Every contestant runs and is checked against the float64 reference: a chunk pipeline that writes zeros (or
     nothing) shows as a large error here, not only as a time."""

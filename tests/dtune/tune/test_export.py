@@ -272,6 +272,22 @@ def test_a_tune_gpu_bench_is_recorded_in_the_jobs_config_file(tmp_path: Path) ->
     assert got["measured_by"].startswith("side_by_side_ms: the bench of dtune tune-gpu beside fla (3 rounds")
 
 
+def test_a_second_recording_replaces_the_first_s_account() -> None:
+    """Recording again (the next shape of the same bench, or a later bench) replaces the side-by-side part of
+    ``measured_by``, keeping how the entry was found; it never piles up."""
+    entry = {"kernel": "chunk_kda", "dtype": "bf16", "bucket": {"T": 4096, "B": 8, "H": 16, "HV": 16, "K": 64, "V": 64},
+             "config": {}, "time_ms": 1.0}  # fmt: skip
+    frame = _bench_rows(
+        ("chunk_kda", "tuned", 8, 4096, 8, "fwd", 0.9, True, "exact", math.nan),
+        ("chunk_kda", "fla", 8, 4096, 8, "fwd", 1.6, True, "", math.nan),
+    )
+    for found, first in (("dtune search -k chunk_kda", "dtune search -k chunk_kda; "), ("", "")):
+        doc = {"schema": 1, "gpu": "h100", "entries": [{**entry, "measured_by": found} if found else entry]}
+        doc, _ = record_side_by_side(doc, frame, "side_by_side_ms: bench one")
+        doc, _ = record_side_by_side(doc, frame, "side_by_side_ms: bench two")
+        assert doc["entries"][0]["measured_by"] == first + "side_by_side_ms: bench two"
+
+
 def test_side_by_side_times_of_another_config_are_not_recorded() -> None:
     """A bench row that records the config it ran (bench.csv's ``config``) counts only for an entry that still has that
     config (compared completed with the kernel's defaults): an older bench of a re-tuned bucket records nothing."""
