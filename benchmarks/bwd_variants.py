@@ -8,7 +8,8 @@ Usage (one CUDA GPU, from the checkout's root):
     python benchmarks/bwd_variants.py --interpret      (CPU, Triton's interpreter, tiny shapes: a dry run of every step)
 
 Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform down to -5: ``b8`` = B 8, T 4096 and
-``b1`` = B 1, T 32768 (few long sequences). The step is what a backward kernel's trial times
+``b1`` = B 1, T 32768 (few long sequences); ``g2`` = ``b8`` with grouped value heads, HV = 32 (Qwen3-Next's training
+step at TP 1; Gated DeltaNet's shipped lookup and fla). The step is what a backward kernel's trial times
 (:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape),
 then ``torch.autograd.grad`` of the output and the final state; the variants are backward configs
 (:data:`VARIANTS`): the shipped lookup, then changes on and around it (the reverse pass's and the dq/dk stage's
@@ -138,6 +139,8 @@ DN_GDN = (Gate.NONE, Gate.SCALAR)
 # Gated DeltaNet 3.421 against 3.304) and stage 1 under autograd at 4 warps (3.144 / 3.621, slower).
 VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
+    # Qwen3-Next's training step (B8 T4096, H 16, HV 32): how the step and its launches scale with grouped value heads
+    ("shipped", None, ("g2",), (Gate.SCALAR,)),
     # the kin GPU's tuning of the same bucket (the H100's backward grid on an H200), where its file gives one
     ("kin GPU's entry", KinEntry(), ("b8", "b1"), ALL),
     # Stage 1 under autograd at 2 warps instead of the forward config's 1 (fi_num_warps 0 inherits it; the forward
@@ -182,11 +185,12 @@ def first_line(exc: BaseException) -> str:
 
 
 def shape(gate: Gate, name: str, interpret: bool, errors: bool = False) -> Shape:
-    """``b8`` / ``b1`` (timed), or the smaller shape of their error check (``errors``)."""
+    """``b8`` / ``b1`` / ``g2`` (timed), or the smaller shape of their error check (``errors``)."""
     if interpret:  # b1: one sequence of 9 chunks of 16 (segments of 2 chunks below)
-        return Shape(2, 40, 2, 4, 16, 16, 2, gate) if name == "b8" else Shape(1, 144, 2, 4, 16, 32, 1, gate)
-    if name == "b8":
-        return Shape(2 if errors else 8, 4096, 16, 16, 128, 128, 2 if errors else 8, gate)
+        return Shape(1, 144, 2, 4, 16, 32, 1, gate) if name == "b1" else Shape(2, 40, 2, 4, 16, 16, 2, gate)
+    if name in ("b8", "g2"):  # g2: Qwen3-Next's grouped value heads, HV = 2H
+        HV = 32 if name == "g2" else 16
+        return Shape(2 if errors else 8, 4096, 16, HV, 128, 128, 2 if errors else 8, gate)
     return Shape(1, 8192 if errors else 32768, 16, 16, 128, 128, 1, gate)
 
 
@@ -239,6 +243,12 @@ def variants_of(gate: Gate, shape_name: str) -> list[Variant]:
     return [v for v in VARIANTS if shape_name in v[2] and gate in v[3] and (kin or not isinstance(v[1], KinEntry))]
 
 
+def pairs(gates: list[Gate], shapes: list[str]) -> list[tuple[Gate, str]]:
+    """The (gate, shape) pairs with a variant to run, shapes first (b8's first: b1's variants share most of their
+    kernels, T being no constexpr, not all)."""
+    return [(gate, name) for name in shapes for gate in gates if variants_of(gate, name)]
+
+
 def _has_kin() -> bool:
     from dtune.store import gpu_key, kin_gpu
 
@@ -276,20 +286,20 @@ def warm(what: str, interpret: bool) -> None:
     dev, dtype = ("cpu", torch.float32) if interpret else ("cuda", torch.bfloat16)
     parts = what.split(":")
     if parts[0] == "fla":
-        for g in parts[1].split(","):
+        for pair in parts[1].split(","):
+            g, name = pair.split("/")
             gate = Gate(g)
-            for name in parts[2].split(","):
-                x = step_inputs(shape(gate, name, interpret), dtype, dev)
-                step, why = fla_step(gate, x)
-                try:
-                    if step is not None:
-                        step()
-                        torch.cuda.synchronize()
-                except Exception as exc:  # reported again, with its row, by the errors step
-                    why = first_line(exc)
-                print(f"warm fla {OPS[gate]} {name}: {time.monotonic() - t0:.0f} s {why}", flush=True)
-                del x
-                torch.cuda.empty_cache()
+            x = step_inputs(shape(gate, name, interpret), dtype, dev)
+            step, why = fla_step(gate, x)
+            try:
+                if step is not None:
+                    step()
+                    torch.cuda.synchronize()
+            except Exception as exc:  # reported again, with its row, by the errors step
+                why = first_line(exc)
+            print(f"warm fla {OPS[gate]} {name}: {time.monotonic() - t0:.0f} s {why}", flush=True)
+            del x
+            torch.cuda.empty_cache()
         return
     gate, name, index = Gate(parts[1]), parts[2], int(parts[3])
     label, cfg, _, _ = variants_of(gate, name)[index]
@@ -304,10 +314,10 @@ def start_warm(gates: list[Gate], shapes: list[str], interpret: bool, jobs: int)
     """The warm-up commands (fla's first: its autotuning is the longest), to run ``jobs`` at a time."""
     extra = ["--interpret"] if interpret else []
     base = [sys.executable, __file__, *extra, "--warm"]
-    cmds = [[*base, f"fla:{','.join(g.value for g in gates)}:{','.join(shapes)}"]] if not interpret else []
-    for name in shapes:  # b8's first: b1's variants share most of their kernels (T is no constexpr), not all
-        for gate in gates:
-            cmds += [[*base, f"dtune:{gate.value}:{name}:{i}"] for i in range(len(variants_of(gate, name)))]
+    todo = pairs(gates, shapes)
+    cmds = [[*base, "fla:" + ",".join(f"{g.value}/{n}" for g, n in todo)]] if not interpret and todo else []
+    for gate, name in todo:
+        cmds += [[*base, f"dtune:{gate.value}:{name}:{i}"] for i in range(len(variants_of(gate, name)))]
     return cmds
 
 
@@ -360,18 +370,17 @@ def errors(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget
     dev = "cpu" if interpret else "cuda"
     dtype = torch.float32 if interpret else torch.bfloat16  # bf16 dots are garbage under the interpreter
     refs: list[tuple[Gate, str, Shape, dict[str, Any], StepResult | None]] = []
-    for gate in gates:
-        for name in shapes:
-            p = shape(gate, name, interpret, errors=True)
-            x = step_inputs(p, dtype, dev)
-            t0 = time.monotonic()
-            try:
-                ref: StepResult | None = reference_step(x)
-            except Exception as exc:
-                print(f"reference {OPS[gate]} {name}: {first_line(exc)}", flush=True)
-                ref = None
-            refs.append((gate, name, p, x, ref))
-            print(f"reference {OPS[gate]} {name} (float64 autograd): {time.monotonic() - t0:.1f} s", flush=True)
+    for gate, name in pairs(gates, shapes):
+        p = shape(gate, name, interpret, errors=True)
+        x = step_inputs(p, dtype, dev)
+        t0 = time.monotonic()
+        try:
+            ref: StepResult | None = reference_step(x)
+        except Exception as exc:
+            print(f"reference {OPS[gate]} {name}: {first_line(exc)}", flush=True)
+            ref = None
+        refs.append((gate, name, p, x, ref))
+        print(f"reference {OPS[gate]} {name} (float64 autograd): {time.monotonic() - t0:.1f} s", flush=True)
     pool.wait(budget.left() - 150.0)  # timing and launches keep 150 s
     rows: list[dict[str, Any]] = []
     for gate, name, p, x, ref in refs:
@@ -414,60 +423,59 @@ def timing(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget
     dev = "cpu" if interpret else "cuda"
     dtype = torch.float32 if interpret else torch.bfloat16
     rows: list[dict[str, Any]] = []
-    for name in shapes:
-        for gate in gates:
-            if budget.left() < 60:
-                print(f"budget: skipping the timing of {OPS[gate]} {name}", flush=True)
-                continue
-            op = OPS[gate]
-            p = shape(gate, name, interpret)
-            x = step_inputs(p, dtype, dev)
-            impls: list[tuple[str, Callable[[], StepResult], str]] = []
-            configs = {"fla": ""}
-            for label, cfg, _, _ in variants_of(gate, name):
-                bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
-                impls.append((label, op_step(op, x, bcfg), ""))
-                shown = "(shipped lookup)" if cfg is None else json.dumps(cfg, sort_keys=True)
-                if isinstance(cfg, KinEntry):
-                    shown = f"(the kin GPU's lookup) {json.dumps(bcfg, sort_keys=True)}"
-                configs[label] = f"(shipped lookup) + {shown}" if isinstance(cfg, OnShipped) else shown
-            if not interpret:
-                fla, note = fla_step(gate, x)
-                if fla is not None:
-                    impls.append(("fla", fla, note))
-            times: dict[str, list[float]] = {impl: [] for impl, _, _ in impls}
-            notes = {impl: note for impl, _, note in impls}
-            peaks: dict[str, float] = {}
-            for _ in range(rounds):  # interleaved: every contestant once per round
-                for impl, step, _ in impls:
-                    if notes[impl].startswith("failed"):
-                        continue
-                    try:
-                        t = time_call(step, dev, "events", *((1, 1) if interpret else (3, 30)), 10.0)
-                        times[impl].append(t.median_ms)
-                        if impl not in peaks:
-                            peaks[impl] = peak_mb(step, torch.device(dev))
-                    except Exception as exc:
-                        notes[impl] = f"failed: {first_line(exc)}"
-                        traceback.print_exc()
-            med = {impl: sorted(ts)[len(ts) // 2] for impl, ts in times.items() if ts}
-            for impl, _, _ in impls:
-                ts = times[impl]
-                row: dict[str, Any] = {"op": op, "shape": name, "B": p.B, "T": p.T, "impl": impl}
-                if ts:
-                    m = med[impl]
-                    row |= {"ms": m, "min_ms": min(ts), "max_ms": max(ts), "rounds": len(ts)}
-                    row["x_fla"] = med["fla"] / m if "fla" in med else math.nan
-                    row["x_shipped"] = med["shipped"] / m if "shipped" in med else math.nan
-                    row["peak_mib"] = peaks.get(impl, math.nan)
-                row["note"] = notes[impl]
-                row["config"] = configs.get(impl, "")
-                rows.append(row)
-            write_csv("bwd_variants.csv", rows)
-            print(f"timed {op} {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
-            del x, impls
-            if not interpret:
-                torch.cuda.empty_cache()
+    for gate, name in pairs(gates, shapes):
+        if budget.left() < 60:
+            print(f"budget: skipping the timing of {OPS[gate]} {name}", flush=True)
+            continue
+        op = OPS[gate]
+        p = shape(gate, name, interpret)
+        x = step_inputs(p, dtype, dev)
+        impls: list[tuple[str, Callable[[], StepResult], str]] = []
+        configs = {"fla": ""}
+        for label, cfg, _, _ in variants_of(gate, name):
+            bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
+            impls.append((label, op_step(op, x, bcfg), ""))
+            shown = "(shipped lookup)" if cfg is None else json.dumps(cfg, sort_keys=True)
+            if isinstance(cfg, KinEntry):
+                shown = f"(the kin GPU's lookup) {json.dumps(bcfg, sort_keys=True)}"
+            configs[label] = f"(shipped lookup) + {shown}" if isinstance(cfg, OnShipped) else shown
+        if not interpret:
+            fla, note = fla_step(gate, x)
+            if fla is not None:
+                impls.append(("fla", fla, note))
+        times: dict[str, list[float]] = {impl: [] for impl, _, _ in impls}
+        notes = {impl: note for impl, _, note in impls}
+        peaks: dict[str, float] = {}
+        for _ in range(rounds):  # interleaved: every contestant once per round
+            for impl, step, _ in impls:
+                if notes[impl].startswith("failed"):
+                    continue
+                try:
+                    t = time_call(step, dev, "events", *((1, 1) if interpret else (3, 30)), 10.0)
+                    times[impl].append(t.median_ms)
+                    if impl not in peaks:
+                        peaks[impl] = peak_mb(step, torch.device(dev))
+                except Exception as exc:
+                    notes[impl] = f"failed: {first_line(exc)}"
+                    traceback.print_exc()
+        med = {impl: sorted(ts)[len(ts) // 2] for impl, ts in times.items() if ts}
+        for impl, _, _ in impls:
+            ts = times[impl]
+            row: dict[str, Any] = {"op": op, "shape": name, "B": p.B, "T": p.T, "impl": impl}
+            if ts:
+                m = med[impl]
+                row |= {"ms": m, "min_ms": min(ts), "max_ms": max(ts), "rounds": len(ts)}
+                row["x_fla"] = med["fla"] / m if "fla" in med else math.nan
+                row["x_shipped"] = med["shipped"] / m if "shipped" in med else math.nan
+                row["peak_mib"] = peaks.get(impl, math.nan)
+            row["note"] = notes[impl]
+            row["config"] = configs.get(impl, "")
+            rows.append(row)
+        write_csv("bwd_variants.csv", rows)
+        print(f"timed {op} {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
+        del x, impls
+        if not interpret:
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -487,64 +495,63 @@ def launches(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budg
     roofs = Roofs(4250.0, 660.0, "assumed") if interpret else Roofs.from_ceilings(ceilings(dev))
     activity = ProfilerActivity.CPU if interpret else ProfilerActivity.CUDA
     rows: list[dict[str, Any]] = []
-    for name in shapes:
-        for gate in gates:
-            op = OPS[gate]
-            p = shape(gate, name, interpret)
-            x = step_inputs(p, dtype, str(dev))
-            fwd = get_kernel(op).check_config(p.K, p.V, tuned_config(op, p, dtype, dev))
-            for label, cfg, _, _ in variants_of(gate, name):
-                if budget.left() < 10:
-                    print(f"budget: skipping the launches of {op} {name} {label}", flush=True)
-                    continue
-                bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
-                if bcfg is None:
-                    bcfg = tuned_config(op + "_bwd", p, dtype, dev)
-                try:
-                    bwd = get_kernel(op + "_bwd").check_config(p.K, p.V, bcfg)
-                except (TypeError, ValueError) as exc:
-                    rows.append({"op": op, "shape": name, "impl": label, "kernel": "(config)", "note": first_line(exc)})
-                    continue
-                floors: dict[str, list[Any]] = {}
-                for st in backward_stages(p, dtype, fwd, bwd):
-                    floors.setdefault(st.kernel, []).append(st)
-                step = op_step(op, x, bwd)
-                calls = 1 if interpret else 5
-                try:
-                    step()
+    for gate, name in pairs(gates, shapes):
+        op = OPS[gate]
+        p = shape(gate, name, interpret)
+        x = step_inputs(p, dtype, str(dev))
+        fwd = get_kernel(op).check_config(p.K, p.V, tuned_config(op, p, dtype, dev))
+        for label, cfg, _, _ in variants_of(gate, name):
+            if budget.left() < 10:
+                print(f"budget: skipping the launches of {op} {name} {label}", flush=True)
+                continue
+            bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
+            if bcfg is None:
+                bcfg = tuned_config(op + "_bwd", p, dtype, dev)
+            try:
+                bwd = get_kernel(op + "_bwd").check_config(p.K, p.V, bcfg)
+            except (TypeError, ValueError) as exc:
+                rows.append({"op": op, "shape": name, "impl": label, "kernel": "(config)", "note": first_line(exc)})
+                continue
+            floors: dict[str, list[Any]] = {}
+            for st in backward_stages(p, dtype, fwd, bwd):
+                floors.setdefault(st.kernel, []).append(st)
+            step = op_step(op, x, bwd)
+            calls = 1 if interpret else 5
+            try:
+                step()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                with profile(activities=[activity]) as prof:
+                    for _ in range(calls):
+                        step()
                     if dev.type == "cuda":
                         torch.cuda.synchronize()
-                    with profile(activities=[activity]) as prof:
-                        for _ in range(calls):
-                            step()
-                        if dev.type == "cuda":
-                            torch.cuda.synchronize()
-                except Exception as exc:
-                    rows.append({"op": op, "shape": name, "impl": label, "kernel": "(step)", "note": first_line(exc)})
+            except Exception as exc:
+                rows.append({"op": op, "shape": name, "impl": label, "kernel": "(step)", "note": first_line(exc)})
+                continue
+            total = floor_total = 0.0
+            for ev in sorted(prof.key_averages(), key=lambda e: -_dev_time(e, interpret)):
+                us = _dev_time(ev, interpret)
+                if us <= 0 or (interpret and "_kernel" not in ev.key):
                     continue
-                total = floor_total = 0.0
-                for ev in sorted(prof.key_averages(), key=lambda e: -_dev_time(e, interpret)):
-                    us = _dev_time(ev, interpret)
-                    if us <= 0 or (interpret and "_kernel" not in ev.key):
-                        continue
-                    ms = us / 1e3 / calls
-                    total += ms
-                    mine = floors.get(ev.key, [])
-                    floor = sum(roofs.floor_ms(s.work) for s in mine) if mine else math.nan
-                    floor_total += 0.0 if math.isnan(floor) else floor
-                    rows.append({
-                        "op": op, "shape": name, "impl": label, "kernel": ev.key[:48], "launches": ev.count // calls,
-                        "ms": ms, "floor_ms": floor, "x_floor": ms / floor if floor > 0 else math.nan,
-                        "stages": "; ".join(s.name for s in mine),
-                    })  # fmt: skip
+                ms = us / 1e3 / calls
+                total += ms
+                mine = floors.get(ev.key, [])
+                floor = sum(roofs.floor_ms(s.work) for s in mine) if mine else math.nan
+                floor_total += 0.0 if math.isnan(floor) else floor
                 rows.append({
-                    "op": op, "shape": name, "impl": label, "kernel": "(all kernels)", "ms": total,
-                    "floor_ms": floor_total, "x_floor": total / floor_total if floor_total else math.nan,
+                    "op": op, "shape": name, "impl": label, "kernel": ev.key[:48], "launches": ev.count // calls,
+                    "ms": ms, "floor_ms": floor, "x_floor": ms / floor if floor > 0 else math.nan,
+                    "stages": "; ".join(s.name for s in mine),
                 })  # fmt: skip
-                write_csv("bwd_variants_launches.csv", rows)
-            del x
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+            rows.append({
+                "op": op, "shape": name, "impl": label, "kernel": "(all kernels)", "ms": total,
+                "floor_ms": floor_total, "x_floor": total / floor_total if floor_total else math.nan,
+            })  # fmt: skip
+            write_csv("bwd_variants_launches.csv", rows)
+        del x
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -575,7 +582,7 @@ def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gates", default="none,scalar,channel", help="none (DeltaNet), scalar (Gated DeltaNet), channel")
-    ap.add_argument("--shapes", default="b8,b1", help="b8 (B 8, T 4096) and/or b1 (B 1, T 32768)")
+    ap.add_argument("--shapes", default="b8,b1", help="b8 (B 8, T 4096), b1 (B 1, T 32768), g2 (b8 at HV = 2H)")
     ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock budget of the whole run")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape")
     ap.add_argument("-j", "--jobs", type=int, default=14, help="compile processes at a time")
@@ -618,7 +625,8 @@ def main() -> None:
             ratio = e / f if isinstance(e, float) and isinstance(f, float) and f > 0 else math.nan
             rows.append({**r, "err_worst": e, "err_x_fla": ratio, "note": str(r.get("note", ""))[:40]})
         if rows:
-            print(f"\n== training step, {name} (bf16, H 16, D 128, initial + final state) ==")
+            heads = "H 16, HV 32" if name == "g2" else "H 16"
+            print(f"\n== training step, {name} (bf16, {heads}, D 128, initial + final state) ==")
             cols = ["op", "impl", "ms", "min_ms", "max_ms", "x_fla", "x_shipped", "peak_mib", "err_worst", "err_x_fla"]
             print(table(rows, [*cols, "note"]))
     print(f"\ndone in {a.budget_s - budget.left():.0f} s; results in {out_dir()}", flush=True)

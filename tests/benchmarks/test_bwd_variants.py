@@ -23,7 +23,7 @@ def test_every_variant_is_a_legal_backward_config(bv: ModuleType) -> None:
             if cfg is not None:
                 chunk_bwd.check_config(128, 128, gate.value, cfg)  # raises on an unknown key or a broken rule
             for shape in shapes:
-                assert shape in ("b8", "b1"), (name, shape)
+                assert shape in ("b8", "b1", "g2"), (name, shape)
                 key = (name, gate.value, shape)
                 assert key not in seen, f"variant {name!r} twice for {gate.value} at {shape}"
                 seen.add(key)
@@ -49,3 +49,13 @@ def test_kin_lookup_reads_the_other_gpus_file(bv: ModuleType) -> None:
         got = bv.kin_lookup("chunk_gated_delta_rule_bwd", p, torch.bfloat16, gpu)
         assert got == own(kin)
     assert bv.kin_lookup("chunk_gated_delta_rule_bwd", p, torch.bfloat16, None) is None
+
+
+def test_pairs_run_only_where_a_variant_applies(bv: ModuleType) -> None:
+    """g2 (grouped value heads) is Gated DeltaNet's alone: DeltaNet and KDA get no reference, fla or timing there."""
+    from dtune.shape import Gate
+
+    got = bv.pairs([Gate.NONE, Gate.SCALAR, Gate.CHANNEL], ["b8", "g2"])
+    assert got == [(Gate.NONE, "b8"), (Gate.SCALAR, "b8"), (Gate.CHANNEL, "b8"), (Gate.SCALAR, "g2")]
+    p = bv.shape(Gate.SCALAR, "g2", interpret=False)
+    assert (p.B, p.T, p.H, p.HV) == (8, 4096, 16, 32)
