@@ -141,6 +141,9 @@ VARIANTS: list[Variant] = [
     ("shipped", None, ("b8", "b1"), ALL),
     # Qwen3-Next's training step (B8 T4096, H 16, HV 32): how the step and its launches scale with grouped value heads
     ("shipped", None, ("g2",), (Gate.SCALAR,)),
+    # ... with the dq/dk stage's per-value-head dq, dk in bf16 (dqk_GROUP = "input"): 1.07 GB less written and read
+    # back by the group sum there (of the step's ~6 GB); each partial rounded before the sum, as fla does
+    ("dq/dk partials in bf16", OnShipped({"dqk_GROUP": "input"}), ("g2",), (Gate.SCALAR,)),
     # the kin GPU's tuning of the same bucket (the H100's backward grid on an H200), where its file gives one
     ("kin GPU's entry", KinEntry(), ("b8", "b1"), ALL),
     # Stage 1 under autograd at 2 warps instead of the forward config's 1 (fi_num_warps 0 inherits it; the forward

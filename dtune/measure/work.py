@@ -346,7 +346,8 @@ def backward_stages(
         add("bwd segment ends", "chunk_bwd_segment_ends_kernel", NS * p.HV * 2 * K * K * V, ext + 2 * xend)
         rev_bytes += xend
     pair_flops = ta * 2 * 4 * C * K
-    grads_qk = 2 * ta * K * (f if p.HV != p.H else e)
+    part = f if bwd_config.get("dqk_GROUP", "float32") == "float32" else e  # grouped heads' dq/dk partials
+    grads_qk = 2 * ta * K * (part if p.HV != p.H else e)
     if rev_dv and bool(bwd_config.get("REVERSE_DQK", False)):
         # the dq/dk and finish stages' work in the pass: S and V_new read, q and k again (the local terms), dq, dk,
         # dβ and the gate's gradient written; no adjoints X, dVβ or dβ partials stored (nor read back)
@@ -354,7 +355,7 @@ def backward_stages(
         rev_bytes -= S + ta * V * e + n_v * ta * f
         rev_flops += ta * 2 * (3 * K * V + 2 * C * V) + pair_flops
         add("bwd reverse state pass + dq/dk", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
-        return out + _group_sum(p, e, f)
+        return out + _group_sum(p, e, part)
     add("bwd reverse state pass", "chunk_bwd_state_kernel", rev_flops, rev_bytes)
     gate_io = {Gate.NONE: 0, Gate.SCALAR: ta * f * (1 + NK), Gate.CHANNEL: 2 * ta * K * f}[gate]
     if bwd_config["FUSE_DV"] and rev_dv:  # dVβ read instead of dV_new; no T, v, dv, v part
@@ -375,12 +376,13 @@ def backward_stages(
         add("bwd dq/dk", "chunk_bwd_dqk_kernel", ta * 2 * 3 * K * V + pair_flops, dqk_bytes)
     fin_bytes = (n_v + NK) * ta * f + ta * e + (ta * f * (NK + 2) if gate is Gate.SCALAR else 0)
     add("bwd finish (dβ)", "chunk_bwd_finish_kernel", 0.0, fin_bytes)
-    return out + _group_sum(p, e, f)
+    return out + _group_sum(p, e, part)
 
 
-def _group_sum(p: Shape, e: int, f: int) -> list[StageWork]:
-    """Grouped value heads: dq and dk per value head (float32) read once, summed per key head, written in ``e``."""
+def _group_sum(p: Shape, e: int, part: int) -> list[StageWork]:
+    """Grouped value heads: dq and dk per value head (``part`` bytes each: float32, or the inputs' dtype with
+    ``dqk_GROUP = "input"``) read once, summed per key head, written in ``e``."""
     if p.HV == p.H:
         return []
-    nbytes = 2 * _tokens(p) * p.K * (p.HV * f + p.H * e)
+    nbytes = 2 * _tokens(p) * p.K * (p.HV * part + p.H * e)
     return [StageWork("bwd group sum (dq, dk)", "chunk_bwd_group_sum_kernel", Work(0.0, float(nbytes)))]

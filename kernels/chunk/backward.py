@@ -21,8 +21,9 @@ With ``REVERSE_DQK`` (DeltaNet, Gated DeltaNet; with ``REVERSE_DV``) stages 2 an
 on the whole state per program (:mod:`.bwd_reverse_dqk`): no adjoints, ``dVβ`` or dβ partials stored, nothing
 launched after the reverse pass but the group sum.
 
-Grouped value heads (``HV = G·H``): stage 2 writes ``dq``, ``dk`` per value head (float32) and the group's value
-heads are summed at the end, in one pass that writes the inputs' dtypes (:mod:`.bwd_group`).
+Grouped value heads (``HV = G·H``): stage 2 writes ``dq``, ``dk`` per value head (float32, or with ``dqk_GROUP =
+"input"`` the inputs' dtypes: half the bytes, each partial rounded) and the group's value heads are summed at the end,
+in one pass that writes the inputs' dtypes (:mod:`.bwd_group`).
 
 Where the time goes (H200, bf16, B·T = 32768, H = 16, K = V = 128; floors per stage in
 :func:`dtune.measure.work.backward_stages`): the sequential passes (the forward's state pass, its re-run with
@@ -128,6 +129,11 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     # room for two programs per SM, at 4 warps 168 for three, so that one program's loads overlap another's epilogue
     # (one chunk's local terms and stores), at the price of spills
     "dqk_maxnreg": (0, 128, 168),
+    # grouped value heads (HV = G·H): dq and dk per value head, summed over each group by the group sum, kept in float32
+    # ("float32": summed exactly, rounded once) or in the inputs' dtype ("input": each partial rounded, as fla does;
+    # half the bytes written by the dq/dk stage and read back by the group sum, at HV = 32, K = 128 and 32768 tokens
+    # 1.07 GB less); no effect at HV = H, where the stage writes dq, dk in the inputs' dtype
+    "dqk_GROUP": ("float32", "input"),
     "F32_DOT": ("ieee", "tf32"),
     # the forward's state pass under autograd and in the re-run (at the backward's BT): its value tile, warps and
     # pipeline stages, 0 = the forward config's
@@ -231,6 +237,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         "dqk_KLOOP": False,
         "dqk_TMA": False,
         "dqk_maxnreg": 0,
+        "dqk_GROUP": "float32",
         "F32_DOT": "ieee",
         "fh_BV": 0,
         "fh_num_warps": 0,
@@ -749,11 +756,11 @@ class BackwardPass:
     # ---- 3. dq, dk, the gate (fused: with stage 2's work, dA in registers) -----------------------------------------
     def _grad_outputs(self) -> None:
         B, T, HV, K = self.B, self.T, self.HV, self.K
-        g, grouped = self.g, HV != self.H
+        g, f32 = self.g, HV != self.H and self.bwd_config["dqk_GROUP"] == "float32"  # per value head partials
         self.dbeta = self._new(self.dbeta, B, T, HV, dtype=self.beta.dtype)
         self.dg = None if g is None else self._new(self.dg, *g.shape, dtype=g.dtype)
-        self.dq = self._new(self.dq, self.tokens, HV, K, dtype=torch.float32 if grouped else self.q.dtype)
-        self.dk = self._new(self.dk, self.tokens, HV, K, dtype=torch.float32 if grouped else self.k.dtype)
+        self.dq = self._new(self.dq, self.tokens, HV, K, dtype=torch.float32 if f32 else self.q.dtype)
+        self.dk = self._new(self.dk, self.tokens, HV, K, dtype=torch.float32 if f32 else self.k.dtype)
 
     def dqk(self) -> None:
         inter, cfg, HV, K, V, BT, GATE = self.inter, self.bwd_config, self.HV, self.K, self.V, self.BT, self.GATE
@@ -797,7 +804,8 @@ class BackwardPass:
         )  # fmt: skip
 
     def group_sum(self) -> None:
-        """Grouped value heads: dq, dk per value head (float32) summed over each group, in the inputs' dtypes."""
+        """Grouped value heads: dq, dk per value head (float32, or the inputs' dtypes with ``dqk_GROUP = "input"``)
+        summed over each group in float32, written in the inputs' dtypes."""
         if self.dq is None:  # (no chunk: nothing launched)
             self._grad_outputs()
         assert self.dq is not None and self.dk is not None

@@ -377,6 +377,28 @@ def test_float16(gate: Gate) -> None:
     assert_close(gradients_vs_loop(p, x, BT32), TOL[torch.float16])
 
 
+@pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
+def test_grouped_partials_in_the_inputs_dtype(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dqk_GROUP: with grouped value heads the dq/dk stage's per-value-head partials reach the group sum in float32
+    (the default) or in the inputs' dtype ("input"); the gradients match float64 either way (float16 here: bf16 dots
+    are wrong under the interpreter)."""
+    seen: list[torch.dtype] = []
+    real = chunk_bwd.launch_group_sum
+
+    def spy(dq: torch.Tensor, *args: Any) -> None:
+        seen.append(dq.dtype)
+        real(dq, *args)
+
+    monkeypatch.setattr(chunk_bwd, "launch_group_sum", spy)
+    p = Shape(1, 40, 2, 4, 16, 16, 1, gate)
+    x = make_inputs(p, dtype=torch.float16, seed=4)
+    for group, dtype in (("input", torch.float16), ("float32", torch.float32)):
+        assert_close(gradients_vs_loop(p, x, {**BT32, "dqk_GROUP": group}), TOL[torch.float16])
+        assert seen.pop() == dtype and not seen
+    with pytest.raises(ValueError, match="dqk_GROUP"):
+        chunk_bwd.check_config(16, 16, gate.value, {"dqk_GROUP": "bf16"})
+
+
 @pytest.mark.parametrize("gate", [Gate.CHANNEL, Gate.SCALAR], ids=["kda", "gdn"])
 def test_inf_gates_give_zero_gate_gradient(gate: Gate) -> None:
     """A −inf gate is a full forget: its gradient is exactly 0 (the clamp's), and nothing is NaN (Gated DeltaNet's

@@ -61,6 +61,10 @@ for gate in Gate:
             Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64],
             {**vk, "dh_BV": 64, "dqk_BK": 32, "dqk_KLOOP": True, "dqk_DECAY": "value"}, None,
         )  # fmt: skip
+    # grouped value heads' dq/dk partials in bf16 (dqk_GROUP = "input": each rounded before the group sum), HV = 4H
+    CASES[f"{tag}-B2-T1000-H2-HV8-K128-group-bf16"] = (
+        Shape(2, 1000, 2, 8, 128, 128, 2, gate), None, {**vk, "dqk_GROUP": "input"}, None,
+    )  # fmt: skip
     # the reverse pass's last chain product in the form that is not the gate's default (dh_ACC; on for Gated DeltaNet),
     # with W read, and (DeltaNet, Gated DeltaNet) formed from K as the shipped B8 entries do (fh_W)
     flip = {"dh_ACC": gate is not Gate.SCALAR}

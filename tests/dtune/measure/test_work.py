@@ -205,3 +205,11 @@ def test_grouped_value_heads_add_one_group_sum_launch() -> None:
         assert stages[name].work.bytes == 2 * 8192 * 128 * (32 * 4 + 16 * 2) and stages[name].work.flops == 0
     plain = roofline.backward_stages(prob(1, 8192, 16, 128, Gate.SCALAR), torch.bfloat16, fwd, cfg)
     assert name not in {s.name for s in plain}
+    # dqk_GROUP = "input": the partials in bf16, half their bytes written by the dq/dk stage and read by the group sum
+    f32 = {s.name: s.work.bytes for s in roofline.backward_stages(grouped, torch.bfloat16, fwd, cfg)}
+    bf16 = {
+        s.name: s.work.bytes
+        for s in roofline.backward_stages(grouped, torch.bfloat16, fwd, {**cfg, "dqk_GROUP": "input"})
+    }
+    half = 2 * 8192 * 32 * 128 * 2  # dq and dk, [tokens, HV, K], 2 bytes less each element
+    assert f32[name] - bf16[name] == half and f32["bwd dq/dk (dVβ given)"] - bf16["bwd dq/dk (dVβ given)"] == half
