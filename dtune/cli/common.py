@@ -62,6 +62,10 @@ FinalStateOpt = Annotated[
         "--final-state/--no-final-state", help="The timed call writes the final state (the default workload)."
     ),
 ]
+HvRatioOpt = Annotated[
+    int,
+    typer.Option("--hv-ratio", min=1, help="Value heads per query/key head (HV = ratio x H; grouped value heads)."),
+]
 
 
 def print_rows(

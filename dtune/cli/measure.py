@@ -14,6 +14,7 @@ from dtune.cli.common import (
     ConfigOpt,
     DtypeOpt,
     FinalStateOpt,
+    HvRatioOpt,
     InitialStateOpt,
     InterpretOpt,
     JsonOpt,
@@ -74,9 +75,7 @@ def bench(
             "of sequences, T = their mean length).",
         ),
     ] = None,
-    hv_ratio: Annotated[
-        int, typer.Option("--hv-ratio", help="Value heads per query/key head (HV = ratio x H; grouped value heads).")
-    ] = 1,
+    hv_ratio: HvRatioOpt = 1,
     mode: Annotated[
         str,
         typer.Option(
@@ -262,10 +261,13 @@ def profile(
         ),
     ] = None,
     head_dim: Annotated[int | None, typer.Option("--head-dim", help="Head dim K = V (default 128 on a GPU).")] = None,
-    heads: Annotated[int | None, typer.Option("--heads", help="Heads H = HV (default 16 on a GPU).")] = None,
+    heads: Annotated[
+        int | None, typer.Option("--heads", help="Query/key heads H (default 16 on a GPU; HV = H x --hv-ratio).")
+    ] = None,
     batch: Annotated[
         int | None, typer.Option("--batch", help="Batch B (default 32768 // T tokens on a GPU; 32 for decode).")
     ] = None,
+    hv_ratio: HvRatioOpt = 1,
     dtype: DtypeOpt = None,
     config: ConfigOpt = None,
     gpu: Annotated[
@@ -301,7 +303,7 @@ def profile(
     if modes != ["stages"]:
         _profile_launches(
             kernel, modes, lens, head_dim, heads, batch, dtype, config, gpu, baselines, calls, out, as_json,
-            initial_state, final_state,
+            initial_state, final_state, hv_ratio,
         )  # fmt: skip
         return
     if lens is not None and len(lens) > 1:
@@ -324,8 +326,8 @@ def profile(
         dt = dtype_from_name(dtype)
         gate = Gate(get_kernel(kernel).gate)
         on_gpu = default_device().type == "cuda"
-        p = profile_shape(kernel, gate, on_gpu, lens[0] if lens else None, head_dim, heads, batch)
-        if config is not None and not any((seq_len, head_dim, heads, batch)):
+        p = profile_shape(kernel, gate, on_gpu, lens[0] if lens else None, head_dim, heads, batch, hv_ratio)
+        if config is not None and not any((seq_len, head_dim, heads, batch, hv_ratio != 1)):
             # No shape asked for: the largest shape the config was tuned on.
             tuned = ConfigSource.load(config).tuned_grid(kernel, dt, on_gpu, gate)
             if tuned is not None:
@@ -345,7 +347,11 @@ def profile(
         return
     r0 = result.roofs
     roof_txt = f" — roofs {r0.gbs:.0f} GB/s, {r0.tflops:.0f} TFLOP/s ({r0.source})" if r0 else ""
-    shape = f"B{p.B} T{p.T} H{p.H} " + (f"D{p.K}" if p.K == p.V else f"K{p.K} V{p.V}")
+    shape = (
+        f"B{p.B} T{p.T} H{p.H} "
+        + (f"HV{p.HV} " if p.HV != p.H else "")
+        + (f"D{p.K}" if p.K == p.V else f"K{p.K} V{p.V}")
+    )
     headers = [
         "stage",
         "ms",
@@ -407,6 +413,7 @@ def _profile_launches(
     as_json: bool,
     initial_state: bool,
     final_state: bool,
+    hv_ratio: int = 1,
 ) -> None:
     """``dtune profile --mode fwd,fwd+bwd``: every launch, per kernel and shape, one table each and one CSV."""
     import pandas as pd
@@ -440,7 +447,7 @@ def _profile_launches(
                 la.step_kernel(op, m)  # a mode the kernel has not (fwd+bwd of a fused-recurrent one) fails early
             gate = Gate(get_kernel(op).gate)
             for T in lens or (None,):
-                p = profile_shape(op, gate, on_gpu, T, head_dim, heads, batch)
+                p = profile_shape(op, gate, on_gpu, T, head_dim, heads, batch, hv_ratio)
                 where = f"B{p.B} T{p.T}"
                 status = err.status(f"profiling {op} {where}", spinner="dots") if not as_json else None
                 show = (lambda s, where=where, st=status: st.update(f"profiling {s} {where}")) if status else None

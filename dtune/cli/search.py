@@ -16,6 +16,7 @@ from dtune.cli import search_view as view
 from dtune.cli.common import (
     WIDE,
     FinalStateOpt,
+    HvRatioOpt,
     InitialStateOpt,
     err,
     fail,
@@ -212,9 +213,7 @@ def search(
             "kernels built in parallel (0: each trial compiles in turn)."
         ),
     ] = 0,
-    hv_ratio: Annotated[
-        int, typer.Option(help="Value heads per query/key head (HV = ratio x H; grouped value heads).")
-    ] = 1,
+    hv_ratio: HvRatioOpt = 1,
     packed_seqs: Annotated[
         str | None,
         typer.Option(

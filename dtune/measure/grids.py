@@ -59,12 +59,13 @@ def profile_shape(
     head_dim: int | None = None,
     heads: int | None = None,
     batch: int | None = None,
+    hv_ratio: int = 1,
 ) -> Shape:
     """The profiled shape: what is given, else T = 4096, D = 128, H = 16, B = 32768 // T on a GPU (decode: T = 1,
-    B = 32); T = 32 (decode 1), D = 16, H = 2, B = 1 under the interpreter."""
+    B = 32); T = 32 (decode 1), D = 16, H = 2, B = 1 under the interpreter; HV = ``hv_ratio`` x H."""
     decode = _decode(kernel)
     T = seq_len or ((1 if decode else 4096) if on_gpu else (1 if decode else 32))
     D = head_dim or (128 if on_gpu else 16)
     H = heads or (16 if on_gpu else 2)
     B = batch or ((32 if decode else max(1, BATCH_TOKENS // T)) if on_gpu else 1)
-    return Shape(B=B, T=T, H=H, HV=H, K=D, V=D, gate=gate)
+    return Shape(B=B, T=T, H=H, HV=H * hv_ratio, K=D, V=D, gate=gate)

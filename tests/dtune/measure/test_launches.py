@@ -244,7 +244,7 @@ def test_forward_stages_come_from_the_plan_with_their_kernels() -> None:
 
 def test_profile_launches_cli_end_to_end_under_interpreter(tmp_path: Path) -> None:
     args = ["profile", "-k", "chunk_gated_delta_rule", "--mode", "fwd,fwd+bwd", "--seq-len", "20", "--head-dim",
-            "16", "--heads", "1", "--batch", "1", "--interpret", "--calls", "1", "--gpu", "h200",
+            "16", "--heads", "1", "--hv-ratio", "2", "--batch", "1", "--interpret", "--calls", "1", "--gpu", "h200",
             "--out", str(tmp_path), "--json"]  # fmt: skip
     r = CliRunner().invoke(cli(), args)
     assert r.exit_code == 0, r.output
@@ -254,7 +254,8 @@ def test_profile_launches_cli_end_to_end_under_interpreter(tmp_path: Path) -> No
     assert set(f["mode"]) == {"fwd", "fwd+bwd"} and set(f["impl"]) == {"tuned"}
     assert (f["kernel"] == "chunk_gated_delta_rule").all() and not f["meaningful"].any()
     step = f[f["mode"] == "fwd+bwd"]
-    assert step["launch"].tolist()[-2:] == ["chunk_bwd_finish_kernel", la.CALL]
+    assert (f["H"] == 1).all() and (f["HV"] == 2).all()  # --hv-ratio: grouped value heads
+    assert step["launch"].tolist()[-2:] == ["chunk_bwd_group_sum_kernel", la.CALL]
     assert step["stage"].fillna("").ne("").sum() == len(step) - 1  # every launch has its stage
     assert step["floor_ms"].notna().sum() == len(step)  # roofs of --gpu: every stage once, and the whole call
     assert json.loads(step["config"].iloc[0]).keys() == {"fwd", "bwd"}
