@@ -16,7 +16,8 @@ re-run of the same command skips it and an interrupted job loses no finished buc
 folders' winners are merged into ``OUT/<gpu>.json``, over this GPU's shipped file when there is one (a newer entry
 replaces the shipped one of its bucket), validated as the ops validate it at run time and written atomically. Then
 each kernel's buckets are benched against the installed baselines with that file (``OUT/bench/<kernel>/bench.csv``,
-as ``dtune bench`` writes it) and ``OUT/dtune-<gpu>-report.html`` is built from the whole folder (``dtune report``).
+as ``dtune bench`` writes it, shape by shape, each shape's side-by-side times recorded in ``OUT/<gpu>.json`` as it
+finishes) and ``OUT/dtune-<gpu>-report.html`` is built from the whole folder (``dtune report``).
 With a time limit for the whole job (``timeout``) a search takes only the buckets its budgets fit into what is left,
 and a bench that does not fit is skipped: a re-run continues.
 """
@@ -597,12 +598,17 @@ def _bench(job: Job, kernel: str, ledger: Ledger, result: JobResult, reporter: J
     for name, shapes, packed in groups:
         if not shapes:
             continue
+        folder = job.out / BENCH / name
+
+        def shape_done(partial: b.BenchResult, folder: Path = folder) -> None:  # a stopped bench keeps what it timed
+            b.write(partial, folder)
+            record_bench(job, partial.frame)
+
         res = b.run_bench(
             kernel, ShapeGrid(explicit=tuple(shapes)), dt, list(job.baselines), job.config_file,
-            rounds=job.rounds, graph=graph, workload=Workload(True, True, packed),
+            rounds=job.rounds, graph=graph, workload=Workload(True, True, packed), shape_done=shape_done,
         )  # fmt: skip
-        paths.append(b.write(res, job.out / BENCH / name)[0])
-        record_bench(job, res.frame)
+        paths.append(b.write(res, folder)[0])
     ledger.benched[kernel] = ledger.done_of(kernel)
     ledger.save()
     result.bench_dirs += [p.parent for p in paths]

@@ -1,10 +1,11 @@
 """Backward, grouped value heads (``HV = G·H``): ``dq`` and ``dk`` summed over each key head's ``G`` value heads.
 
 The chunk-parallel stage (or the reverse pass with ``REVERSE_DQK``) writes them per value head in float32 (or, with
-``dqk_GROUP = "input"``, in the inputs' dtype), ``[tokens, HV, K]``; value head ``hv`` reads key head ``hv // G``, so a key head's value heads are ``G`` adjacent
-rows: ``[tokens, H, G, K]``. One pass reads them once, sums in float32 and writes ``[tokens, H, K]`` in the inputs'
-dtypes (as ``view(..., H, G, K).sum(-2).to(dtype)`` does in two passes, with a float32 ``[tokens, H, K]`` round
-trip between them). Grid: ``⌈tokens·H / BR⌉`` programs of ``BR`` rows, the whole (padded) key width each.
+``dqk_GROUP = "input"``, in the inputs' dtype), ``[tokens, HV, K]``; value head ``hv`` reads key head ``hv // G``, so a
+key head's value heads are ``G`` adjacent rows: ``[tokens, H, G, K]``. One pass reads them once, sums in float32 and
+writes ``[tokens, H, K]`` in the inputs' dtypes (as ``view(..., H, G, K).sum(-2).to(dtype)`` does in two passes, with a
+float32 ``[tokens, H, K]`` round trip between them). Grid: ``⌈tokens·H / BR⌉`` programs of ``BR`` rows, the whole
+(padded) key width each.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def chunk_bwd_group_sum_kernel(
 def launch_group_sum(
     dq: torch.Tensor, dk: torch.Tensor, dq_out: torch.Tensor, dk_out: torch.Tensor, H: int, HV: int, K: int
 ) -> None:
-    """``dq``, ``dk``: ``[tokens, HV, K]`` float32 or the inputs' dtype (contiguous; summed in float32); ``dq_out``, ``dk_out``: ``[tokens·H·K]`` elements,
-    written."""
+    """``dq``, ``dk``: ``[tokens, HV, K]`` float32 or the inputs' dtype (contiguous; summed in float32); ``dq_out``,
+    ``dk_out``: ``[tokens·H·K]`` elements, written."""
     rows = dq.numel() // (HV * K) * H
     if rows == 0:
         return

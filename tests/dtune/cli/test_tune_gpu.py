@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from dtune.cli.main import app
+from dtune.measure import bench as bench_module
 from dtune.store import parse_configs
 from dtune.tune import grid
 
@@ -73,6 +76,26 @@ def test_a_job_cut_by_its_timeout_continues_where_it_stopped(tmp_path: Path, mon
     assert third.exit_code == 0, third.output
     assert "0 of 4 buckets to tune" in third.stdout and "bench " not in third.output
     assert sorted(p.parent.name for p in (job / "runs" / KERNEL).glob("*/run.json")) == runs
+
+    # a bench stopped at its second shape (a time limit, Ctrl-C) keeps the first on disk; the ledger does not count it
+    # as benched, so the next run benches the kernel again
+    real, calls = bench_module._shape_rows, []
+
+    def second_shape_stops(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    ledger_doc = json.loads((job / "tune-gpu.json").read_text())
+    (job / "tune-gpu.json").write_text(json.dumps({**ledger_doc, "benched": {}}))
+    shutil.rmtree(job / "bench")
+    monkeypatch.setattr(bench_module, "_shape_rows", second_shape_stops)
+    fourth = runner.invoke(app, [*JOB, "--out", str(job)], env={"COLUMNS": "120"})
+    assert fourth.exit_code != 0 and len(calls) == 2
+    kept = pd.read_csv(job / "bench" / KERNEL / "bench.csv")
+    assert len(kept.groupby(["B", "T"])) == 1 and set(kept["impl"]) == {"tuned", "default"}
+    assert json.loads((job / "tune-gpu.json").read_text())["benched"] == {}
 
 
 def test_another_gpus_job_folder_is_refused(tmp_path: Path) -> None:
