@@ -3,9 +3,9 @@ implementation that would run instead, at a bucket near enough to speak for the 
 
 The measurement that decides is the nearest entry (:meth:`dtune.store.TunedConfigs.nearest`) of the kernel (its
 ``*_bwd`` entry for a training step) at the shape's head dims and value-head ratio whose ``side_by_side_ms`` records
-dtune and the peer (any other implementation when the peer is unknown); it speaks for shapes within a factor of
-:data:`NEAR` of its bucket in tokens per sequence, sequences and heads. :mod:`dtune.integrations.fla` asks it on
-every new call shape; ``dtune list --shape`` prints it for a shape and GPU.
+dtune and the peer (any other implementation when the peer is unknown) and whose bucket lies within a factor of
+:data:`NEAR` of the shape in tokens per sequence, sequences and heads (a measurement speaks for no shape farther).
+:mod:`dtune.integrations.fla` asks it on every new call shape; ``dtune list --shape`` prints it for a shape and GPU.
 """
 
 from __future__ import annotations
@@ -53,12 +53,14 @@ def speed_verdict(
 
     if configs is None or configs.nearest(name, dtype, shape, same_dims) is None:
         return False, f"no tuned {name} entry for this GPU, dtype and head dims: no measurement against {against}"
-    entry = configs.nearest(name, dtype, shape, measured)
-    if entry is None:
-        return False, f"no {name} bucket records a side-by-side {what} time of dtune and {against}"
-    where = bucket_text(entry.bucket)
-    if not near(shape, entry.bucket):
+    entry = configs.nearest(name, dtype, shape, lambda e: measured(e) and near(shape, e.bucket))
+    if entry is None:  # (the bucket order puts the sequence length first: a near one may rank after a far one)
+        far = configs.nearest(name, dtype, shape, measured)
+        if far is None:
+            return False, f"no {name} bucket records a side-by-side {what} time of dtune and {against}"
+        where = bucket_text(far.bucket)
         return False, f"the nearest measured bucket ({name} {where}) is not within {NEAR:g}x of this shape"
+    where = bucket_text(entry.bucket)
     times = entry.side_by_side_ms
     others = {n: t for n, t in times.items() if n != "dtune"} if peer is None else {peer: times[peer]}
     best_name, best = min(others.items(), key=lambda nt: nt[1])

@@ -284,6 +284,13 @@ SPEED_CASES: list[tuple[str, list[dict[str, Any]], bool, str | None]] = [
     ("own-unmeasured", [_entry(FWD, None), _entry(FWD, {"dtune": 1.0, "fla": 2.0}, T=32)], False, None),
     ("own-unmeasured-far", [_entry(FWD, None), _entry(FWD, {"dtune": 1.0, "fla": 2.0}, T=64)], False, "not within"),
     ("own-unmeasured-slower", [_entry(FWD, None), _entry(FWD, {"dtune": 2.0, "fla": 1.0}, B=2)], False, "fla is"),
+    # a near measured bucket decides even where a far one ranks nearer (the same T, 4x the sequences)
+    (
+        "near-over-far",
+        [_entry(FWD, {"dtune": 2.0, "fla": 1.0}, B=4), _entry(FWD, {"dtune": 1.0, "fla": 2.0}, T=40)],
+        False,
+        None,
+    ),
     # a measurement at other head dims never speaks, however near its bucket
     ("measured-other-dims", [_entry(FWD, None), _entry(FWD, {"dtune": 1.0, "fla": 2.0}, K=64)], False, "no chunk"),
     ("only-flashqla", [_entry(FWD, {"dtune": 1.0, "flash_qla": 2.0})], False, "records a side-by-side forward time"),
