@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -76,6 +76,18 @@ def bench(
         ),
     ] = None,
     hv_ratio: HvRatioOpt = 1,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            "--models",
+            help="Instead of a shape grid: the buckets these models (names in dtune/models.toml, comma-separated, or "
+            "all) call the kernel with at each tensor-parallel degree: prefill, the packed batch, the training step, "
+            "decode (tiny shapes of the same head ratio under --interpret).",
+        ),
+    ] = None,
+    tp: Annotated[
+        str | None, typer.Option("--tp", help="With --models: these tensor-parallel degrees (default: the file's).")
+    ] = None,
     mode: Annotated[
         str,
         typer.Option(
@@ -128,39 +140,56 @@ def bench(
             kernel = spec.backward_kernel  # the training step, timed for the backward's tuned config
             spec = get_kernel(kernel)
         on_gpu = b.default_device().type == "cuda"
-        grid = make_grid(kernel, on_gpu, lens, dims, nheads, batches, batch_tokens)
-        if config is not None and not any((seq_lens, head_dims, heads, batch, batch_tokens)):
-            # No shape asked for: the shapes the config was tuned on.
-            grid = ConfigSource.load(config).tuned_grid(kernel, dt, on_gpu, Gate(spec.gate)) or grid
-        packed = int_list(packed_seqs, "--packed-seqs")
-        if packed is not None or hv_ratio != 1:
-            grid = ShapeGrid(explicit=tuple(packed_and_grouped(grid.shapes(Gate(spec.gate)), packed, hv_ratio)))
+        if models is not None:
+            if any((seq_lens, head_dims, heads, batch, batch_tokens, packed_seqs)) or hv_ratio != 1:
+                raise ValueError(
+                    "--models gives the shapes: drop --seq-lens, --head-dims, --heads, --batch, --batch-tokens, "
+                    "--packed-seqs and --hv-ratio"
+                )
+            runs = _model_runs(kernel, models, tp, dtype)
+        else:
+            if tp is not None:
+                raise ValueError("--tp goes with --models")
+            grid = make_grid(kernel, on_gpu, lens, dims, nheads, batches, batch_tokens)
+            if config is not None and not any((seq_lens, head_dims, heads, batch, batch_tokens)):
+                # No shape asked for: the shapes the config was tuned on.
+                grid = ConfigSource.load(config).tuned_grid(kernel, dt, on_gpu, Gate(spec.gate)) or grid
+            packed = int_list(packed_seqs, "--packed-seqs")
+            if packed is not None or hv_ratio != 1:
+                grid = ShapeGrid(explicit=tuple(packed_and_grouped(grid.shapes(Gate(spec.gate)), packed, hv_ratio)))
+            runs = [(grid, None if packed is None else tuple(packed))]
         status = err.status("benchmarking", spinner="dots") if not as_json else None
         recorded: list[str] = []
+        done: list[b.BenchResult] = []  # the runs finished (a packed batch is a run of its own)
 
         def shape_done(partial: b.BenchResult) -> None:  # each finished shape on disk at once: a stopped run keeps it
-            b.write(partial, dest)
+            so_far = b.combine([*done, partial])
+            b.write(so_far, dest)
             if record:
-                recorded[:] = _record(config, partial.frame, rounds)
+                recorded[:] = _record(config, so_far.frame, rounds)
 
         if status:
             status.start()
         try:
-            result = b.run_bench(
-                kernel,
-                grid,
-                dt,
-                want,
-                config,
-                rounds=rounds,
-                graph=graph,
-                progress=(lambda s: status.update(f"benchmarking {s}")) if status else None,
-                workload=Workload(initial_state, final_state, None if packed is None else tuple(packed)),
-                shape_done=shape_done,
-            )
+            for grid, packed_run in runs:
+                done.append(
+                    b.run_bench(
+                        kernel,
+                        grid,
+                        dt,
+                        want,
+                        config,
+                        rounds=rounds,
+                        graph=graph,
+                        progress=(lambda s: status.update(f"benchmarking {s}")) if status else None,
+                        workload=Workload(initial_state, final_state, packed_run),
+                        shape_done=shape_done,
+                    )
+                )
         finally:
             if status:
                 status.stop()
+        result = b.combine(done)
     except ValueError as exc:
         fail(str(exc))
     csv_path, json_path = b.write(result, dest)
@@ -210,6 +239,22 @@ def bench(
             console.print(f"recorded side_by_side_ms of {len(recorded)} entries in {config}", highlight=False)
         else:
             note(f"recorded nothing in {config}: no meaningful timing of an entry's own config beside a peer")
+
+
+def _model_runs(kernel: str, models: str, tp: str | None, dtype: str) -> list[tuple[Any, tuple[int, ...] | None]]:
+    """``--models``: the buckets the models call ``kernel`` with, as bench runs: the plain shapes, then each packed
+    batch with its sequence lengths (the plan ``dtune tune-gpu --models`` tunes: :func:`dtune.tune.grid.model_plan`)."""
+    from dtune.inputs import interpreting
+    from dtune.shape import ShapeGrid
+    from dtune.tune.grid import model_plan
+
+    names = [n.strip() for n in models.split(",") if n.strip()]
+    degrees = int_list(tp, "--tp")
+    plan = model_plan(names, [kernel], {kernel: dtype}, degrees=degrees, interpret=interpreting())
+    buckets = plan.buckets(kernel)
+    plain = tuple(dict.fromkeys(x.shape for x in buckets if not x.packed))
+    runs: list[tuple[Any, tuple[int, ...] | None]] = [(ShapeGrid(explicit=plain), None)] if plain else []
+    return runs + [(ShapeGrid(explicit=(x.shape,)), x.packed) for x in buckets if x.packed]
 
 
 def _record_target(config: Path | None) -> Path:

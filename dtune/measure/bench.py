@@ -319,6 +319,13 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame[COLUMNS]
 
 
+def combine(results: Sequence[BenchResult]) -> BenchResult:
+    """Several runs' results as one (rows in order, each note once)."""
+    frames = [r.frame for r in results if not r.frame.empty]
+    frame = pd.concat(frames, ignore_index=True) if frames else _frame([])
+    return BenchResult(frame, list(dict.fromkeys(n for r in results for n in r.notes)))
+
+
 def default_out_dir(config_file: str | Path | None) -> Path:
     """The run folder when ``--config`` points into one (it holds run.json), else ``reports/``."""
     if config_file is not None:

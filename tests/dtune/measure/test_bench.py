@@ -216,6 +216,31 @@ def test_a_stopped_bench_keeps_its_finished_shapes(tmp_path: Path, monkeypatch: 
     assert set(rows["B"]) == {1} and set(rows["impl"]) == {"tuned", "default"}
 
 
+def test_bench_of_the_models_buckets(tmp_path: Path) -> None:
+    """--models: the shapes the models call the kernel with (tiny ones of the same head ratio under the interpreter),
+    the packed batch as a run of its own in the same table; with --mode fwd+bwd the training step's; shape options
+    beside it, --tp without it, or a kernel no such model calls: one error line each."""
+    base = ["bench", "--interpret", "--baselines", "", "--out", str(tmp_path), "--json"]
+    r = CliRunner().invoke(cli(), [*base, "-k", "chunk_gated_delta_rule", "--models", "qwen3_next", "--tp", "1,4"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout[r.stdout.index("{") :])["rows"]
+    assert {(x["H"], x["HV"]) for x in rows} == {(1, 2)}  # Qwen3-Next's grouped value heads, HV = 2H
+    packed = [x for x in rows if x["N"] != x["B"]]
+    assert len(packed) == 1 and len(rows) > 1 and len(pd.read_csv(tmp_path / "bench.csv")) == len(rows)
+    r = CliRunner().invoke(cli(), [*base, "-k", "chunk_gated_delta_rule", "--models", "all", "--mode", "fwd+bwd"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout[r.stdout.index("{") :])["rows"]
+    assert {x["kernel"] for x in rows} == {"chunk_gated_delta_rule_bwd"} and len(rows) == 1
+    for args, match in [
+        (["-k", "chunk_kda", "--models", "kimi_linear", "--seq-lens", "64"], "--models gives the shapes"),
+        (["-k", "chunk_kda", "--tp", "2"], "--tp goes with --models"),
+        (["-k", "chunk_delta_rule", "--models", "qwen3_next"], "none of chunk_delta_rule is called by qwen3_next"),
+        (["-k", "chunk_kda", "--models", "nope"], "unknown model nope"),
+    ]:
+        r = CliRunner().invoke(cli(), [*base, *args])
+        assert r.exit_code == 2 and match in " ".join(r.output.split()), r.output
+
+
 def test_bench_chunk_kernel_runs_under_interpreter(tmp_path: Path) -> None:
     """Every contestant runs and is checked against the float64 reference: a chunk pipeline that writes zeros (or
     nothing) shows as a large error here, not only as a time."""
