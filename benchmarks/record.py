@@ -207,9 +207,8 @@ def record_into(path: Path, record: Path, args: argparse.Namespace, gpu: str) ->
     import pandas as pd
 
     from dtune.provenance import stamp
-    from dtune.tune.export import record_side_by_side, write_configs
+    from dtune.tune.export import record_in_file
 
-    doc = json.loads(path.read_text())
     when = stamp(f"{args.rounds or 3} interleaved rounds")
     total = 0
     for step in args.steps.split(","):
@@ -218,10 +217,7 @@ def record_into(path: Path, record: Path, args: argparse.Namespace, gpu: str) ->
             continue
         how = (f"side_by_side_ms: the benchmark of record (python benchmarks/record.py --steps {step}, the default "
                f"call beside fla, {when})")  # fmt: skip
-        doc, lines = record_side_by_side(doc, pd.read_csv(csv), how)
-        total += len(lines)
-    if total:
-        write_configs(doc, path, gpu)
+        total += len(record_in_file(path, pd.read_csv(csv), how, gpu))
     print(f"recorded side_by_side_ms of {total} entries in {path}", flush=True)
 
 

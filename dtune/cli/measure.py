@@ -124,8 +124,7 @@ def bench(
     )
     batches = int_list(batch, "--batch")
     check_env_config()
-    if record:
-        _record_target(config)
+    target = _record_target(config) if record else None
     dtype = resolve_dtype(dtype, [kernel], interpreting())
     dest = out_dir(out or b.default_out_dir(config), "output folder")
     try:
@@ -165,8 +164,8 @@ def bench(
         def shape_done(partial: b.BenchResult) -> None:  # each finished shape on disk at once: a stopped run keeps it
             so_far = b.combine([*done, partial])
             b.write(so_far, dest)
-            if record:
-                recorded[:] = _record(config, so_far.frame, rounds)
+            if target is not None:
+                recorded[:] = _record(target, so_far.frame, rounds)
 
         if status:
             status.start()
@@ -273,17 +272,13 @@ def _record_target(config: Path | None) -> Path:
     return config
 
 
-def _record(config: Path | None, frame: object, rounds: int | None) -> list[str]:
-    """Write the bench's side-by-side medians into ``config`` (see :func:`_record_target`); the entries recorded."""
+def _record(path: Path, frame: object, rounds: int | None) -> list[str]:
+    """Write the bench's side-by-side medians into ``path`` (:func:`_record_target`'s); the entries recorded."""
     from dtune.provenance import command_line, stamp
-    from dtune.tune.export import record_side_by_side, write_configs
+    from dtune.tune.export import record_in_file
 
-    path = _record_target(config)
     how = f"side_by_side_ms: {command_line() or 'dtune bench --record'} ({stamp(f'{rounds or 3} rounds')})"
-    doc, lines = record_side_by_side(json.loads(path.read_text(encoding="utf-8")), frame, how)
-    if lines:
-        write_configs(doc, path)
-    return lines
+    return record_in_file(path, frame, how)
 
 
 def profile(

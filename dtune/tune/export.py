@@ -228,6 +228,15 @@ def record_side_by_side(doc: dict[str, Any], frame: Any, how: str) -> tuple[dict
     return {**doc, "entries": entries}, lines
 
 
+def record_in_file(path: Path, frame: Any, how: str, gpu: str | None = None) -> list[str]:
+    """:func:`record_side_by_side` on the tuned-config file ``path``, written back (validated, for GPU ``gpu`` when
+    given) where an entry was recorded; the lines of the entries recorded."""
+    doc, lines = record_side_by_side(json.loads(path.read_text(encoding="utf-8")), frame, how)
+    if lines:
+        write_configs(doc, path, gpu)
+    return lines
+
+
 def _with_bench(measured_by: str, how: str) -> str:
     """``measured_by`` with ``how`` (it starts ``side_by_side_ms:``) in place of an earlier side-by-side part."""
     if measured_by.startswith("side_by_side_ms: "):

@@ -619,15 +619,12 @@ def record_bench(job: Job, frame: Any) -> None:
     """The bench's side-by-side times into the job's config file (:func:`dtune.tune.export.record_side_by_side`), so
     that what the job measured is what the fla backend's speed rule reads."""
     from dtune.provenance import command_line, stamp
-    from dtune.tune.export import record_side_by_side, write_configs
+    from dtune.tune.export import record_in_file
 
-    doc = json.loads(job.config_file.read_text(encoding="utf-8"))
     peers = ", ".join(b for b in job.baselines if b != "default") or "no peer"
     what = command_line() or "dtune tune-gpu"
     how = f"side_by_side_ms: the bench of {what} beside {peers} ({stamp(f'{job.rounds or 3} rounds')})"
-    doc, lines = record_side_by_side(doc, frame, how)
-    if lines:
-        write_configs(doc, job.config_file, job.gpu.key)
+    record_in_file(job.config_file, frame, how, job.gpu.key)
 
 
 def run_job(job: Job, reporter: JobReporter | None = None) -> JobResult:
