@@ -96,7 +96,12 @@ SHIP_KDA_B1 = {**_KDA, "REVERSE_DV": True, "dqk_BV": 128, "dh_SEG_CHUNKS": 128}
 
 class OnShipped(dict[str, Any]):
     """A variant given as parameters changed on the shipped lookup of its shape (the GPU's own entry, else its kin's;
-    the template's default where there is none)."""
+    the template's default where there is none); ``fwd``: parameters changed on the forward config the step runs
+    under autograd (the op's tuned lookup) as well."""
+
+    def __init__(self, changes: dict[str, Any], fwd: dict[str, Any] | None = None) -> None:
+        super().__init__(changes)
+        self.fwd = dict(fwd or {})
 
 
 class KinEntry(dict[str, Any]):
@@ -152,6 +157,15 @@ VARIANTS: list[Variant] = [
     # 3.261 against 3.304 then, untimed on top of the dqk_DECAY its entry ships since; B8 untimed
     ("stage 1 at 2 warps", OnShipped({"fi_num_warps": 2}), ("b8",), DN_GDN),
     ("stage 1 at 2 warps", OnShipped({"fi_num_warps": 2}), ("b1",), (Gate.SCALAR,)),
+    # the sequence-parallel passes' phase 1 skipping the transitions a bound of their norm shows negligible (Gated
+    # DeltaNet, segmented at B1): the reverse pass's (dh_SEG_DECAY), then the training forward's too (SEG_DECAY)
+    ("reverse phase 1 skips negligible", OnShipped({"dh_SEG_DECAY": True}), ("b1",), (Gate.SCALAR,)),
+    (
+        "both phase 1s skip negligible",
+        OnShipped({"dh_SEG_DECAY": True}, fwd={"SEG_DECAY": True}),
+        ("b1",),
+        (Gate.SCALAR,),
+    ),
 ]
 
 
@@ -195,6 +209,18 @@ def shape(gate: Gate, name: str, interpret: bool, errors: bool = False) -> Shape
         HV = 32 if name == "g2" else 16
         return Shape(2 if errors else 8, 4096, 16, HV, 128, 128, 2 if errors else 8, gate)
     return Shape(1, 8192 if errors else 32768, 16, 16, 128, 128, 1, gate)
+
+
+def forward_config(
+    cfg: dict[str, Any] | None, op: str, p: Shape, dtype: torch.dtype, dev: str | torch.device
+) -> dict[str, Any] | None:
+    """The forward config the variant's step runs under autograd: None (the op's tuned lookup) unless the variant
+    changes it (:class:`OnShipped`'s ``fwd``)."""
+    if not isinstance(cfg, OnShipped) or not cfg.fwd:
+        return None
+    from dtune.store import tuned_config
+
+    return {**(tuned_config(op, p, dtype, torch.device(dev)) or {}), **cfg.fwd}
 
 
 def variant_config(
@@ -309,7 +335,8 @@ def warm(what: str, interpret: bool) -> None:
     x = step_inputs(shape(gate, name, interpret), dtype, dev)
     with compile_without_launch():
         p = shape(gate, name, interpret)
-        op_step(OPS[gate], x, variant_config(cfg, interpret, OPS[gate], p, dtype, dev))()
+        fcfg = forward_config(cfg, OPS[gate], p, dtype, dev)
+        op_step(OPS[gate], x, variant_config(cfg, interpret, OPS[gate], p, dtype, dev), fcfg)()
     print(f"warm {OPS[gate]} {name} {label}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
@@ -391,9 +418,19 @@ def errors(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget
         if ref is None:
             rows.append({"op": op, "shape": name, "impl": "reference", "note": "failed"})
             continue
+        timed = shape(gate, name, interpret)  # (the configs of the timed shape)
         impls: list[tuple[str, Callable[[], StepResult] | None, str]] = [
-            (label, op_step(op, x, variant_config(cfg, interpret, op, shape(gate, name, interpret), dtype, dev)), "")
-            for label, cfg, _, _ in variants_of(gate, name)  # (the config of the timed shape)
+            (
+                label,
+                op_step(
+                    op,
+                    x,
+                    variant_config(cfg, interpret, op, timed, dtype, dev),
+                    forward_config(cfg, op, timed, dtype, dev),
+                ),
+                "",
+            )
+            for label, cfg, _, _ in variants_of(gate, name)
         ]
         if not interpret:
             fla, note = fla_step(gate, x)
@@ -437,8 +474,11 @@ def timing(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budget
         configs = {"fla": ""}
         for label, cfg, _, _ in variants_of(gate, name):
             bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
-            impls.append((label, op_step(op, x, bcfg), ""))
+            fcfg = forward_config(cfg, op, p, dtype, dev)
+            impls.append((label, op_step(op, x, bcfg, fcfg), ""))
             shown = "(shipped lookup)" if cfg is None else json.dumps(cfg, sort_keys=True)
+            if isinstance(cfg, OnShipped) and cfg.fwd:
+                shown += f", forward + {json.dumps(cfg.fwd, sort_keys=True)}"
             if isinstance(cfg, KinEntry):
                 shown = f"(the kin GPU's lookup) {json.dumps(bcfg, sort_keys=True)}"
             configs[label] = f"(shipped lookup) + {shown}" if isinstance(cfg, OnShipped) else shown
@@ -502,11 +542,12 @@ def launches(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budg
         op = OPS[gate]
         p = shape(gate, name, interpret)
         x = step_inputs(p, dtype, str(dev))
-        fwd = get_kernel(op).check_config(p.K, p.V, tuned_config(op, p, dtype, dev))
         for label, cfg, _, _ in variants_of(gate, name):
             if budget.left() < 10:
                 print(f"budget: skipping the launches of {op} {name} {label}", flush=True)
                 continue
+            fcfg = forward_config(cfg, op, p, dtype, dev)
+            fwd = get_kernel(op).check_config(p.K, p.V, fcfg or tuned_config(op, p, dtype, dev))
             bcfg = variant_config(cfg, interpret, op, p, dtype, dev)
             if bcfg is None:
                 bcfg = tuned_config(op + "_bwd", p, dtype, dev)
@@ -518,7 +559,7 @@ def launches(gates: list[Gate], shapes: list[str], interpret: bool, budget: Budg
             floors: dict[str, list[Any]] = {}
             for st in backward_stages(p, dtype, fwd, bwd):
                 floors.setdefault(st.kernel, []).append(st)
-            step = op_step(op, x, bwd)
+            step = op_step(op, x, bwd, fcfg)
             calls = 1 if interpret else 5
             try:
                 step()

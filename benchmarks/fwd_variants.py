@@ -78,6 +78,9 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     # tiles of 64 or 4 warps (7-48% slower), Gated DeltaNet at chunks of 64 with and without A_qk in the state pass
     # (1.6-2.6x slower)
     ("wu+aqk+tma", {**WU, "AQK": "recomputed", **TMA}, DN),
+    # the sequence-parallel pass's phase 1 skipping the transitions a bound of their norm shows negligible (the shipped
+    # B1 entry is segmented; at B8, unsegmented, the same config as shipped)
+    ("phase 1 skips negligible", {"SEG_DECAY": True}, GDN),
 ]
 
 

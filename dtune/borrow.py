@@ -134,7 +134,8 @@ ROW_STAGES: dict[str, tuple[str, ...]] = {
 # The state pass's own parameters (chunk forward), taken together from one entry.
 STATE_PASS = ("STATE_LAYOUT", "h_BV", "h_num_warps", "h_num_stages", "SEG_COMBINE", "seg_BV", "tr_BV", "tr_num_warps")
 STATE_WHY = "the state pass's entry"  # a parameter taken from Choice.state_bucket (described with it)
-SEGMENT_ONLY = ("SEG_COMBINE", "seg_BV", "tr_BV", "tr_num_warps")  # unused without segments: the default then
+# unused without segments: the default then (SEG_DECAY: Gated DeltaNet's only)
+SEGMENT_ONLY = ("SEG_COMBINE", "seg_BV", "tr_BV", "tr_num_warps", "SEG_DECAY")
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,7 @@ def borrow(entries: Iterable[Tuned], kernel: str, dtype: str, shape: Shape, sm_c
         if seg == 0:  # the segment phases' parameters are unused: the template's defaults
             default = spec.default_config(shape.K, shape.V)
             for name in SEGMENT_ONLY:
-                if new[name] != default[name]:
+                if name in new and new[name] != default[name]:
                     new[name], why[name] = default[name], "no segments"
     if "dh_SEG_CHUNKS" in full:
         for name, (value, reason) in reverse_pass(new, target, shape.HV, shape.V, sm_count, b).items():
@@ -334,6 +335,8 @@ def reverse_pass(
     if seg != int(config["dh_SEG_CHUNKS"]):
         fill = f"{N} sequence(s) × {HV} value heads of {T} tokens: {programs} reverse-pass programs"
         out["dh_SEG_CHUNKS"] = (seg, fill + (f" for {sm_count} SMs" if sm_count is not None else ""))
+    if seg == 0 and config.get("dh_SEG_DECAY"):
+        out["dh_SEG_DECAY"] = (False, "no segments")
     return out
 
 

@@ -186,6 +186,14 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
 }
 
 
+_GATED_SCALAR: dict[str, tuple[Any, ...]] = {
+    # Gated DeltaNet's sequence-parallel reverse pass, phase 1: every segment's P_seg computed (False), or, where a bound
+    # of its norm from the segment's gates, β and key norms shows it negligible (kernels.config.SEG_SKIP_LOG: the
+    # result equal to rounding), stored as zeros without walking the segment (True; the forward's SEG_DECAY)
+    "dh_SEG_DECAY": (False, True),
+}
+
+
 _CHANNEL: dict[str, tuple[Any, ...]] = {
     "dqk_BC": (16, 32, 64),  # KDA: rows per block of the dq/dk stage's per-channel pairwise terms
     # KDA: the training forward's stage 1 (under autograd, and its re-run with SAVE "none"): "blocks" (by
@@ -199,7 +207,8 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
     """Every tunable parameter of the backward and all values the templates can be built with."""
     if gate not in GATE_CODES:
         raise ValueError(f"unknown gate mode {gate!r}")
-    return dict(_COMMON) | (dict(_CHANNEL) if gate == "channel" else dict(_SCALAR))
+    params = dict(_COMMON) | (dict(_CHANNEL) if gate == "channel" else dict(_SCALAR))
+    return params | (dict(_GATED_SCALAR) if gate == "scalar" else {})
 
 
 def default_config(K: int, V: int, gate: str) -> Config:
@@ -259,6 +268,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["fh_AQK"] = "stored"
         cfg["dqk_DECAY"] = "pairwise"
         cfg["REVERSE_DQK"] = False
+    if gate == "scalar":
+        cfg["dh_SEG_DECAY"] = False  # not yet timed on a GPU
     return cfg
 
 
@@ -728,7 +739,7 @@ class BackwardPass:
             inter.gout, self.do, self.dht, self.dh0, self.dh, self.dvn, self.cu_seqlens, self.tables.chunk_offsets,
             self.offsets, self.scale, self.B, self.T, self.H, HV, K, V, self.N, self.BT, self.GATE, self.dot_prec,
             self.bwd_config, dv_work, w_from_k=no_w and not w_rebuild, qk_re=qk_re, w_rebuild=w_rebuild,
-            dqk_work=dqk_work,
+            dqk_work=dqk_work, beta=self.beta,
         )  # fmt: skip
         if not self.keep:
             inter.w = inter.qg = inter.kg = None

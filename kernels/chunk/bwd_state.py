@@ -65,7 +65,7 @@ from ..config import GATE_FLOOR, Config, next_power_of_2
 from .bwd_reverse_dqk import chunk_bwd_reverse_dqk_tiled_kernel, reverse_chunk_grads
 from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
 from .call import tile
-from .common import scalar_causal_aqk, scalar_chunk_operands
+from .common import scalar_causal_aqk, scalar_chunk_operands, transition_negligible
 from .state import _tile
 
 Tensor = torch.Tensor
@@ -150,6 +150,7 @@ def chunk_bwd_state_kernel(
     h_td=None,
     vn_td=None,
     xs_td=None,
+    SEG_DECAY: tl.constexpr = False,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -213,6 +214,18 @@ def chunk_bwd_state_kernel(
         b_x += tl.load(xend + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0)
     elif USE_DHT:
         b_x += tl.load(dht + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
+    if SEG == 1 and SEG_DECAY:  # (dh_SEG_DECAY) P_seg is the transpose of the forward's M_seg: the same bound
+        tl.static_assert(GATE == 1, "dh_SEG_DECAY: Gated DeltaNet's scalar gate")
+        skip = i_v < 0
+        if is_p:
+            skip = transition_negligible(gout, k, beta, bos, eos, i_hv, i_h, H, HV, K, BT, BK, False, 0)
+        if skip:  # P_seg = 0 to float32 rounding: its tile stored as zeros, the segment not walked
+            if TRANS:
+                off_z = o_k[None, :] * (V + K) + o_e[:, None]
+            else:
+                off_z = o_k[:, None] * (V + K) + o_e[None, :]
+            tl.store(ext + i_nh.to(tl.int64) * K * (V + K) + off_z, tl.zeros_like(b_x), mask=m_h)
+            return
 
     for i_r in range(NTn):
         i_t = NTn - 1 - i_r
@@ -377,6 +390,7 @@ def launch_reverse(
     qk_re: bool = False,
     w_rebuild: bool = False,
     dqk_work: tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor | None, Tensor] | None = None,
+    beta: Tensor | None = None,
 ) -> None:
     """The reverse state pass of one call: fills ``dh`` (``X_{c+1}`` per chunk), ``dvn`` (``dV_new``) and ``dh0``
     (the initial state's gradient, when given), per sequence or, with ``dh_SEG_CHUNKS`` and a sequence of more than
@@ -388,7 +402,8 @@ def launch_reverse(
     ``qk_re``: ``A_qk`` formed from q and k per chunk (``aqk`` unread, any such tensor). ``dqk_work``
     (``REVERSE_DQK``, needs ``dv_work``; DeltaNet, Gated DeltaNet): ``(S_c, V_new, g, dq, dk, dg, dβ)``: the pass also
     forms every chunk's ``dq``, ``dk``, ``dβ`` and ``dg`` (:mod:`.bwd_reverse_dqk`) on the whole value width (one value
-    tile, ``dh_BV`` unused), and stores neither ``dh`` nor ``dvn`` nor ``dv_work``'s ``dbeta_part``."""
+    tile, ``dh_BV`` unused), and stores neither ``dh`` nor ``dvn`` nor ``dv_work``'s ``dbeta_part``. ``beta``: the
+    inputs' β, for ``dh_SEG_DECAY`` (phase 1's test of each segment's transition)."""
     BV = tile(config["dh_BV"], V)
     # (REVERSE_DQK: on the whole value width in registers, or by value tiles with the adjoint in a scratch)
     whole = tile(next_power_of_2(V), V)
@@ -446,6 +461,10 @@ def launch_reverse(
     p1: dict[str, Any] = {}
     if (w_from_k or w_rebuild) and dv_work is not None:
         p1 = dict(ai=dv_work[0], beta=dv_work[2])
+    if config.get("dh_SEG_DECAY", False):
+        if beta is None or GATE != 1:
+            raise ValueError("dh_SEG_DECAY needs beta and Gated DeltaNet's scalar gate")
+        p1 |= dict(SEG_DECAY=True, beta=beta)
     xend = torch.empty(seg.NS, HV, K, V, dtype=torch.float32, device=q.device)  # phase 2: X at each segment's end
     chunk_bwd_state_kernel[(triton.cdiv(V, BV) + triton.cdiv(K, BV), seg.NS * HV)](
         *args, None, None, None, None, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,

@@ -6,10 +6,12 @@ import triton
 import triton.language as tl
 
 from ..config import GATE_FLOOR as _GATE_FLOOR
+from ..config import SEG_SKIP_LOG as _SEG_SKIP_LOG
 from ..options import L2NORM_EPS, activated_beta, activated_gate
 
 # Log gates are clamped at load to ``kernels.config.GATE_FLOOR`` (−inf is a full forget; the reasons are there).
 GATE_FLOOR: tl.constexpr = tl.constexpr(_GATE_FLOOR)
+SEG_SKIP_LOG: tl.constexpr = tl.constexpr(_SEG_SKIP_LOG)
 
 
 @triton.jit
@@ -159,3 +161,53 @@ def scalar_causal_aqk(b_q, b_k, b_gam, o_t, m_t, scale, GATE: tl.constexpr, DT, 
     else:
         b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
     return b_A
+
+
+@triton.jit
+def transition_negligible(
+    gout,
+    k,
+    beta,
+    bos,
+    eos,
+    i_hv,
+    i_h,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    NORMED: tl.constexpr,
+    BETA_ACT: tl.constexpr,
+):
+    """Gated DeltaNet: whether the transition of tokens ``bos .. eos − 1`` (whole chunks of ``BT`` from ``bos``, the
+    last one partial) of value head ``i_hv`` is negligible (``kernels.config.SEG_SKIP_LOG``): the bound
+    ``Σ_t γ_t + log max(1, |1 − β_t n_t|)`` of its log 2-norm, with γ from ``gout`` (stage 1's cumulative gate per
+    chunk, float32 ``[tokens, HV]``: each chunk's last row is its sum), β from ``beta`` (``[tokens, HV]``, activated
+    by ``BETA_ACT``) and ``n_t = ‖k_t‖²`` from ``k`` (``[tokens, H, K]``), or, ``NORMED`` (k l2-normalised in the
+    kernel), ``n_t ≤ 1 + 2^-20`` without reading k. A NaN anywhere gives False (NaN compares false)."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    b_acc = tl.zeros([BT], dtype=tl.float32)
+    NT = tl.cdiv(eos - bos, BT).to(tl.int32)
+    for i_t in range(NT):
+        t0 = bos + i_t * BT
+        n_left = (eos - t0).to(tl.int32)
+        m_t = o_t < n_left
+        # the chunk's sum of γ: its last row of the cumulative gate
+        b_g = tl.load(gout + (t0 * HV + i_hv) + o_t * HV, mask=m_t, other=0)
+        b_acc += tl.where(o_t == tl.minimum(n_left, BT) - 1, b_g, 0.0)
+        b_beta = load_beta(beta + (t0 * HV + i_hv) + o_t * HV, m_t, BETA_ACT)
+        if NORMED:
+            b_n = tl.full([BT], 1.00000095367431640625, dtype=tl.float32)  # 1 + 2^-20
+        else:
+            b_k = tl.load(
+                k + (t0 * H + i_h) * K + (o_t[:, None] * (H * K) + o_k[None, :]),
+                mask=m_t[:, None] & (o_k < K)[None, :],
+                other=0,
+            ).to(tl.float32)
+            b_n = tl.sum(b_k * b_k, 1)
+        b_acc += tl.where(
+            m_t, tl.log(tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)), 0.0
+        )
+    return tl.sum(b_acc, 0) < SEG_SKIP_LOG

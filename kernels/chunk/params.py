@@ -100,6 +100,11 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         # per-row predicates at sm_90a), or "prefetched" (plain loads of chunk n + 1 issued in chunk n, carried in
         # registers: Gated DeltaNet D 128 "vk" WU recomputed + TMA, 809 -> 697 instructions in the loop)
         params["GATE_LOADS"] = ("pipelined", "prefetched")
+        # the sequence-parallel pass's phase 1 (transitions): every segment's M_seg computed (False), or, where a bound
+        # of its norm from the segment's gates, β and key norms shows it negligible (kernels.config.SEG_SKIP_LOG: the
+        # result equal to rounding), stored as zeros without walking the segment (True): half of phase 1's tiles skip
+        # their chain under strong decays; the bound's pass reads γ, β and, without the in-kernel l2norm, k
+        params["SEG_DECAY"] = (False, True)
     return params
 
 
@@ -151,4 +156,5 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["QK_DIRECT"] = False  # not yet timed on a GPU (2026-12-01)
     if gate == "scalar":
         cfg["GATE_LOADS"] = "pipelined"  # "prefetched" not yet timed on a GPU
+        cfg["SEG_DECAY"] = False  # not yet timed on a GPU
     return cfg

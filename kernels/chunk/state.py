@@ -48,7 +48,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
 from .call import ChunkCall, register_cap, tile
-from .common import load_beta
+from .common import load_beta, transition_negligible
 
 
 @triton.jit
@@ -151,8 +151,10 @@ def chunk_state_kernel(
     rk=None,
     hs_td=None,
     vn_td=None,
+    SEG_DECAY: tl.constexpr = False,
 ):
-    """``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1)
+    """``SEG_DECAY`` (phase 1, Gated DeltaNet): an M column tile whose segment's transition is negligible
+    (:func:`.common.transition_negligible`) stores zeros and ends without walking the segment. ``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1)
     applied to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
     ``BETA_ACT``: beta's activation where beta is loaded (``WU = "recomputed"``); ``hs_td``, ``vn_td``
     (``STATES_TMA``): descriptors of the chunk states' ``[chunks·HV·K, V]`` and V_new's ``[tokens, HV·V]`` views, each
@@ -222,6 +224,18 @@ def chunk_state_kernel(
             b_h = tl.where(is_m & (o_k[:, None] == o_v[None, :]), 1.0, b_h)
     elif USE_H0:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
+    if SEG == 1 and SEG_DECAY:
+        tl.static_assert(GATE == 1, "SEG_DECAY: Gated DeltaNet's scalar gate")
+        skip = i_v < 0
+        if is_m:
+            skip = transition_negligible(gout, k, beta, bos, eos, i_hv, i_h, H, HV, K, BT, BK, L2NORM, BETA_ACT)
+        if skip:  # M_seg = 0 to float32 rounding: its tile stored as zeros, the segment not walked
+            if TRANS:
+                off_z = o_k[None, :] * (V + K) + o_e[:, None]
+            else:
+                off_z = o_k[:, None] * (V + K) + o_e[None, :]
+            tl.store(ext + i_nh.to(tl.int64) * K * (V + K) + off_z, tl.zeros_like(b_h), mask=m_h)
+            return
 
     PREFETCH: tl.constexpr = GATE == 1 and GATE_PREFETCH
     if PREFETCH:  # the first chunk's gate; each chunk then loads the next one's, a whole chunk ahead of its use
@@ -544,6 +558,7 @@ def _launch(
         **call.in_kernel.chunk_args(),
         **inter.rnorm_args(),
         **stores,
+        SEG_DECAY=seg == 1 and bool(call.config.get("SEG_DECAY", False)),
         **launch,
     )
 

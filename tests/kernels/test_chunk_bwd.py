@@ -732,3 +732,32 @@ def test_reverse_pass_adjoint_store_descriptor_only_where_tiles_fit() -> None:
     assert store_descriptor(dh, 16, 32, 16, 16, {"dh_STORE_TMA": False}) == {}
     assert store_descriptor(dh, 16, 32, 8, 16, {"dh_STORE_TMA": True}) == {}  # key tiles: not one state's rows
     assert store_descriptor(torch.zeros(6, 4, 16, 40), 16, 40, 16, 16, {"dh_STORE_TMA": True}) == {}  # BV ∤ V
+
+
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_seg_decay_skips_only_negligible_transitions(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dh_SEG_DECAY`` (and the training forward's ``SEG_DECAY``): three heads, segments of 32 tokens. Head 0 decays by
+    1.5 per token (its transitions' bound e^-48: skipped, P stored as zeros), head 1 by at most 0.1 (kept), head 2 by
+    1.5 with keys of norm 3 (the bound's key factor keeps it). Every gradient equals the float64 loop's; phase 1's P
+    columns show which transitions were skipped."""
+    from dtune.kernels.chunk import bwd_state
+
+    launched: list[dict[str, Any]] = []
+    monkeypatch.setattr(bwd_state, "chunk_bwd_state_kernel", _Spy(bwd_state.chunk_bwd_state_kernel, launched))
+    p = Shape(1, 96, 3, 3, 16, 32, 1, Gate.SCALAR)  # 6 chunks of 16: 3 segments, 2 of them with a transition
+    x = make_inputs(p, seed=35, gate_min=-0.1)
+    assert x["g"] is not None
+    x["g"][..., 0] = -1.5
+    x["g"][..., 2] = -1.5
+    x["k"][:, :, 2] *= 3.0
+    seg = {**BT16, "dh_SEG_CHUNKS": 2, "dh_LAYOUT": layout, "REVERSE_DV": True}
+    fwd = {**BT16, "SEG_CHUNKS": 2, "SEG_DECAY": True, "FUSE_OUTPUT": True}
+    errs = gradients_vs_loop(p, x, {**seg, "dh_SEG_DECAY": True}, fwd_config=fwd)
+    assert_close(errs, TOL[torch.float32])
+    gradients_vs_loop(p, x, seg, fwd_config=fwd)
+    on, off = (kw["ext"][1:, :, :, p.V :] for kw in launched if kw.get("SEG") == 1)  # [segments 1, 2; HV, K, K]
+    assert torch.all(on[:, 0] == 0), "head 0's transitions are negligible: stored as zeros"
+    assert 0 < off[:, 0].abs().max() < 1e-18, "computed without dh_SEG_DECAY: tiny, not zero"
+    for h in (1, 2):
+        assert torch.equal(on[:, h], off[:, h]), f"head {h}'s transitions are not negligible: computed"
+        assert off[:, h].abs().max() > 0

@@ -132,3 +132,56 @@ def test_segment_table() -> None:
     fixed = build_tables(None, 2, 70, 16, 2, torch.device("cpu")).segments
     assert fixed is not None and fixed.bounds.tolist() == [0, 32, 64, 70, 102, 134, 140]
     assert fixed.chunk_offsets.tolist() == [0, 2, 4, 5, 7, 9, 10]
+
+
+def _captured_scratch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The segment scratch of every forward call from now on (phase 1's ``[N_s | M_s]`` in ``.transitions``)."""
+    from dtune.kernels.chunk import pipeline
+
+    got: list[Any] = []
+    real = pipeline.allocate_segments
+
+    def capture(call: Any) -> Any:
+        got.append(real(call))
+        return got[-1]
+
+    monkeypatch.setattr(pipeline, "allocate_segments", capture)
+    return got
+
+
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_seg_decay_skips_only_negligible_transitions(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SEG_DECAY``: three heads, segments of 32 tokens. Head 0 decays by 1.5 per token (its transitions' bound e^-48
+    lies below e^-40: skipped, M stored as zeros), head 1 by at most 0.1 (kept), head 2 by 1.5 with keys of norm 3
+    (β‖k‖² up to 9: the bound's key factor, up to e^2.1 per token, keeps it). Outputs and final states equal the
+    float64 loop's; phase 1's M columns show which transitions were skipped; without SEG_DECAY none is."""
+    p = Problem(1, 96, 3, 3, 16, 32, 1, Gate.SCALAR)  # 6 chunks of 16: 3 segments, 2 of them with a transition
+    x = make_inputs(p, seed=35, gate_min=-0.1)
+    assert x["g"] is not None
+    x["g"][..., 0] = -1.5
+    x["g"][..., 2] = -1.5
+    x["k"][:, :, 2] *= 3.0
+    got = _captured_scratch(monkeypatch)
+    cfg = {**SEG, "SEG_DECAY": True, "STATE_LAYOUT": layout}
+    check_loop(p, x, cfg)
+    check_loop(p, x, {**cfg, "SEG_DECAY": False})
+    (on, off) = (s.transitions[:2, :, :, p.V :] for s in got)  # [segments with a transition, HV, K, K]
+    assert torch.all(on[:, 0] == 0), "head 0's transitions are negligible: stored as zeros"
+    assert 0 < off[:, 0].abs().max() < 1e-18, "computed without SEG_DECAY: tiny, not zero"
+    for h in (1, 2):
+        assert torch.equal(on[:, h], off[:, h]), f"head {h}'s transitions are not negligible: computed"
+        assert off[:, h].abs().max() > 0
+
+
+def test_seg_decay_keeps_nan_gates() -> None:
+    """A NaN gate in the second segment fails its bound (NaN compares false): its transition is computed and the NaN
+    reaches the outputs from its chunk on, as in the plain pass; the first segment (strong decays) is skipped."""
+    p = Problem(1, 96, 1, 1, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=36, gate_min=-5.0)
+    assert x["g"] is not None
+    x["g"][0, 40, 0] = float("nan")  # chunk 2: segment 1 (tokens 32..63)
+    o, s = run(CHUNK[p.gate], x, {**SEG, "SEG_DECAY": True})
+    o_plain, _ = run(CHUNK[p.gate], x, {**SEG, "SEG_CHUNKS": 0})
+    assert torch.equal(o.isnan(), o_plain.isnan())
+    assert o[0, 32:].isnan().all() and not o[0, :32].isnan().any()
+    assert s is not None and s.isnan().any()
