@@ -52,7 +52,9 @@ cannot fill the GPU): each sequence is cut into segments of ``SEG_CHUNKS`` chunk
 state kernel in a mode of its own, parallel over segments): each segment's affine map ``S_end = M S_start + N``.
 Phase 2 (``segment-starts``, :mod:`.segments`, sequential over the few segments of a sequence): every segment's
 true entering state. Phase 3: the ordinary state pass (and fused output) per segment from that state. Exact (the
-same chunk algebra), about ``(2V + K) / V`` times the state pass's work for ``SEG_CHUNKS``-fold parallelism.
+same chunk algebra), about ``(2V + K) / V`` times the state pass's work for ``SEG_CHUNKS``-fold parallelism;
+Gated DeltaNet's ``SEG_DECAY`` skips, in phase 1, the transitions a bound of their norm shows negligible
+(:func:`.common.transition_negligible`, equal to rounding): about ``2`` times the state pass's work under strong decays.
 
 Layout of the package: :mod:`.pipeline` orchestrates (``plan``, ``forward``, ``forward_with_intermediates``);
 :mod:`.call` prepares a call once (config checks, contiguous inputs, :mod:`.tables` built from one host copy of
