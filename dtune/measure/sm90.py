@@ -204,6 +204,9 @@ def stage_kernels(
         tr_BV, tr_launch = transitions_tile(cfg, K, V)
         consts = state[3] | dict(USE_H0=False, STORE_HT=False, FUSE_OUTPUT=False, SEG=1, BV=tr_BV, TMA=False)
         consts |= loop_options(cfg, False, G)  # pointer tiles (the launcher builds no descriptors for phase 1)
+        if cfg.get("SEG_DECAY"):  # the bound's pass reads beta (and k)
+            consts |= dict(SEG_DECAY=True)
+            trans_ptrs |= {"beta": p}
         tr = ("transitions", chunk_state_kernel, trans_ptrs | {"ext": f32}, consts)
         out.append((*tr, tr_launch["num_warps"], tr_launch["num_stages"]))
         fn, opts = segment_starts_spec(cfg, K, V)
