@@ -165,49 +165,43 @@ def scalar_causal_aqk(b_q, b_k, b_gam, o_t, m_t, scale, GATE: tl.constexpr, DT, 
 
 @triton.jit
 def transition_negligible(
-    gout,
-    k,
-    beta,
-    bos,
-    eos,
-    i_hv,
-    i_h,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    NORMED: tl.constexpr,
-    BETA_ACT: tl.constexpr,
+    gout, k, beta, bos, eos, i_hv, i_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+    BK: tl.constexpr, NORMED: tl.constexpr, BETA_ACT: tl.constexpr
 ):
     """Gated DeltaNet: whether the transition of tokens ``bos .. eos − 1`` (whole chunks of ``BT`` from ``bos``, the
     last one partial) of value head ``i_hv`` is negligible (``kernels.config.SEG_SKIP_LOG``): the bound
     ``Σ_t γ_t + log max(1, |1 − β_t n_t|)`` of its log 2-norm, with γ from ``gout`` (stage 1's cumulative gate per
     chunk, float32 ``[tokens, HV]``: each chunk's last row is its sum), β from ``beta`` (``[tokens, HV]``, activated
     by ``BETA_ACT``) and ``n_t = ‖k_t‖²`` from ``k`` (``[tokens, H, K]``), or, ``NORMED`` (k l2-normalised in the
-    kernel), ``n_t ≤ 1 + 2^-20`` without reading k. A NaN anywhere gives False (NaN compares false)."""
-    o_t = tl.arange(0, BT)
+    kernel), ``n_t ≤ 1 + 2^-20`` without reading k. A NaN anywhere gives False (NaN compares false). Wide loads, few
+    iterations (the chains it saves are latency-bound: a loop of one chunk per step would cost as much): the gate by
+    ``RC`` chunks per load, β and k by ``RB`` tokens."""
+    RC: tl.constexpr = 256
+    RB: tl.constexpr = 128
+    L = (eos - bos).to(tl.int32)
+    NC = tl.cdiv(L, BT)
+    o_c = tl.arange(0, RC)
+    b_g = tl.zeros([RC], dtype=tl.float32)
+    for c0 in range(0, NC, RC):
+        c = c0 + o_c
+        last = tl.minimum((c + 1) * BT, L) - 1  # the chunk's last row: the chunk's sum of γ
+        b_g += tl.load(gout + (bos + last) * HV + i_hv, mask=c < NC, other=0)
+    o_r = tl.arange(0, RB)
     o_k = tl.arange(0, BK)
-    b_acc = tl.zeros([BT], dtype=tl.float32)
-    NT = tl.cdiv(eos - bos, BT).to(tl.int32)
-    for i_t in range(NT):
-        t0 = bos + i_t * BT
-        n_left = (eos - t0).to(tl.int32)
-        m_t = o_t < n_left
-        # the chunk's sum of γ: its last row of the cumulative gate
-        b_g = tl.load(gout + (t0 * HV + i_hv) + o_t * HV, mask=m_t, other=0)
-        b_acc += tl.where(o_t == tl.minimum(n_left, BT) - 1, b_g, 0.0)
-        b_beta = load_beta(beta + (t0 * HV + i_hv) + o_t * HV, m_t, BETA_ACT)
+    b_r = tl.zeros([RB], dtype=tl.float32)
+    for r0 in tl.range(0, L, RB, num_stages=2):
+        rows = r0 + o_r
+        m_r = rows < L
+        b_beta = load_beta(beta + (bos + rows) * HV + i_hv, m_r, BETA_ACT)
         if NORMED:
-            b_n = tl.full([BT], 1.00000095367431640625, dtype=tl.float32)  # 1 + 2^-20
+            b_n = tl.full([RB], 1.00000095367431640625, dtype=tl.float32)  # 1 + 2^-20
         else:
             b_k = tl.load(
-                k + (t0 * H + i_h) * K + (o_t[:, None] * (H * K) + o_k[None, :]),
-                mask=m_t[:, None] & (o_k < K)[None, :],
+                k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :],
+                mask=m_r[:, None] & (o_k < K)[None, :],
                 other=0,
             ).to(tl.float32)
             b_n = tl.sum(b_k * b_k, 1)
-        b_acc += tl.where(
-            m_t, tl.log(tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)), 0.0
-        )
-    return tl.sum(b_acc, 0) < SEG_SKIP_LOG
+        b_rho = tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)
+        b_r += tl.where(m_r, tl.log(b_rho), 0.0)
+    return tl.sum(b_g, 0) + tl.sum(b_r, 0) < SEG_SKIP_LOG

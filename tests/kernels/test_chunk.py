@@ -768,3 +768,27 @@ def test_variants_compiled_match_reference(gate: Gate, variant: str, shape: str,
     assert s is not None and s_ref is not None
     assert rel_err(o, o_ref) < tol, f"output rel err {rel_err(o, o_ref):.3g} (tolerance {tol})"
     assert rel_err(s, s_ref) < tol, f"final state rel err {rel_err(s, s_ref):.3g} (tolerance {tol})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bfloat16", "float32"])
+def test_seg_decay_skips_compiled(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SEG_DECAY`` compiled: under strong gates every transition of phase 1 is stored as zeros (the skip happens on
+    the GPU, not only under the interpreter), with a head of weak gates (−0.001 per token) computed."""
+    from dataclasses import replace
+
+    from dtune.kernels.chunk import pipeline
+
+    got: list[Any] = []
+    real = pipeline.allocate_segments
+    monkeypatch.setattr(pipeline, "allocate_segments", lambda call: got.append(real(call)) or got[-1])
+    p, _, extra = GPU_SHAPES["B1-T9000-seg"]
+    p = replace(p, gate=Gate.SCALAR)
+    x = make_inputs(p, dtype=dtype, device="cuda", seed=54, gate_min=-5.0)
+    assert x["g"] is not None
+    x["g"][..., 1] = -0.001
+    run(CHUNK[Gate.SCALAR], x, {**GPU_BASE, **extra, **GPU_VARIANTS["wu-tma-segdecay"]})
+    m = got[0].transitions[:-1, :, :, p.V :]  # segments with a transition (the last has none), M columns
+    strong = [h for h in range(p.HV) if h != 1]
+    assert torch.all(m[:, strong] == 0), "strong gates: every transition skipped"
+    assert m[:, 1].abs().amax(dim=(1, 2)).min() > 0, "weak gates: every transition computed"

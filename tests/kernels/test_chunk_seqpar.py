@@ -185,3 +185,24 @@ def test_seg_decay_keeps_nan_gates() -> None:
     assert torch.equal(o.isnan(), o_plain.isnan())
     assert o[0, 32:].isnan().all() and not o[0, :32].isnan().any()
     assert s is not None and s.isnan().any()
+
+
+def test_seg_decay_bound_reads_the_whole_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments of 256 tokens, the bound read in blocks of 128. Head 0: mild gates (−0.01) in each segment's first
+    128 tokens, strong (−0.5) in its last 128: the bound, about −65, skips only if both blocks count. Head 1: −0.2 per
+    token (−51 over a segment) with keys of norm 3 in each segment's last 128 tokens (the key factor, up to +2.1 per
+    token there, keeps it) and unit keys before."""
+    p = Problem(1, 600, 2, 2, 16, 16, 1, Gate.SCALAR)  # segments of 16 chunks of 16: 256, 256, 88 tokens
+    x = make_inputs(p, seed=37, gate_min=-0.1)
+    assert x["g"] is not None
+    late = (torch.arange(600) % 256) >= 128
+    x["g"][0, :, 0] = torch.where(late, -0.5, -0.01)
+    x["g"][0, :, 1] = -0.2
+    x["k"][0, late, 1] *= 3.0
+    got = _captured_scratch(monkeypatch)
+    cfg = {"BT": 16, "BC": 16, "SEG_CHUNKS": 16, "h_BV": 16, "SEG_DECAY": True}
+    check_loop(p, x, cfg)
+    check_loop(p, x, {**cfg, "SEG_DECAY": False})
+    on, off = (s.transitions[:2, :, :, p.V :] for s in got)
+    assert torch.all(on[:, 0] == 0) and off[:, 0].abs().max() > 0
+    assert torch.equal(on[:, 1], off[:, 1]) and off[:, 1].abs().max() > 0
