@@ -165,8 +165,20 @@ def scalar_causal_aqk(b_q, b_k, b_gam, o_t, m_t, scale, GATE: tl.constexpr, DT, 
 
 @triton.jit
 def transition_negligible(
-    gout, k, beta, bos, eos, i_hv, i_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, NORMED: tl.constexpr, BETA_ACT: tl.constexpr
+    gout,
+    k,
+    beta,
+    bos,
+    eos,
+    i_hv,
+    i_h,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    NORMED: tl.constexpr,
+    BETA_ACT: tl.constexpr,
 ):
     """Gated DeltaNet: whether the transition of tokens ``bos .. eos − 1`` (whole chunks of ``BT`` from ``bos``, the
     last one partial) of value head ``i_hv`` is negligible (``kernels.config.SEG_SKIP_LOG``): the bound
