@@ -103,7 +103,8 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         # the sequence-parallel pass's phase 1 (transitions): every segment's M_seg computed (False), or, where a bound
         # of its norm from the segment's gates, β and key norms shows it negligible (kernels.config.SEG_SKIP_LOG: the
         # result equal to rounding), stored as zeros without walking the segment (True): half of phase 1's tiles skip
-        # their chain under strong decays; the bound's pass reads γ, β and, without the in-kernel l2norm, k
+        # their chain under strong decays; the bound's pass reads γ, β and, without the in-kernel l2norm, k (by wide
+        # loads: per chunk it was as latency-bound as the chain it skips)
         params["SEG_DECAY"] = (False, True)
     return params
 
@@ -156,5 +157,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["QK_DIRECT"] = False  # not yet timed on a GPU (2026-12-01)
     if gate == "scalar":
         cfg["GATE_LOADS"] = "pipelined"  # "prefetched" not yet timed on a GPU
-        cfg["SEG_DECAY"] = False  # not yet timed on a GPU
+        # exact to rounding, and the H100 (commit 6690d18) measured it faster: B1 T32768 H16 0.918 -> 0.861 ms, Qwen3-Next's
+        # B1 T32768 H16 HV32 phase 1 0.787 -> 0.623 ms (reports/h100/forward/seg_decay/)
+        cfg["SEG_DECAY"] = True
     return cfg

@@ -750,7 +750,7 @@ def test_seg_decay_skips_only_negligible_transitions(layout: str, monkeypatch: p
     x["g"][..., 0] = -1.5
     x["g"][..., 2] = -1.5
     x["k"][:, :, 2] *= 3.0
-    seg = {**BT16, "dh_SEG_CHUNKS": 2, "dh_LAYOUT": layout, "REVERSE_DV": True}
+    seg = {**BT16, "dh_SEG_CHUNKS": 2, "dh_LAYOUT": layout, "REVERSE_DV": True, "dh_SEG_DECAY": False}
     fwd = {**BT16, "SEG_CHUNKS": 2, "SEG_DECAY": True, "FUSE_OUTPUT": True}
     errs = gradients_vs_loop(p, x, {**seg, "dh_SEG_DECAY": True}, fwd_config=fwd)
     assert_close(errs, TOL[torch.float32])
