@@ -34,10 +34,12 @@ GATE_FLOOR = -20.0
 
 # The decay-driven skip of a segment's transition in the sequence-parallel state passes (``SEG_DECAY``,
 # ``dh_SEG_DECAY``; Gated DeltaNet): where a bound of the segment's whole transition, log ‖M_seg‖₂ ≤ Σ_t (γ_t + log
-# max(1, |1 − β_t ‖k_t‖²|)) (each token's map is e^{γ_t} (I − β_t k_t k_tᵀ)), lies below this, M_seg is taken as 0:
-# the term dropped, M_seg S, is at most e^-40 ≈ 4e-18 of the entering state's norm, 2^-34 below float32's rounding of
-# it (relative 6e-8), so the result equals the full product's to rounding, as the clamped gate above does.
-SEG_SKIP_LOG = -40.0
+# max(1, |1 − β_t ‖k_t‖²|)) (each token's map is e^{γ_t} (I − β_t k_t k_tᵀ)), lies below this, M_seg is taken as 0.
+# e^-104 ≈ 6.8e-46 is below half of float32's smallest number (2^-149 ≈ 1.4e-45): every entry of M_seg, at most its
+# norm, rounds to 0 in float32 as computed in full, so the skip stores what the full product would, and the term
+# dropped, M_seg S, is under 1e-45 · ‖S‖ (under 5e-7 for the largest finite state). A non-finite S still reaches the
+# next segment (phase 2's product: 0 · NaN is NaN). The same bound decides the burn-in (``SEG_START = "burnin"``).
+SEG_SKIP_LOG = -104.0
 
 # Debug switch: launchers fill their outputs with NaN before launch, so elements a kernel fails to write show
 # up as NaN in the result instead of passing on leftover memory. Tests and the correctness gate turn it on.

@@ -174,6 +174,9 @@ def stage_kernels(
     if not fuse and cfg.get("STATES_TMA") and _tile(triton.next_power_of_2(K), K) == K and V % h_BV == 0:
         # the chunk states' and V_new's store descriptors (kernels.chunk.state.state_store_descriptors)
         state_ptrs |= {"hs_td": f"tensordesc<{dtype}[{K},{h_BV}]>", "vn_td": f"tensordesc<{dtype}[{BT},{h_BV}]>"}
+    burnin = seg and cfg.get("SEG_START", "transitions") == "burnin"
+    if burnin:  # phase 3 alone: the segments' sequences, the bound's beta and k
+        state_ptrs |= {"seg_seq": "*i32", "seq_first": "*i32", "beta": p, "k": p}
     state = (
         "state",
         chunk_state_kernel,
@@ -192,13 +195,13 @@ def stage_kernels(
         | dict(STORE_HT=True, VARLEN=varlen or seg, FUSE_OUTPUT=fuse, DOT_PREC=prec, TRANS=cfg["STATE_LAYOUT"] == "vk")
         | dict(SEG=2 if seg else 0, QK_DIRECT=bool(cfg.get("QK_DIRECT", False)), RECOMPUTE=recompute, TMA=tma)
         | dict(QK_RECOMPUTE=recompute_qk, GATE_PREFETCH=cfg.get("GATE_LOADS", "pipelined") == "prefetched")
-        | loop_options(cfg, tma, G)
+        | (loop_options(cfg, tma, G) if not burnin else {"LOOP_STAGES": None, "LOOP_WS": False, "BURNIN": True})
         | opts,
         cfg["h_num_warps"],
         cfg["h_num_stages"],
     )
     out = [intra, state]
-    if seg:  # phase 1 (the state kernel's transition mode) and phase 2 (the segments' entering states)
+    if seg and not burnin:  # phase 1 (the state kernel's transition mode) and phase 2 (the segments' entering states)
         drop = ("q", "aqk", "h0", "ht", "o", "hbuf", "vnew")
         trans_ptrs = {n: t for n, t in state_ptrs.items() if n not in drop and not n.endswith("_td")}
         tr_BV, tr_launch = transitions_tile(cfg, K, V)

@@ -85,7 +85,7 @@ from .output import launch_output
 from .pipeline import Stage
 from .pipeline import forward as chunk_forward
 from .segments import launch_segment_starts
-from .state import launch_state, launch_transitions
+from .state import burns_in, launch_state, launch_transitions
 from .tables import build_tables, host_offsets
 
 Tensor = torch.Tensor
@@ -445,7 +445,7 @@ def forward_intermediates(
     ht = new_output(call.N, HV, K, V, dtype=torch.float32, device=dev) if final_state else None
     out = Outputs(o, ht)  # type: ignore[arg-type]  # (o None: the pass stores no output)
     scratch: SegmentScratch | None = None
-    if call.tables.segments is not None:
+    if call.tables.segments is not None and not burns_in(call.config):  # (burn-in: phase 3 alone, no scratch)
         if inter.starts is not None:  # the segments' entering states, kept from the forward under autograd
             scratch = SegmentScratch(torch.empty(0, device=dev), inter.starts)
         else:

@@ -125,4 +125,5 @@ def chunk_bwd_segment_ends_kernel(
             e_b = ext + (s * HV + i_hv).to(tl.int64) * (K * LD)
             b_p = tl.load(e_b + off_p, mask=m_k[:, None] & m_k[None, :], other=0)
             b_r = tl.load(e_b + off_r, mask=m_h, other=0)
+            # (a non-finite adjoint reaches the next even where P_s was skipped as zero: 0 · NaN is NaN)
             b_x = tl.dot(b_p, b_x, b_r, input_precision=DOT_PREC)

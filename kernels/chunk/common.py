@@ -217,3 +217,48 @@ def transition_negligible(
         b_rho = tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)
         b_r += tl.where(m_r, tl.log(b_rho), 0.0)
     return tl.sum(b_g, 0) + tl.sum(b_r, 0) < SEG_SKIP_LOG
+
+
+@triton.jit
+def burnin_start(
+    gout,
+    k,
+    beta,
+    seq0,
+    s_bos,
+    i_hv,
+    i_h,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    NORMED: tl.constexpr,
+    BETA_ACT: tl.constexpr,
+):
+    """Gated DeltaNet, the burn-in of a segment starting at token ``s_bos`` (a chunk boundary) of a sequence starting at
+    ``seq0``: going back whole chunks from ``s_bos``, the first chunk start ``c`` where the transition over
+    ``[c, s_bos)`` is negligible (its bound, as :func:`transition_negligible`'s, below ``SEG_SKIP_LOG``: a walk from a
+    zero state at ``c`` reaches ``s_bos`` with the true state to rounding), else ``seq0`` (the walk from the initial
+    state: exact). A NaN in the bound keeps going back (to ``seq0``: the NaN then reaches the outputs, as in the plain
+    pass). One chunk per step: a few under strong decays; under weak ones the walk is long anyway."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    c = s_bos
+    acc = tl.sum(tl.zeros([BT], dtype=tl.float32), 0)
+    go = c > seq0
+    while go:
+        t0 = c - BT  # a whole chunk of the sequence (segments start on chunk boundaries)
+        b_g = tl.load(gout + (t0 * HV + i_hv) + o_t * HV)
+        b_beta = load_beta(beta + (t0 * HV + i_hv) + o_t * HV, o_t < BT, BETA_ACT)
+        if NORMED:
+            b_n = tl.full([BT], 1.00000095367431640625, dtype=tl.float32)  # 1 + 2^-20
+        else:
+            b_k = tl.load(k + (t0 * H + i_h) * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=(o_k < K)[None, :])
+            b_k = b_k.to(tl.float32)
+            b_n = tl.sum(b_k * b_k, axis=1)
+        b_rho = tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)
+        acc += tl.sum(tl.where(o_t == BT - 1, b_g, 0.0) + tl.log(b_rho), 0)
+        c = t0
+        go = (c > seq0) & ((acc >= SEG_SKIP_LOG) | (acc != acc))
+    return c

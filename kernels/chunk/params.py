@@ -106,6 +106,13 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         # their chain under strong decays; the bound's pass reads γ, β and, without the in-kernel l2norm, k (by wide
         # loads: per chunk it was as latency-bound as the chain it skips)
         params["SEG_DECAY"] = (False, True)
+        # how each segment gets its entering state: phases 1 and 2 (the segments' transitions, then their starts in
+        # sequence: "transitions", exact), or by burn-in ("burnin": phase 3 alone; each segment walks back from its start,
+        # chunk by chunk, until a bound shows the transition from there negligible, below e^-104 as SEG_DECAY's, and starts its
+        # walk there from a zero state, or from the sequence's start and initial state where none does: equal to the
+        # full pass to rounding). Under strong decays a chunk or two of extra walk per segment instead of phase 1
+        # (about twice the state pass's work); under weak ones a long walk: slower than "transitions"
+        params["SEG_START"] = ("transitions", "burnin")
     return params
 
 
@@ -160,4 +167,5 @@ def default_config(K: int, V: int, gate: str) -> Config:
         # exact to rounding, and the H100 (commit 6690d18) measured it faster: B1 T32768 H16 0.918 -> 0.861 ms, Qwen3-Next's
         # B1 T32768 H16 HV32 phase 1 0.787 -> 0.623 ms (reports/h100/forward/seg_decay/)
         cfg["SEG_DECAY"] = True
+        cfg["SEG_START"] = "transitions"  # "burnin" not yet timed on a GPU
     return cfg

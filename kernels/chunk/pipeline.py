@@ -24,7 +24,7 @@ from .intra_blocks import launch_intra_blocks
 from .intra_kda import launch_intra_onepass
 from .output import launch_output
 from .segments import launch_segment_starts
-from .state import launch_state, launch_transitions
+from .state import burns_in, launch_state, launch_transitions
 
 Tensor = torch.Tensor
 
@@ -52,7 +52,7 @@ class ForwardResult:
 def build_stages(call: ChunkCall) -> tuple[list[Stage], Intermediates, Outputs]:
     """Allocate every buffer of ``call`` and return its stages (to run in order) with the buffers they fill."""
     inter, out = allocate(call)
-    scratch = allocate_segments(call)
+    scratch = None if burns_in(call.config) else allocate_segments(call)
     costs = stage_costs(call)
     intra = {"rows": launch_intra_rows, "onepass": launch_intra_onepass}.get(call.config["INTRA"], launch_intra_blocks)
     stages = [Stage("intra", partial(intra, call, inter), *costs["intra"])]

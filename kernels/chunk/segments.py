@@ -14,7 +14,9 @@ of each sequence (one program per sequence, value head and V tile).
   tensor-core product and a store, bound by moving ``M_s`` (``4 K²`` bytes) into the SM. ``K <= 128`` (``M_s`` in
   shared memory); larger K runs ``"tiles"``.
 
-The dot's precision is the call's (tf32 for 16-bit inputs, ``F32_DOT`` for float32 ones). An empty sequence has
+The dot's precision is the call's (tf32 for 16-bit inputs, ``F32_DOT`` for float32 ones). A non-finite entering
+state (NaN or inf from an earlier segment's values or the initial state) reaches the next one even where ``M_s`` was
+skipped as zero (``SEG_DECAY``): the product takes it (``0 · inf`` is NaN), as it must. An empty sequence has
 no segments: its final state is its initial state, stored here (every other final state is stored by phase 3, at
 the end of the last segment).
 """

@@ -48,7 +48,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
 from .call import ChunkCall, register_cap, tile
-from .common import load_beta, transition_negligible
+from .common import burnin_start, load_beta, transition_negligible
+from .tables import SegmentTable
 
 
 @triton.jit
@@ -152,9 +153,16 @@ def chunk_state_kernel(
     hs_td=None,
     vn_td=None,
     SEG_DECAY: tl.constexpr = False,
+    BURNIN: tl.constexpr = False,
+    seg_seq=None,
+    seq_first=None,
 ):
     """``SEG_DECAY`` (phase 1, Gated DeltaNet): an M column tile whose segment's transition is negligible
-    (:func:`.common.transition_negligible`) stores zeros and ends without walking the segment. ``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1)
+    (:func:`.common.transition_negligible`) stores zeros and ends without walking the segment. ``BURNIN`` (phase 3
+    without phases 1 and 2, Gated DeltaNet; ``SEG_START = "burnin"``): each segment finds, chunk by chunk backwards,
+    the nearest start whose transition up to the segment is negligible (:func:`.common.burnin_start`), or its
+    sequence's first token (``seq_first[s]``; ``h0`` is then the sequence's initial state, ``seg_seq[s]`` its index),
+    walks those chunks from a zero state (or that initial state) with no output or store, then its own. ``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1)
     applied to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
     ``BETA_ACT``: beta's activation where beta is loaded (``WU = "recomputed"``); ``hs_td``, ``vn_td``
     (``STATES_TMA``): descriptors of the chunk states' ``[chunks·HV·K, V]`` and V_new's ``[tokens, HV·V]`` views, each
@@ -222,6 +230,17 @@ def chunk_state_kernel(
             b_h = tl.where(is_m & (o_v[:, None] == o_k[None, :]), 1.0, b_h)
         else:
             b_h = tl.where(is_m & (o_k[:, None] == o_v[None, :]), 1.0, b_h)
+    elif BURNIN:
+        tl.static_assert(SEG == 2 and GATE == 1, "BURNIN: the segmented pass's phase 3, Gated DeltaNet")
+        seq0 = tl.load(seq_first + i_n).to(tl.int64)
+        s_bos = bos  # the segment's own first token: outputs and stores from there on
+        bos = burnin_start(gout, k, beta, seq0, s_bos, i_hv, i_h, H, HV, K, BT, BK, L2NORM, BETA_ACT)
+        c0 -= (s_bos - bos) // BT  # (the chunk states' global index of the walk's first chunk)
+        NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
+        if USE_H0:  # the sequence's initial state when the walk starts at the sequence's start (exact), else zero
+            i_h0 = (tl.load(seg_seq + i_n).to(tl.int64) * HV + i_hv) * K * V
+            b_h0 = tl.load(h0 + i_h0 + off_h, mask=m_h, other=0).to(tl.float32)
+            b_h += tl.where(bos == seq0, b_h0, 0.0)
     elif USE_H0:
         b_h += tl.load(h0 + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0).to(tl.float32)
     if SEG == 1 and SEG_DECAY:
@@ -247,6 +266,10 @@ def chunk_state_kernel(
         b_rq_n, b_rk_n = _factors(rq, rk, bos, eos, i_h, o_t, H)
     for i_t in tl.range(0, NTn, num_stages=LOOP_STAGES, warp_specialize=LOOP_WS):
         t0 = bos + i_t * BT
+        if BURNIN:  # a burn-in chunk (before the segment's own): the state only, no output, nothing stored
+            live = t0 >= s_bos
+        else:
+            live = True
         r0 = t0.to(tl.int32)  # descriptor row
         m_t = o_t < (eos - t0).to(tl.int32)  # (an int32 compare per row: the chunk's rows left, not token indices)
         if PREFETCH:
@@ -313,67 +336,70 @@ def chunk_state_kernel(
             b_gam, b_gC = _gate(gout, t0, eos, i_hv, o_t, BT, HV)
         if SEG == 1:
             pass  # transitions only: no output, no chunk states
-        elif FUSE_OUTPUT:
-            if GATE == 2:
-                b_q = _tile(qg + row_hv * K, off_wk, m_tk, q_td, r0, c_w, USE_TMA, False)
-            elif DIRECT:
-                b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(DT)
-            else:
-                b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32)
-                if L2NORM:
-                    b_q *= b_rq[:, None]
-                b_q *= scale
-                if GATE == 1:
-                    b_q *= _exp(b_gam)[:, None]
-                b_q = b_q.to(DT)
-            if QK_RECOMPUTE:  # scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j)), causal (j <= i), rows of this chunk
-                m_qk = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
-                b_A = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
-                if L2NORM:
-                    b_A *= b_rq[:, None] * b_rk[None, :]
-                if GATE == 1:
-                    b_A *= _exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
-                    b_A = (b_A * scale).to(DT)
+        elif FUSE_OUTPUT:  # noqa: SIM102 (a constexpr test, then a runtime one)
+            if live:  # (a burn-in chunk has no output)
+                if GATE == 2:
+                    b_q = _tile(qg + row_hv * K, off_wk, m_tk, q_td, r0, c_w, USE_TMA, False)
+                elif DIRECT:
+                    b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(DT)
                 else:
-                    b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
-            else:
-                b_A = _tile(aqk + row_hv * BT, off_a, m_t[:, None], a_td, r0, c_a, USE_TMA, False)
-            if TRANS:
-                b_o = tl.dot(b_hc, tl.trans(b_q), input_precision=DOT_PREC)
-            else:
-                b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
-            if GATE != 2 and DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
-                b_qf = tl.full([BT], scale, dtype=tl.float32)
-                if L2NORM:
-                    b_qf *= b_rq
-                if GATE == 1:
-                    b_qf *= _exp(b_gam)
-                b_o *= b_qf[None, :] if TRANS else b_qf[:, None]
-            if TRANS:
-                b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
-            else:
-                b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
-            b_o = b_o.to(o.dtype.element_ty)
-            if USE_TMA and not LOOP_WS:  # (a branch in the loop keeps Triton from specialising warps)
-                if t0 + BT <= eos:  # a whole chunk: one TMA store; the sequence's last, partial one by pointers
-                    o_td.store([r0, c_v], tl.trans(b_o) if TRANS else b_o)
+                    b_q = _tile(q + row_h * K, off_qk, m_tk, q_td, r0, c_qk, USE_TMA, False).to(tl.float32)
+                    if L2NORM:
+                        b_q *= b_rq[:, None]
+                    b_q *= scale
+                    if GATE == 1:
+                        b_q *= _exp(b_gam)[:, None]
+                    b_q = b_q.to(DT)
+                if QK_RECOMPUTE:  # scale · A_qk = scale · (q kᵀ ⊙ e^(γ_i − γ_j)), causal (j <= i), rows of this chunk
+                    m_qk = m_t[:, None] & (o_t[None, :] <= o_t[:, None])
+                    b_A = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)
+                    if L2NORM:
+                        b_A *= b_rq[:, None] * b_rk[None, :]
+                    if GATE == 1:
+                        b_A *= _exp(tl.where(m_qk, b_gam[:, None] - b_gam[None, :], float("-inf")))
+                        b_A = (b_A * scale).to(DT)
+                    else:
+                        b_A = tl.where(m_qk, b_A * scale, 0.0).to(DT)
+                else:
+                    b_A = _tile(aqk + row_hv * BT, off_a, m_t[:, None], a_td, r0, c_a, USE_TMA, False)
+                if TRANS:
+                    b_o = tl.dot(b_hc, tl.trans(b_q), input_precision=DOT_PREC)
+                else:
+                    b_o = tl.dot(b_q, b_hc, input_precision=DOT_PREC)
+                if GATE != 2 and DIRECT:  # the rows' factor scale · exp(γ) on the product, not on q
+                    b_qf = tl.full([BT], scale, dtype=tl.float32)
+                    if L2NORM:
+                        b_qf *= b_rq
+                    if GATE == 1:
+                        b_qf *= _exp(b_gam)
+                    b_o *= b_qf[None, :] if TRANS else b_qf[:, None]
+                if TRANS:
+                    b_o += tl.dot(b_vnc, tl.trans(b_A), input_precision=DOT_PREC)
+                else:
+                    b_o += tl.dot(b_A, b_vnc, input_precision=DOT_PREC)
+                b_o = b_o.to(o.dtype.element_ty)
+                if USE_TMA and not LOOP_WS:  # (a branch in the loop keeps Triton from specialising warps)
+                    if t0 + BT <= eos:  # a whole chunk: one TMA store; the sequence's last, partial one by pointers
+                        o_td.store([r0, c_v], tl.trans(b_o) if TRANS else b_o)
+                    else:
+                        tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
                 else:
                     tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
-            else:
-                tl.store(o + row_hv * V + off_v, b_o, mask=m_tv)
-        if SEG != 1 and (not FUSE_OUTPUT or STORE_STATES):  # (STORE_STATES: the backward's, with the output too)
-            if hs_td is not None:  # STATES_TMA: one TMA store per tile, no layout round trip through shared memory
-                hs_row = (((c0 + i_t) * HV + i_hv) * K).to(tl.int32)
-                b_hs = b_hc.to(hbuf.dtype.element_ty)
-                hs_td.store([hs_row, i_v * BV], tl.trans(b_hs) if TRANS else b_hs)
-                b_vs = b_vnc.to(vnew.dtype.element_ty)
-                if t0 + BT <= eos:  # a whole chunk: one store; the sequence's last, partial one by pointers
-                    vn_td.store([r0, c_v], tl.trans(b_vs) if TRANS else b_vs)
+        # (STORE_STATES: the backward's, with the output too)
+        if SEG != 1 and (not FUSE_OUTPUT or STORE_STATES):  # noqa: SIM102 (a constexpr test, then a runtime one)
+            if live:  # (a burn-in chunk's state and V_new are the previous segment's to store)
+                if hs_td is not None:  # STATES_TMA: one TMA store per tile, no layout round trip through shared memory
+                    hs_row = (((c0 + i_t) * HV + i_hv) * K).to(tl.int32)
+                    b_hs = b_hc.to(hbuf.dtype.element_ty)
+                    hs_td.store([hs_row, i_v * BV], tl.trans(b_hs) if TRANS else b_hs)
+                    b_vs = b_vnc.to(vnew.dtype.element_ty)
+                    if t0 + BT <= eos:  # a whole chunk: one store; the sequence's last, partial one by pointers
+                        vn_td.store([r0, c_v], tl.trans(b_vs) if TRANS else b_vs)
+                    else:
+                        tl.store(vnew + row_hv * V + off_v, b_vs, mask=m_tv)
                 else:
-                    tl.store(vnew + row_hv * V + off_v, b_vs, mask=m_tv)
-            else:
-                tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
-                tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
+                    tl.store(hbuf + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_hc.to(hbuf.dtype.element_ty), mask=m_h)
+                    tl.store(vnew + row_hv * V + off_v, b_vnc.to(vnew.dtype.element_ty), mask=m_tv)
         b_vk = b_vnc  # V_new as the state update's operand
         if GATE != 2 and not EARLY:
             b_k = _tile(k + row_h * K, off_qk, m_tk, k_td, r0, c_qk, USE_TMA, False).to(DT)
@@ -506,6 +532,7 @@ def _launch(
     store_ht: bool,
     BV: int,
     launch: dict[str, Any],
+    burnin: SegmentTable | None = None,
 ) -> Any:
     tds = descriptors(call, inter, o, BV) if seg != 1 else {}
     stores = state_store_descriptors(call, inter, BV) if seg != 1 else {}
@@ -552,22 +579,37 @@ def _launch(
         QK_RECOMPUTE=call.recompute_qk,
         TMA=bool(tds),
         **tds,
-        **loop_options(call.config, bool(tds), call.gate),
+        # (burn-in: its chunks' branch around the output keeps the loop from warp specialisation)
+        **(
+            loop_options(call.config, bool(tds), call.gate)
+            if burnin is None
+            else {"LOOP_STAGES": None, "LOOP_WS": False}
+        ),
         STORE_STATES=fuse and inter.h is not None,
         GATE_PREFETCH=call.config.get("GATE_LOADS", "pipelined") == "prefetched",
         **call.in_kernel.chunk_args(),
         **inter.rnorm_args(),
         **stores,
         SEG_DECAY=seg == 1 and bool(call.config.get("SEG_DECAY", False)),
+        BURNIN=burnin is not None,
+        seg_seq=None if burnin is None else burnin.seq_index,
+        seq_first=None if burnin is None else burnin.seq_first,
         **launch,
     )
 
 
+def burns_in(config: Config) -> bool:
+    """Whether the sequence-parallel pass starts its segments by burn-in (``SEG_START = "burnin"``: phase 3 alone, no
+    transitions, no segment starts, no scratch) rather than from phases 1 and 2."""
+    return config.get("SEG_START", "transitions") == "burnin"
+
+
 def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: SegmentScratch | None) -> Any:
-    """The state pass (with the output when ``FUSE_OUTPUT``): per sequence, or per segment from ``scratch.starts``."""
+    """The state pass (with the output when ``FUSE_OUTPUT``): per sequence, or per segment from ``scratch.starts``, or
+    per segment by burn-in (:func:`burns_in`: no scratch)."""
     t = call.tables
     BV = call.h_BV
-    if scratch is None:
+    if scratch is None and (t.segments is None or not burns_in(call.config)):
         grid = (triton.cdiv(call.V, BV), call.N * call.HV)
         return _launch(
             call, inter, grid, call.h0, out.final_state, out.o, t.seq_bounds, t.chunk_offsets, None, None, 0,
@@ -576,6 +618,18 @@ def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: S
     seg = t.segments
     assert seg is not None
     grid = (triton.cdiv(call.V, BV), seg.NS * call.HV)
+    if burns_in(call.config):  # each segment's start by burn-in, from the sequences' own initial states
+        ht = out.final_state
+        if ht is not None and seg.empty is not None:  # (phase 2 stores these otherwise): their initial state, or 0
+            if call.h0 is not None:
+                ht.index_copy_(0, seg.empty, call.h0.index_select(0, seg.empty).to(ht.dtype))
+            else:
+                ht.index_fill_(0, seg.empty, 0.0)
+        return _launch(
+            call, inter, grid, call.h0, ht, out.o, seg.bounds, seg.chunk_offsets, seg.last, None, 2,
+            call.fuse, call.output_final_state, BV, call.warps("h"), seg,
+        )  # fmt: skip
+    assert scratch is not None
     return _launch(
         call, inter, grid, scratch.starts, out.final_state, out.o, seg.bounds, seg.chunk_offsets, seg.last, None, 2,
         call.fuse, call.output_final_state, BV, call.warps("h"),

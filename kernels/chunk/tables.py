@@ -11,7 +11,9 @@ chunks keep their global numbering. Because they tile the tokens in order, segme
 ``bounds[s] .. bounds[s + 1] - 1`` and chunks ``chunk_offsets[s] .. chunk_offsets[s + 1] - 1`` (the same layout as
 ``cu_seqlens`` / the chunk offsets of sequences, so the state kernel's varlen mode runs over segments as they
 are). ``last[s]`` is the sequence whose last segment ``s`` is (else −1); sequence ``n`` owns segments
-``seq_segments[n] .. seq_segments[n + 1] - 1`` (none when it is empty).
+``seq_segments[n] .. seq_segments[n + 1] - 1`` (none when it is empty); segment ``s`` belongs to sequence
+``seq_index[s]``, whose first token is ``seq_first[s]`` (the burn-in's exact fallback, ``SEG_START = "burnin"``);
+``empty`` lists the sequences without a segment (their final state is their initial state).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class SegmentTable:
     chunk_offsets: Tensor  # [NS + 1] first (global) chunk of each segment, then the total
     last: Tensor  # [NS] sequence index if the segment ends its sequence, else -1
     seq_segments: Tensor  # [N + 1] first segment of each sequence
+    seq_index: Tensor  # [NS] the segment's sequence
+    seq_first: Tensor  # [NS] its sequence's first token
+    empty: Tensor | None  # int64: the empty sequences (no segment), or None when there is none
 
 
 @dataclass(frozen=True)
@@ -142,14 +147,19 @@ def _build_cached(
         parts["seg_chunks"] = torch.cat([chunk_offsets[seq] + j * seg_chunks, chunk_offsets[-1:]])
         parts["seg_last"] = torch.where(j == n_segs[seq] - 1, seq, -1)
         parts["seq_segments"] = seq_segments
+        parts["seg_seq"] = seq
+        parts["seg_seq_first"] = offs[seq]
+        if bool((lens == 0).any()):
+            parts["seq_empty"] = torch.nonzero(lens == 0).reshape(-1)
         seg_lens = parts["seg_bounds"][1:] - parts["seg_bounds"][:-1]
         inner_tokens = int(seg_lens[parts["seg_last"] < 0].sum())
     dev = _upload(parts, device)
     segments = None
     if use_segments:
         segments = SegmentTable(
-            NS, seg_chunks, inner_tokens, dev["seg_bounds"], dev["seg_chunks"], dev["seg_last"], dev["seq_segments"]
-        )
+            NS, seg_chunks, inner_tokens, dev["seg_bounds"], dev["seg_chunks"], dev["seg_last"], dev["seq_segments"],
+            dev["seg_seq"], dev["seg_seq_first"], dev["seq_empty"].long() if "seq_empty" in dev else None,
+        )  # fmt: skip
     return ChunkTables(NC, dev.get("seq_bounds"), dev.get("chunk_info"), dev.get("chunk_offsets"), segments)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import triton.language as tl
 from dtune.kernels.chunk import backward as chunk_bwd
 from dtune.kernels.reference import naive_recurrent
 from dtune.kernels.reference_bwd import GATE_FLOOR, chunk_backward_reference
@@ -368,6 +369,25 @@ def test_gradients_with_the_segmented_forward(problem: Shape, save: str, monkeyp
     # starts ("intra"), all again ("none": the plain forward, then stage 1 and the state pass in the backward)
     want = {"intra": [1, 2, 2], "none": [1, 2, 1, 2], "all": [1, 2]}[save]
     assert [r["SEG"] for r in launched] == want
+
+
+@pytest.mark.parametrize("save", ["intra", "none", "all"])
+@pytest.mark.parametrize("gate_min", [-5.0, -0.1], ids=["strong", "mild"])
+def test_gradients_with_the_burn_in_forward(save: str, gate_min: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward under autograd with segments started by burn-in (``SEG_START = "burnin"``): phase 3 alone, no
+    transitions, in the forward and in the backward's re-run; its chunk states (``SAVE = "all"``, read by the backward)
+    stored only by the segment that owns them. Strong gates (a short burn-in) and mild ones (back to each sequence's
+    start), varlen with an empty sequence."""
+    from dtune.kernels.chunk import state
+
+    launched: list[dict[str, Any]] = []
+    monkeypatch.setattr(state, "chunk_state_kernel", _Spy(state.chunk_state_kernel, launched))
+    p = Shape(1, 0, 2, 4, 16, 32, 4, Gate.SCALAR, True)
+    x = make_inputs(p, seed=8, seq_lens=[33, 0, 20, 50], gate_min=gate_min)
+    cfg = {**BT16, "SAVE": save}
+    errs = gradients_vs_loop(p, x, cfg, fwd_config={**SEG_FWD, "SEG_START": "burnin"})
+    assert_close(errs, TOL[torch.float32])
+    assert launched and all(r["SEG"] == 2 and r["BURNIN"] for r in launched)
 
 
 @pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
@@ -736,6 +756,10 @@ def test_reverse_pass_adjoint_store_descriptor_only_where_tiles_fit() -> None:
 
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 def test_seg_decay_skips_only_negligible_transitions(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the skip's threshold at −40 (kernels.config.SEG_SKIP_LOG is −104): a skipped transition is still representable
+    from dtune.kernels.chunk import common
+
+    monkeypatch.setattr(common, "SEG_SKIP_LOG", tl.constexpr(-40.0))
     """``dh_SEG_DECAY`` (and the training forward's ``SEG_DECAY``): three heads, segments of 32 tokens. Head 0 decays by
     1.5 per token (its transitions' bound e^-48: skipped, P stored as zeros), head 1 by at most 0.1 (kept), head 2 by
     1.5 with keys of norm 3 (the bound's key factor keeps it). Every gradient equals the float64 loop's; phase 1's P
@@ -761,3 +785,27 @@ def test_seg_decay_skips_only_negligible_transitions(layout: str, monkeypatch: p
     for h in (1, 2):
         assert torch.equal(on[:, h], off[:, h]), f"head {h}'s transitions are not negligible: computed"
         assert off[:, h].abs().max() > 0
+
+
+def test_seg_decay_keeps_a_non_finite_adjoint() -> None:
+    """A final-state gradient with a NaN (strong gates: every reverse transition skipped): the plain reverse pass
+    carries it into every earlier adjoint, and so does the segmented pass, its phase 2's product with the zero
+    transitions included (the same NaN pattern in every gradient)."""
+    p = Shape(1, 96, 1, 1, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=40, gate_min=-0.1)
+    assert x["g"] is not None
+    x["g"][..., 0] = -3.5
+    leaves = {n: x[n].clone().requires_grad_() for n in NAMES}
+    grads = []
+    for cfg in ({**BT16, "dh_SEG_CHUNKS": 2, "REVERSE_DV": True}, {**BT16, "dh_SEG_CHUNKS": 0}):
+        o, s = ops.run_kernel(
+            CHUNK[p.gate], *(leaves[n] for n in ("q", "k", "v", "g", "beta")),
+            initial_state=leaves["initial_state"], output_final_state=True, bwd_config=cfg,
+        )  # fmt: skip
+        assert s is not None
+        dht = torch.zeros_like(s)
+        dht[0, 0, 2, 3] = float("nan")
+        grads.append(torch.autograd.grad((o, s), list(leaves.values()), (torch.zeros_like(o), dht)))
+    for name, seg, plain in zip(NAMES, *grads, strict=True):
+        assert torch.equal(seg.isnan(), plain.isnan()), name
+    assert grads[1][1][0, :16].isnan().any(), "dk of the first segment: NaN in the plain pass"

@@ -109,6 +109,10 @@ QK_CASES: dict[str, tuple[str, int, int, int, int, int, int, list[int] | None, d
     "gdn-segmented-T70": (
         "chunk_gated_delta_rule", 1, 70, 1, 2, 16, 16, None, {"BT": 16, "SEG_CHUNKS": 2}, True,
     ),
+    # burn-in with k normalised in the kernel (its bound's key norms taken as 1)
+    "gdn-segmented-T70-burnin": (
+        "chunk_gated_delta_rule", 1, 70, 1, 2, 16, 16, None, {"BT": 16, "SEG_CHUNKS": 2, "SEG_START": "burnin"}, True,
+    ),
     # the decay-driven skip of phase 1 with k normalised in the kernel (the bound's key norms taken as 1)
     "gdn-segmented-T70-decay-skip": (
         "chunk_gated_delta_rule", 1, 70, 1, 2, 16, 16, None, {"BT": 16, "SEG_CHUNKS": 2, "SEG_DECAY": True}, True,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import triton.language as tl
 from dtune.kernels import KERNELS
 from dtune.kernels import chunk as chunk_mod
 from dtune.kernels.chunk.tables import build_tables
@@ -76,6 +77,15 @@ CASES.append(("B1-T150-K48-V48-kda-rows", Problem(1, 150, 1, 1, 48, 48, 1, Gate.
               {"BT": 32, "BC": 16, "INTRA": "rows", "SEG_CHUNKS": 2, "h_BV": 32}))  # fmt: skip
 
 
+# segments started by burn-in (SEG_START = "burnin", Gated DeltaNet): phase 3 alone, every segmented case above; under
+# these mild gates each segment walks back to its sequence's start (exact), under strong ones a chunk or two
+CASES += [
+    (f"{tag}-burnin", p, lens, h0, {**cfg, "SEG_START": "burnin"})
+    for tag, p, lens, h0, cfg in list(CASES)
+    if p.gate is Gate.SCALAR and cfg.get("SEG_CHUNKS")
+]
+
+
 @pytest.mark.parametrize(("problem", "seq_lens", "h0", "config"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_segmented_state_pass_matches_loop(
     problem: Problem, seq_lens: list[int] | None, h0: bool, config: dict[str, Any]
@@ -134,6 +144,16 @@ def test_segment_table() -> None:
     assert fixed.chunk_offsets.tolist() == [0, 2, 4, 5, 7, 9, 10]
 
 
+@pytest.fixture
+def representable_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The skip's threshold at −40 instead of −104 (kernels.config.SEG_SKIP_LOG), read by the interpreter at run time:
+    a skipped transition is then still representable in float32 (about e^-48), so the tests can tell a skip (exact
+    zeros) from a computed one."""
+    from dtune.kernels.chunk import common
+
+    monkeypatch.setattr(common, "SEG_SKIP_LOG", tl.constexpr(-40.0))
+
+
 def _captured_scratch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The segment scratch of every forward call from now on (phase 1's ``[N_s | M_s]`` in ``.transitions``)."""
     from dtune.kernels.chunk import pipeline
@@ -150,7 +170,9 @@ def _captured_scratch(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 @pytest.mark.parametrize("layout", ["kv", "vk"])
-def test_seg_decay_skips_only_negligible_transitions(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_seg_decay_skips_only_negligible_transitions(
+    layout: str, monkeypatch: pytest.MonkeyPatch, representable_threshold: None
+) -> None:
     """``SEG_DECAY``: three heads, segments of 32 tokens. Head 0 decays by 1.5 per token (its transitions' bound e^-48
     lies below e^-40: skipped, M stored as zeros), head 1 by at most 0.1 (kept), head 2 by 1.5 with keys of norm 3
     (β‖k‖² up to 9: the bound's key factor, up to e^2.1 per token, keeps it). Outputs and final states equal the
@@ -187,7 +209,9 @@ def test_seg_decay_keeps_nan_gates() -> None:
     assert s is not None and s.isnan().any()
 
 
-def test_seg_decay_bound_reads_the_whole_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_seg_decay_bound_reads_the_whole_segment(
+    monkeypatch: pytest.MonkeyPatch, representable_threshold: None
+) -> None:
     """Segments of 256 tokens, the bound read in blocks of 128. Head 0: mild gates (−0.01) in each segment's first
     128 tokens, strong (−0.5) in its last 128: the bound, about −65, skips only if both blocks count. Head 1: −0.2 per
     token (−51 over a segment) with keys of norm 3 in each segment's last 128 tokens (the key factor, up to +2.1 per
@@ -206,3 +230,64 @@ def test_seg_decay_bound_reads_the_whole_segment(monkeypatch: pytest.MonkeyPatch
     on, off = (s.transitions[:2, :, :, p.V :] for s in got)
     assert torch.all(on[:, 0] == 0) and off[:, 0].abs().max() > 0
     assert torch.equal(on[:, 1], off[:, 1]) and off[:, 1].abs().max() > 0
+
+
+def test_seg_decay_at_its_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the real threshold (−104): head 0 decays by 3.5 per token (a segment's bound −112: skipped), head 1 by at most
+    0.1 (kept); outputs and final states equal the float64 loop's, and the skipped transitions are zeros where the
+    full product's are zero to float32 (under 1e-44)."""
+    p = Problem(1, 96, 1, 2, 16, 32, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=38, gate_min=-0.1)
+    assert x["g"] is not None
+    x["g"][..., 0] = -3.5
+    got = _captured_scratch(monkeypatch)
+    cfg = {**SEG, "SEG_DECAY": True}
+    check_loop(p, x, cfg)
+    check_loop(p, x, {**cfg, "SEG_DECAY": False})
+    on, off = (s.transitions[:2, :, :, p.V :] for s in got)
+    assert torch.all(on[:, 0] == 0) and off[:, 0].abs().max() < 1e-44
+    assert torch.equal(on[:, 1], off[:, 1]) and off[:, 1].abs().max() > 0
+
+
+@pytest.mark.parametrize("combine", ["regs", "tiles"])
+def test_seg_decay_keeps_a_non_finite_state(combine: str) -> None:
+    """An initial state with an inf and a NaN in head 0 (strong gates: every transition skipped): the plain pass carries
+    them (0 · inf, NaN) into every later state, and so does the segmented pass, its phase 2's product with the zero
+    transitions included (the same NaN pattern in the outputs and the final state)."""
+    p = Problem(1, 96, 1, 2, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=39, gate_min=-0.1)
+    assert x["g"] is not None and x["initial_state"] is not None
+    x["g"][..., 0] = -3.5
+    x["initial_state"][0, 0, 3, 5] = float("inf")
+    x["initial_state"][0, 0, 7, 9] = float("nan")
+    o, s = run(CHUNK[p.gate], x, {**SEG, "SEG_DECAY": True, "SEG_COMBINE": combine})
+    o_plain, s_plain = run(CHUNK[p.gate], x, {**SEG, "SEG_CHUNKS": 0})
+    assert s is not None and s_plain is not None
+    assert torch.equal(o.isnan(), o_plain.isnan()) and o[0, -1, 0].isnan().any()
+    assert torch.equal(s.isfinite(), s_plain.isfinite()) and not s[0, 0].isfinite().all()
+
+
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_burn_in_under_strong_gates(layout: str) -> None:
+    """Burn-in under strong gates (a segment's walk starts a chunk or two before it), varlen with an empty sequence and
+    a 1-token one, K != V, grouped heads, fused and unfused output: equal to the float64 loop."""
+    p = Problem(1, 0, 2, 4, 32, 16, 5, Gate.SCALAR, True)
+    x = make_inputs(p, seed=41, seq_lens=[70, 5, 0, 33, 1], gate_min=-5.0)
+    for fused in (True, False):
+        check_loop(p, x, {**SEG, "SEG_START": "burnin", "STATE_LAYOUT": layout, "FUSE_OUTPUT": fused})
+
+
+def test_burn_in_starts_near_the_segment() -> None:
+    """What burn-in is: under strong gates a segment's walk starts where the transition up to it is negligible, so a
+    NaN in an earlier segment's values does not reach it (it does reach it with phases 1 and 2, and in the plain
+    pass: the walk from the sequence's start carries it, times a decay of e^-100 or less). This is why burn-in is
+    opt-in and not in the search spaces (docs/parameters.md)."""
+    p = Problem(1, 96, 1, 1, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=42, gate_min=-0.1)
+    assert x["g"] is not None
+    x["g"][...] = -4.0
+    x["v"][0, 3, 0, 0] = float("nan")  # the first segment's (tokens 0..31)
+    o_burn, _ = run(CHUNK[p.gate], x, {**SEG, "SEG_START": "burnin"})
+    o_full, _ = run(CHUNK[p.gate], x, {**SEG, "SEG_START": "transitions"})
+    assert o_full[0, 32:, 0, 0].isnan().all() and o_burn[0, 3:32, 0, 0].isnan().any()  # (value channel 0's)
+    assert not o_burn[0, 64:].isnan().any(), "the third segment walks from token 32, after the NaN"
