@@ -240,8 +240,9 @@ def burnin_start(
     ``seq0``: going back whole chunks from ``s_bos``, the first chunk start ``c`` where the transition over
     ``[c, s_bos)`` is negligible (its bound, as :func:`transition_negligible`'s, below ``SEG_SKIP_LOG``: a walk from a
     zero state at ``c`` reaches ``s_bos`` with the true state to rounding), else ``seq0`` (the walk from the initial
-    state: exact). A NaN in the bound keeps going back (to ``seq0``: the NaN then reaches the outputs, as in the plain
-    pass). One chunk per step: a few under strong decays; under weak ones the walk is long anyway."""
+    state: exact). A NaN in the bound stops the scan at its chunk, which the walk then starts with: the NaN reaches the
+    segment's outputs, as in the plain pass. One chunk per step: a few under strong decays; under weak ones the walk
+    is long anyway."""
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     c = s_bos
@@ -260,5 +261,5 @@ def burnin_start(
         b_rho = tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)
         acc += tl.sum(tl.where(o_t == BT - 1, b_g, 0.0) + tl.log(b_rho), 0)
         c = t0
-        go = (c > seq0) & ((acc >= SEG_SKIP_LOG) | (acc != acc))
+        go = (c > seq0) & (acc >= SEG_SKIP_LOG)  # (NaN: stops at its chunk, whose walk then carries the NaN on)
     return c

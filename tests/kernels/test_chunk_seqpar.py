@@ -291,3 +291,16 @@ def test_burn_in_starts_near_the_segment() -> None:
     o_full, _ = run(CHUNK[p.gate], x, {**SEG, "SEG_START": "transitions"})
     assert o_full[0, 32:, 0, 0].isnan().all() and o_burn[0, 3:32, 0, 0].isnan().any()  # (value channel 0's)
     assert not o_burn[0, 64:].isnan().any(), "the third segment walks from token 32, after the NaN"
+
+
+def test_burn_in_keeps_a_nan_gate_it_meets() -> None:
+    """Burn-in under strong gates with a NaN gate at token 40 (the second segment): the third segment's scan meets it
+    in its bound and starts its walk at that chunk, so the NaN reaches its outputs, as in the plain pass."""
+    p = Problem(1, 96, 1, 1, 16, 16, 1, Gate.SCALAR)
+    x = make_inputs(p, seed=43, gate_min=-0.1)
+    assert x["g"] is not None
+    x["g"][...] = -4.0
+    x["g"][0, 40, 0] = float("nan")
+    o_burn, _ = run(CHUNK[p.gate], x, {**SEG, "SEG_START": "burnin"})
+    o_plain, _ = run(CHUNK[p.gate], x, {**SEG, "SEG_CHUNKS": 0})
+    assert torch.equal(o_burn.isnan(), o_plain.isnan()) and o_burn[0, 64:].isnan().all()
