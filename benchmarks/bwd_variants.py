@@ -156,6 +156,13 @@ VARIANTS: list[Variant] = [
     ("stage 1 at 2 warps", OnShipped({"fi_num_warps": 2}), ("b8",), DN_GDN),
     # the training forward's segments started by burn-in (SEG_START, not in the search spaces): phase 3 alone
     ("forward segments by burn-in", OnShipped({}, fwd={"SEG_START": "burnin"}), ("b1",), (Gate.SCALAR,)),
+    # ... and the reverse pass's too (dh_SEG_START): neither pass runs its phases 1 and 2
+    (
+        "both passes' segments by burn-in",
+        OnShipped({"dh_SEG_START": "burnin"}, fwd={"SEG_START": "burnin"}),
+        ("b1",),
+        (Gate.SCALAR,),
+    ),
 ]
 
 

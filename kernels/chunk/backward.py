@@ -191,6 +191,11 @@ _GATED_SCALAR: dict[str, tuple[Any, ...]] = {
     # of its norm from the segment's gates, β and key norms shows it negligible (kernels.config.SEG_SKIP_LOG: the
     # result equal to rounding), stored as zeros without walking the segment (True; the forward's SEG_DECAY)
     "dh_SEG_DECAY": (False, True),
+    # ... and how each segment gets its end adjoint: phases 1 and 2 ("transitions", exact), or by burn-in ("burnin":
+    # phase 3 alone, each segment walking forward past its end until the bound shows the adjoint's transition from
+    # there negligible, then walking back from a zero adjoint; or from the sequence's end and the final state's gradient
+    # where no chunk qualifies: exact); the forward's SEG_START, opt-in, not in the search spaces
+    "dh_SEG_START": ("transitions", "burnin"),
 }
 
 
@@ -272,6 +277,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         # (H100, commit 6690d18, the shipped B1 T32768 entry: the reverse pass's two launches 0.963 -> 0.942 ms, the
         # step 3.235 -> 3.220 ms in 3 interleaved rounds; reports/h100/training/seg_decay/)
         cfg["dh_SEG_DECAY"] = True
+        cfg["dh_SEG_START"] = "transitions"  # "burnin" not yet timed on a GPU
     return cfg
 
 
@@ -296,6 +302,10 @@ def check_config(K: int, V: int, gate: str, config: dict[str, Any] | None, name:
         raise ValueError(
             f"config for {name}: fh_INTRA='onepass' holds 1 or 2 sub-chunks, needs BT <= 2 * BC, got BT={full['BT']}, "
             f"BC={full['BC']}"
+        )
+    if full.get("dh_SEG_START") == "burnin" and full["REVERSE_DQK"]:
+        raise ValueError(
+            f"config for {name}: dh_SEG_START='burnin' runs without REVERSE_DQK (its stores are the pass's)"
         )
     if full.get("dqk_DECAY") == "value" and (gate != "scalar" or not full["FUSE_DV"] or full["REVERSE_DQK"]):
         raise ValueError(

@@ -41,6 +41,9 @@ class ReverseSegments:
     chunk_offsets: Tensor  # [NS + 1]
     first: Tensor  # [NS]
     seq_segments: Tensor  # [N + 1]
+    seq_index: Tensor  # [NS] the segment's sequence
+    seq_end: Tensor  # [NS] its sequence's end (one past its last token): the burn-in's exact fallback
+    empty: Tensor | None  # int64: the empty sequences (no segment), or None when there is none
 
 
 def reverse_segments(
@@ -75,9 +78,10 @@ def _build(
     bounds = torch.cat([offs[seq] + j * (seg_chunks * BT), offs[-1:]])
     seg_chunk0 = torch.cat([chunk_offsets[seq] + j * seg_chunks, chunk_offsets[-1:]])
     first = torch.where(j == 0, seq, -1)
-    flat = torch.cat([bounds, seg_chunk0, first, seq_segments]).to(torch.int32).to(device)
-    a, b, c = NS + 1, 2 * NS + 2, 3 * NS + 2
-    return ReverseSegments(NS, flat[:a], flat[a:b], flat[b:c], flat[c:])
+    flat = torch.cat([bounds, seg_chunk0, first, seq_segments, seq, offs[seq + 1]]).to(torch.int32).to(device)
+    a, b, c, d, e = NS + 1, 2 * NS + 2, 3 * NS + 2, 3 * NS + 2 + seq_segments.numel(), 4 * NS + 2 + seq_segments.numel()
+    empty = torch.nonzero(lens == 0).reshape(-1).to(device) if bool((lens == 0).any()) else None
+    return ReverseSegments(NS, flat[:a], flat[a:b], flat[b:c], flat[c:d], flat[d:e], flat[e:], empty)
 
 
 @triton.jit

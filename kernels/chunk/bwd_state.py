@@ -65,7 +65,7 @@ from ..config import GATE_FLOOR, Config, next_power_of_2
 from .bwd_reverse_dqk import chunk_bwd_reverse_dqk_tiled_kernel, reverse_chunk_grads
 from .bwd_segments import chunk_bwd_segment_ends_kernel, reverse_segments
 from .call import tile
-from .common import scalar_causal_aqk, scalar_chunk_operands, transition_negligible
+from .common import burnin_end, scalar_causal_aqk, scalar_chunk_operands, transition_negligible
 from .state import _tile
 
 Tensor = torch.Tensor
@@ -151,6 +151,9 @@ def chunk_bwd_state_kernel(
     vn_td=None,
     xs_td=None,
     SEG_DECAY: tl.constexpr = False,
+    BURNIN: tl.constexpr = False,
+    seg_seq=None,
+    seq_end=None,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -210,6 +213,16 @@ def chunk_bwd_state_kernel(
             b_x = tl.where(is_p & (o_v[:, None] == o_k[None, :]), 1.0, b_x)
         else:
             b_x = tl.where(is_p & (o_k[:, None] == o_v[None, :]), 1.0, b_x)
+    elif BURNIN:  # (dh_SEG_START = "burnin") phase 3 alone: the walk starts where the adjoint's burn-in says
+        tl.static_assert(SEG == 2 and GATE == 1 and not DQK, "BURNIN: phase 3, Gated DeltaNet, without REVERSE_DQK")
+        s_eos = eos  # the segment's own end: nothing past it is stored
+        seq1 = tl.load(seq_end + i_n).to(tl.int64)
+        eos = burnin_end(gout, k, beta, seq1, s_eos, i_hv, i_h, H, HV, K, BT, BK)
+        NTn = tl.cdiv(eos - bos, BT).to(tl.int32)
+        if USE_DHT:  # the final state's gradient where the walk starts at the sequence's end (exact), else zero
+            i_x = (tl.load(seg_seq + i_n).to(tl.int64) * HV + i_hv) * K * V
+            b_dht = tl.load(dht + i_x + off_h, mask=m_h, other=0).to(tl.float32)
+            b_x += tl.where(eos == seq1, b_dht, 0.0)
     elif SEG == 2:
         b_x += tl.load(xend + i_nh.to(tl.int64) * K * V + off_h, mask=m_h, other=0)
     elif USE_DHT:
@@ -238,12 +251,17 @@ def chunk_bwd_state_kernel(
         row_h = t0 * H + i_h
         r0 = t0.to(tl.int32)  # descriptor row
         b_xc = b_x.to(DT)
-        if SEG != 1 and not DQK:  # (DQK: the chunk's gradients are formed here, X_{c+1} never stored)
-            if xs_td is not None:  # dh_STORE_TMA: the [K, BV] tile by one TMA store (no layout round trip first)
-                xs_row = (((c0 + i_t) * HV + i_hv) * K).to(tl.int32)
-                xs_td.store([xs_row, i_v * BV], tl.trans(b_xc) if TRANS else b_xc)
-            else:
-                tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
+        if BURNIN:  # a burn-in chunk (past the segment's end): the adjoint only, nothing stored
+            live = t0 < s_eos
+        else:
+            live = True
+        if SEG != 1 and not DQK:  # noqa: SIM102 (DQK: the chunk's gradients are formed here, X_{c+1} never stored)
+            if live:  # (a constexpr test, then a runtime one)
+                if xs_td is not None:  # dh_STORE_TMA: the [K, BV] tile by one TMA store (no layout round trip first)
+                    xs_row = (((c0 + i_t) * HV + i_hv) * K).to(tl.int32)
+                    xs_td.store([xs_row, i_v * BV], tl.trans(b_xc) if TRANS else b_xc)
+                else:
+                    tl.store(dh + ((c0 + i_t) * HV + i_hv) * K * V + off_h, b_xc.to(dh.dtype.element_ty), mask=m_h)
 
         b_do = _load(do + row_hv * V, off_v, m_to, do_td, r0, c_v, m_t, USE_TMA, TRANS).to(DT)
         if W_READ:
@@ -288,18 +306,22 @@ def chunk_bwd_state_kernel(
             else:
                 b_dvb = tl.dot(tl.trans(b_T), b_dvc, input_precision=DOT_PREC)
         if DV and SEG != 1:  # dv = β dVβ, dβ's v part; dVβ stored in dV_new's place
-            b_v = _load(v + row_hv * V, off_v, m_tv, v_td, r0, c_v, m_t, USE_TMA, TRANS).to(tl.float32)
-            if TRANS:
-                tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_tv)
-                b_dbv = tl.sum(b_dvb * b_v, 0)
-            else:
-                tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
-                b_dbv = tl.sum(b_dvb * b_v, 1)
-            if not DQK:  # (DQK: dVβ and the v part used here)
-                tl.store(dvn + row_hv * V + off_v, b_dvb.to(dvn.dtype.element_ty), mask=m_tv)
-                tl.store(dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t)  # this tile's slot
-        elif SEG != 1:
-            tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
+            if live:  # (a constexpr test, then a runtime one)
+                b_v = _load(v + row_hv * V, off_v, m_tv, v_td, r0, c_v, m_t, USE_TMA, TRANS).to(tl.float32)
+                if TRANS:
+                    tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), mask=m_tv)
+                    b_dbv = tl.sum(b_dvb * b_v, 0)
+                else:
+                    tl.store(dv + row_hv * V + off_v, (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+                    b_dbv = tl.sum(b_dvb * b_v, 1)
+                if not DQK:  # (DQK: dVβ and the v part used here)
+                    tl.store(dvn + row_hv * V + off_v, b_dvb.to(dvn.dtype.element_ty), mask=m_tv)
+                    tl.store(
+                        dbeta_part + i_v.to(tl.int64) * SS + row_hv + o_t * HV, b_dbv, mask=m_t
+                    )  # this tile's slot
+        elif SEG != 1:  # noqa: SIM102
+            if live:  # (a constexpr test, then a runtime one)
+                tl.store(dvn + row_hv * V + off_v, b_dvc.to(dvn.dtype.element_ty), mask=m_tv)
         # the chain's last product Wᵀ dV_new, from its operands: the dV side (b_l) and the K side (b_r); with X_ACC one
         # of them negated, X the dot's accumulator
         if W_FROM_K:  # Wᵀ dV_new = (β e^γ ⊙ K)ᵀ Tᵀ dV_new = (β e^γ ⊙ K)ᵀ dVβ: no W read
@@ -440,6 +462,22 @@ def launch_reverse(
     if dqk_work is None:  # (REVERSE_DQK stores no adjoint)
         extra |= store_descriptor(dh, K, V, BK, BV, config)
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
+    if seg is not None and config.get("dh_SEG_START", "transitions") == "burnin":
+        if dqk_work is not None or beta is None or GATE != 1:
+            raise ValueError("dh_SEG_START='burnin' needs beta, Gated DeltaNet's gate and no REVERSE_DQK")
+        # phase 3 alone: each segment's end adjoint by burn-in (no phases 1 and 2, no scratch); an empty sequence's
+        # initial state's gradient is its final state's (phase 2 stores it otherwise)
+        if dh0 is not None and seg.empty is not None:
+            if dht is not None:
+                dh0.index_copy_(0, seg.empty, dht.index_select(0, seg.empty).to(dh0.dtype))
+            else:
+                dh0.index_fill_(0, seg.empty, 0.0)
+        chunk_bwd_state_kernel[(triton.cdiv(V, BV), seg.NS * HV)](
+            *args, dht, dh0, dh, dvn, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=dht is not None,
+            STORE_DH0=dh0 is not None, VARLEN=True, SEG=2, first=seg.first, **common, **(extra | {"beta": beta}),
+            BURNIN=True, seg_seq=seg.seq_index, seq_end=seg.seq_end,
+        )  # fmt: skip
+        return
     tiled_pass = None
     if tiled:
         assert dv_work is not None and dqk_work is not None

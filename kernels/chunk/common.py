@@ -263,3 +263,45 @@ def burnin_start(
         c = t0
         go = (c > seq0) & (acc >= SEG_SKIP_LOG)  # (NaN: stops at its chunk, whose walk then carries the NaN on)
     return c
+
+
+@triton.jit
+def burnin_end(
+    gout,
+    k,
+    beta,
+    seq_end,
+    s_eos,
+    i_hv,
+    i_h,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """The reverse pass's burn-in (Gated DeltaNet) of a segment ending at token ``s_eos`` (a chunk boundary) of a
+    sequence ending at ``seq_end``: going forward by chunks from ``s_eos``, the first chunk end ``c`` where the adjoint's
+    transition over ``[s_eos, c)`` is negligible (the bound of :func:`burnin_start`), else ``seq_end`` (the walk from
+    the final state's gradient: exact). A NaN in the bound stops the scan at its chunk, which the walk then carries."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    c = s_eos
+    acc = tl.sum(tl.zeros([BT], dtype=tl.float32), 0)
+    go = c < seq_end
+    while go:
+        n_left = (seq_end - c).to(tl.int32)
+        m_t = o_t < n_left  # (the sequence's last chunk may be partial)
+        b_g = tl.load(gout + (c * HV + i_hv) + o_t * HV, mask=m_t, other=0)
+        b_beta = load_beta(beta + (c * HV + i_hv) + o_t * HV, m_t, 0)
+        b_k = tl.load(
+            k + (c * H + i_h) * K + (o_t[:, None] * (H * K) + o_k[None, :]),
+            mask=m_t[:, None] & (o_k < K)[None, :],
+            other=0,
+        ).to(tl.float32)
+        b_rho = tl.maximum(tl.abs(1.0 - b_beta * tl.sum(b_k * b_k, axis=1)), 1.0, propagate_nan=tl.PropagateNan.ALL)
+        last = tl.minimum(n_left, BT) - 1
+        acc += tl.sum(tl.where(o_t == last, b_g, 0.0) + tl.where(m_t, tl.log(b_rho), 0.0), 0)
+        c = tl.minimum(c + BT, seq_end)
+        go = (c < seq_end) & (acc >= SEG_SKIP_LOG)
+    return c

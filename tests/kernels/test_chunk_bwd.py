@@ -390,6 +390,35 @@ def test_gradients_with_the_burn_in_forward(save: str, gate_min: float, monkeypa
     assert launched and all(r["SEG"] == 2 and r["BURNIN"] for r in launched)
 
 
+BURN_CASES = {
+    "kv": {"dh_LAYOUT": "kv"},
+    "vk-revdv": {"dh_LAYOUT": "vk", "REVERSE_DV": True},
+    "kv-revdv-fhW": {"REVERSE_DV": True, "fh_U": "recomputed", "fh_W": "recomputed", "SAVE": "all"},
+    "vk-tma-store": {"dh_LAYOUT": "vk", "dh_TMA": True, "dh_STORE_TMA": True, "REVERSE_DV": True, "dh_BV": 32},
+}
+
+
+@pytest.mark.parametrize("case", list(BURN_CASES), ids=list(BURN_CASES))
+@pytest.mark.parametrize("gate_min", [-5.0, -0.1], ids=["strong", "mild"])
+def test_gradients_with_the_burn_in_reverse_pass(case: str, gate_min: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reverse pass's segments ended by burn-in (``dh_SEG_START = "burnin"``): phase 3 alone, each segment walking
+    back from a zero adjoint past its end (or from the final state's gradient at its sequence's end), nothing past its
+    end stored; with the training forward's burn-in too. Strong gates (a chunk or two) and mild ones (to each
+    sequence's end), varlen with an empty sequence (its initial state's gradient is its final state's), segments of
+    one chunk."""
+    from dtune.kernels.chunk import bwd_state
+
+    launched: list[dict[str, Any]] = []
+    monkeypatch.setattr(bwd_state, "chunk_bwd_state_kernel", _Spy(bwd_state.chunk_bwd_state_kernel, launched))
+    p = Shape(1, 0, 2, 4, 16, 32, 4, Gate.SCALAR, True)
+    x = make_inputs(p, seed=9, seq_lens=[33, 0, 20, 50], gate_min=gate_min)
+    cfg = {**BT16, "dh_SEG_CHUNKS": 1, "dh_SEG_START": "burnin", **BURN_CASES[case]}
+    fwd = {**SEG_FWD, "SEG_START": "burnin"} if case.startswith("vk") else None
+    errs = gradients_vs_loop(p, x, cfg, fwd_config=fwd)
+    assert_close(errs, TOL[torch.float32])
+    assert [(r["SEG"], r.get("BURNIN")) for r in launched] == [(2, True)]
+
+
 @pytest.mark.parametrize("gate", list(Gate), ids=[g.value for g in Gate])
 def test_float16(gate: Gate) -> None:
     p = Shape(1, 40, 2, 4, 16, 16, 1, gate)

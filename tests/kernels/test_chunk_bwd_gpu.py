@@ -92,6 +92,12 @@ for gate in Gate:
         Shape(1, 0, 2, 4, 96, 64, 5, gate, True), [1, 2100, 0, 1333, 64], {**vk, "dh_BV": 64, "dh_SEG_CHUNKS": 8},
         SEG_FWD,
     )  # fmt: skip
+    if gate is Gate.SCALAR:  # both sequence-parallel passes' segments by burn-in (strong gates), the shipped B1 tiles
+        CASES[f"{tag}-B1-T5000-H2-HV4-K128-seg-burnin"] = (
+            Shape(1, 5000, 2, 4, 128, 128, 1, gate), None,
+            {**vk, "dh_SEG_CHUNKS": 16, "dh_SEG_START": "burnin", "REVERSE_DV": True, "dh_TMA": True},
+            {**SEG_FWD, "SEG_START": "burnin"},
+        )  # fmt: skip
     if gate is Gate.SCALAR:  # both sequence-parallel passes' phase 1 skipping negligible transitions (strong gates)
         CASES[f"{tag}-B1-T5000-H2-HV4-K128-seg-decay"] = (
             Shape(1, 5000, 2, 4, 128, 128, 1, gate), None, {**vk, "dh_SEG_CHUNKS": 16, "dh_SEG_DECAY": True},
