@@ -162,8 +162,9 @@ def chunk_state_kernel(
     without phases 1 and 2, Gated DeltaNet; ``SEG_START = "burnin"``): each segment finds, chunk by chunk backwards,
     the nearest start whose transition up to the segment is negligible (:func:`.common.burnin_start`), or its
     sequence's first token (``seq_first[s]``; ``h0`` is then the sequence's initial state, ``seg_seq[s]`` its index),
-    walks those chunks from a zero state (or that initial state) with no output or store, then its own. ``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1)
-    applied to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
+    walks those chunks from a zero state (or that initial state) with no output or store, then its own.
+    ``L2NORM``: q and k l2-normalised, their rows' factors (``rq``, ``rk`` ``[tokens, H]``, stored by stage 1) applied
+    to the products' rows (DeltaNet, Gated DeltaNet; KDA's q~, k~ come normalised from stage 1);
     ``BETA_ACT``: beta's activation where beta is loaded (``WU = "recomputed"``); ``hs_td``, ``vn_td``
     (``STATES_TMA``): descriptors of the chunk states' ``[chunks·HV·K, V]`` and V_new's ``[tokens, HV·V]`` views, each
     chunk's state tile and a whole chunk's V_new tile stored through them (a partial chunk's V_new by pointers)."""
