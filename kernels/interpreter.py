@@ -17,6 +17,9 @@ cases 211 -> 162 s, on a 2-core machine). Each patch is a no-op where the interp
 it knows; all are applied once per process. A memoised ``block_type`` takes a Python tuple shape as a list: Triton
 3.9's ``tl.split`` passes one, which its own constructor refuses, and a memo must not make that depend on which types
 an earlier kernel in the process built.
+
+:func:`reversed_programs` runs every grid's programs last first while in force: the interpreter runs them in order,
+which hides a program's store that a later program overwrites (on a GPU they run in any order).
 """
 
 from __future__ import annotations
@@ -204,3 +207,31 @@ def _same_type_shortcuts(ti: Any) -> None:
         return cast(input, dst_ty, fp_downcast_rounding)
 
     semantic.cast = cast_same
+
+
+@contextlib.contextmanager
+def reversed_programs() -> Any:
+    """Under Triton's interpreter, run every grid's programs in reverse order (the last program id first) while in force:
+    a test of a kernel whose programs must not depend on running after one another (on a GPU they run in any order and
+    at once). The interpreter runs them in order otherwise, which can hide a program's store that a later one
+    overwrites. A no-op where the interpreter's builder differs from the one this knows."""
+    try:
+        from triton.runtime import interpreter as ti
+    except ImportError:  # pragma: no cover - triton is a dependency
+        yield
+        return
+    builder = getattr(ti, "interpreter_builder", None)
+    if builder is None or not hasattr(builder, "set_grid_idx"):
+        yield
+        return
+    forward = builder.set_grid_idx
+
+    def backward(x: int, y: int, z: int) -> Any:
+        nx, ny, nz = builder.grid_dim
+        return forward(nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    builder.set_grid_idx = backward
+    try:
+        yield
+    finally:
+        builder.set_grid_idx = forward

@@ -15,6 +15,7 @@ import pytest
 import torch
 import triton.language as tl
 from dtune.kernels.chunk import backward as chunk_bwd
+from dtune.kernels.interpreter import reversed_programs
 from dtune.kernels.reference import naive_recurrent
 from dtune.kernels.reference_bwd import GATE_FLOOR, chunk_backward_reference
 
@@ -405,16 +406,19 @@ def test_gradients_with_the_burn_in_reverse_pass(case: str, gate_min: float, mon
     back from a zero adjoint past its end (or from the final state's gradient at its sequence's end), nothing past its
     end stored; with the training forward's burn-in too. Strong gates (a chunk or two) and mild ones (to each
     sequence's end), varlen with an empty sequence (its initial state's gradient is its final state's), segments of
-    one chunk."""
+    one chunk; the programs run last first (the interpreter's order would hide a store past a segment's end)."""
     from dtune.kernels.chunk import bwd_state
 
     launched: list[dict[str, Any]] = []
     monkeypatch.setattr(bwd_state, "chunk_bwd_state_kernel", _Spy(bwd_state.chunk_bwd_state_kernel, launched))
     p = Shape(1, 0, 2, 4, 16, 32, 4, Gate.SCALAR, True)
-    x = make_inputs(p, seed=9, seq_lens=[33, 0, 20, 50], gate_min=gate_min)
+    x = make_inputs(p, seed=9, seq_lens=[33, 0, 20, 90], gate_min=gate_min)
+    if gate_min < -1 and x["g"] is not None:  # every gate at or below −3: a segment's burn-in ends within the sequence
+        x["g"] = torch.minimum(x["g"], torch.full_like(x["g"], -3.0))
     cfg = {**BT16, "dh_SEG_CHUNKS": 1, "dh_SEG_START": "burnin", **BURN_CASES[case]}
     fwd = {**SEG_FWD, "SEG_START": "burnin"} if case.startswith("vk") else None
-    errs = gradients_vs_loop(p, x, cfg, fwd_config=fwd)
+    with reversed_programs():  # (a segment's stores past its end would land after its owner's)
+        errs = gradients_vs_loop(p, x, cfg, fwd_config=fwd)
     assert_close(errs, TOL[torch.float32])
     assert [(r["SEG"], r.get("BURNIN")) for r in launched] == [(2, True)]
 

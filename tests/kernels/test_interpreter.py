@@ -215,3 +215,21 @@ def test_a_cast_to_the_input_s_own_scalar_type_returns_the_input() -> None:
     assert y.dtype == tl.float16 and list(y.type.shape) == [2, 4] and y.handle.data.dtype == np.float16
     z = sem.cast(x, tl.int32)
     assert z.dtype == tl.int32 and z.handle.data.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@triton.jit
+def _order_kernel(out, ctr):
+    n = tl.atomic_add(ctr, 1)
+    tl.store(out + tl.program_id(0) * 2 + tl.program_id(1), n)
+
+
+def test_reversed_programs_runs_the_last_program_first() -> None:
+    """``reversed_programs()``: every grid's programs in reverse order while in force (each program sees its own ids),
+    the interpreter's order again after it."""
+    out, ctr = torch.zeros(6, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    with interpreter.reversed_programs():
+        _order_kernel[(3, 2)](out, ctr)
+    assert out.tolist() == [5, 4, 3, 2, 1, 0]
+    out, ctr = torch.zeros(6, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    _order_kernel[(3, 2)](out, ctr)
+    assert out.tolist() == [0, 1, 2, 3, 4, 5]
