@@ -164,6 +164,30 @@ def scalar_causal_aqk(b_q, b_k, b_gam, o_t, m_t, scale, GATE: tl.constexpr, DT, 
 
 
 @triton.jit
+def _log_rho(
+    k, beta, t0, rows, m_r, i_hv, i_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    NORMED: tl.constexpr, BETA_ACT: tl.constexpr,
+):  # fmt: skip
+    """``log max(1, |1 − β_t n_t|)`` of the token rows ``t0 + rows`` (value head ``i_hv``; masked rows ``m_r``: 0), the
+    log 2-norm bound of each token's map ``I − β_t k_t k_tᵀ`` beside its gate: β from ``beta`` (``[tokens, HV]``,
+    activated by ``BETA_ACT``) and ``n_t = ‖k_t‖²`` from ``k`` (``[tokens, H, K]``), or, ``NORMED`` (k l2-normalised in
+    the kernel), ``n_t ≤ 1 + 2^-20`` without reading k. NaN stays NaN."""
+    b_beta = load_beta(beta + (t0 * HV + i_hv) + rows * HV, m_r, BETA_ACT)
+    if NORMED:
+        b_n = tl.zeros_like(b_beta) + 1.00000095367431640625  # 1 + 2^-20
+    else:
+        o_k = tl.arange(0, BK)
+        b_k = tl.load(
+            k + (t0 * H + i_h) * K + (rows[:, None] * (H * K) + o_k[None, :]),
+            mask=m_r[:, None] & (o_k < K)[None, :],
+            other=0,
+        ).to(tl.float32)
+        b_n = tl.sum(b_k * b_k, 1)
+    b_rho = tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)
+    return tl.where(m_r, tl.log(b_rho), 0.0)
+
+
+@triton.jit
 def transition_negligible(
     gout,
     k,
@@ -183,11 +207,9 @@ def transition_negligible(
     """Gated DeltaNet: whether the transition of tokens ``bos .. eos − 1`` (whole chunks of ``BT`` from ``bos``, the
     last one partial) of value head ``i_hv`` is negligible (``kernels.config.SEG_SKIP_LOG``): the bound
     ``Σ_t γ_t + log max(1, |1 − β_t n_t|)`` of its log 2-norm, with γ from ``gout`` (stage 1's cumulative gate per
-    chunk, float32 ``[tokens, HV]``: each chunk's last row is its sum), β from ``beta`` (``[tokens, HV]``, activated
-    by ``BETA_ACT``) and ``n_t = ‖k_t‖²`` from ``k`` (``[tokens, H, K]``), or, ``NORMED`` (k l2-normalised in the
-    kernel), ``n_t ≤ 1 + 2^-20`` without reading k. A NaN anywhere gives False (NaN compares false). Wide loads, few
-    iterations (the chains it saves are latency-bound: a loop of one chunk per step would cost as much): the gate by
-    ``RC`` chunks per load, β and k by ``RB`` tokens."""
+    chunk, float32 ``[tokens, HV]``: each chunk's last row is its sum) and the rest from :func:`_log_rho`. A NaN
+    anywhere gives False (NaN compares false). Wide loads, few iterations (the chains it saves are latency-bound: a
+    loop of one chunk per step would cost as much): the gate by ``RC`` chunks per load, β and k by ``RB`` tokens."""
     RC: tl.constexpr = 256
     RB: tl.constexpr = 128
     L = (eos - bos).to(tl.int32)
@@ -199,23 +221,10 @@ def transition_negligible(
         last = tl.minimum((c + 1) * BT, L) - 1  # the chunk's last row: the chunk's sum of γ
         b_g += tl.load(gout + (bos + last) * HV + i_hv, mask=c < NC, other=0)
     o_r = tl.arange(0, RB)
-    o_k = tl.arange(0, BK)
     b_r = tl.zeros([RB], dtype=tl.float32)
     for r0 in tl.range(0, L, RB, num_stages=2):
         rows = r0 + o_r
-        m_r = rows < L
-        b_beta = load_beta(beta + (bos + rows) * HV + i_hv, m_r, BETA_ACT)
-        if NORMED:
-            b_n = tl.full([RB], 1.00000095367431640625, dtype=tl.float32)  # 1 + 2^-20
-        else:
-            b_k = tl.load(
-                k + ((bos + rows) * H + i_h)[:, None] * K + o_k[None, :],
-                mask=m_r[:, None] & (o_k < K)[None, :],
-                other=0,
-            ).to(tl.float32)
-            b_n = tl.sum(b_k * b_k, 1)
-        b_rho = tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)
-        b_r += tl.where(m_r, tl.log(b_rho), 0.0)
+        b_r += _log_rho(k, beta, bos, rows, rows < L, i_hv, i_h, H, HV, K, BK, NORMED, BETA_ACT)
     return tl.sum(b_g, 0) + tl.sum(b_r, 0) < SEG_SKIP_LOG
 
 
@@ -244,22 +253,14 @@ def burnin_start(
     segment's outputs, as in the plain pass. One chunk per step: a few under strong decays; under weak ones the walk
     is long anyway."""
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     c = s_bos
     acc = tl.sum(tl.zeros([BT], dtype=tl.float32), 0)
     go = c > seq0
     while go:
         t0 = c - BT  # a whole chunk of the sequence (segments start on chunk boundaries)
         b_g = tl.load(gout + (t0 * HV + i_hv) + o_t * HV)
-        b_beta = load_beta(beta + (t0 * HV + i_hv) + o_t * HV, o_t < BT, BETA_ACT)
-        if NORMED:
-            b_n = tl.full([BT], 1.00000095367431640625, dtype=tl.float32)  # 1 + 2^-20
-        else:
-            b_k = tl.load(k + (t0 * H + i_h) * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=(o_k < K)[None, :])
-            b_k = b_k.to(tl.float32)
-            b_n = tl.sum(b_k * b_k, axis=1)
-        b_rho = tl.maximum(tl.abs(1.0 - b_beta * b_n), 1.0, propagate_nan=tl.PropagateNan.ALL)
-        acc += tl.sum(tl.where(o_t == BT - 1, b_g, 0.0) + tl.log(b_rho), 0)
+        b_r = _log_rho(k, beta, t0, o_t, o_t < BT, i_hv, i_h, H, HV, K, BK, NORMED, BETA_ACT)
+        acc += tl.sum(tl.where(o_t == BT - 1, b_g, 0.0) + b_r, 0)
         c = t0
         go = (c > seq0) & (acc >= SEG_SKIP_LOG)  # (NaN: stops at its chunk, whose walk then carries the NaN on)
     return c
@@ -285,7 +286,6 @@ def burnin_end(
     transition over ``[s_eos, c)`` is negligible (the bound of :func:`burnin_start`), else ``seq_end`` (the walk from
     the final state's gradient: exact). A NaN in the bound stops the scan at its chunk, which the walk then carries."""
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     c = s_eos
     acc = tl.sum(tl.zeros([BT], dtype=tl.float32), 0)
     go = c < seq_end
@@ -293,15 +293,8 @@ def burnin_end(
         n_left = (seq_end - c).to(tl.int32)
         m_t = o_t < n_left  # (the sequence's last chunk may be partial)
         b_g = tl.load(gout + (c * HV + i_hv) + o_t * HV, mask=m_t, other=0)
-        b_beta = load_beta(beta + (c * HV + i_hv) + o_t * HV, m_t, 0)
-        b_k = tl.load(
-            k + (c * H + i_h) * K + (o_t[:, None] * (H * K) + o_k[None, :]),
-            mask=m_t[:, None] & (o_k < K)[None, :],
-            other=0,
-        ).to(tl.float32)
-        b_rho = tl.maximum(tl.abs(1.0 - b_beta * tl.sum(b_k * b_k, axis=1)), 1.0, propagate_nan=tl.PropagateNan.ALL)
-        last = tl.minimum(n_left, BT) - 1
-        acc += tl.sum(tl.where(o_t == last, b_g, 0.0) + tl.where(m_t, tl.log(b_rho), 0.0), 0)
+        b_r = _log_rho(k, beta, c, o_t, m_t, i_hv, i_h, H, HV, K, BK, False, 0)
+        acc += tl.sum(tl.where(o_t == tl.minimum(n_left, BT) - 1, b_g, 0.0) + b_r, 0)
         c = tl.minimum(c + BT, seq_end)
         go = (c < seq_end) & (acc >= SEG_SKIP_LOG)
     return c
