@@ -5,13 +5,15 @@ Usage (one CUDA GPU, from the checkout's root):
     python benchmarks/host_cost.py --interpret      (CPU, Triton's interpreter, tiny shapes: a dry run of every step)
 
 For every op (the six of dtune.ops and fla.ops' namesakes, fla-core) and case (bf16, H = HV = 16, K = V = 128, an
-initial state in and the final state out, as a model's layer calls them):
+initial state in and the final state out, as a model's layer calls them; ``--heads`` and ``--hv-ratio`` set H and
+HV / H, e.g. ``--heads 2 --hv-ratio 2`` for Qwen3-Next's Gated DeltaNet at tensor parallelism 8):
 
   prefill         B = 1, T = 2048
   prefill-varlen  4 sequences of 512, 300, 1000, 236 tokens packed (cu_seqlens, int64; the same tensor every call,
                   as the layers of a model share it: dtune reads it once, fla caches its index tables per tensor)
   decode-B1       T = 1, B = 1 (the state of the previous step in, the next one out)
   decode-B32      T = 1, B = 32
+  prefill-8k      B = 1, T = 8192 (only when ``--cases`` names it)
   prefill-32k     B = 1, T = 32768 (only when ``--cases`` names it: the GPU's time decides its loop_us)
 
 the default call (``dtune.ops.<op>(q, k, v, [g,] beta, initial_state=..., output_final_state=True, cu_seqlens=...)``;
@@ -88,14 +90,14 @@ GPU_CASES = (
     Case("decode-B32", 32, 1),
 )
 # on request only (--cases): a long prompt, where the GPU's time is the call's (loop_us)
-EXTRA_CASES = (Case("prefill-32k", 1, 32768),)
+EXTRA_CASES = (Case("prefill-8k", 1, 8192), Case("prefill-32k", 1, 32768))
 CPU_CASES = (
     Case("prefill", 1, 16),
     Case("prefill-varlen", 1, 0, (5, 11)),
     Case("decode-B1", 1, 1),
     Case("decode-B4", 4, 1),
 )
-COLUMNS = ["op", "case", "impl", "B", "T", "N", "H", "K", "dtype", "host_us", "isolated_us", "loop_us", "calls"]
+COLUMNS = ["op", "case", "impl", "B", "T", "N", "H", "HV", "K", "dtype", "host_us", "isolated_us", "loop_us", "calls"]
 COLUMNS += ["repeats", "waits", "meaningful", "note"]
 
 
@@ -107,23 +109,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated ops")
     ap.add_argument("--cases", default=None, help="comma-separated cases (default: all)")
     ap.add_argument("--no-fla", action="store_true", help="time dtune only")
+    ap.add_argument("--heads", type=int, default=16, help="query/key heads H (default 16; the interpreter: 1)")
+    ap.add_argument("--hv-ratio", type=int, default=1, help="value heads per key head, HV = H * ratio (default 1)")
     ap.add_argument("--layer-options", action="store_true", help="fla layers' in-kernel options on every call")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default $OUT or ./out)")
     return ap.parse_args(argv)
 
 
-def build_inputs(op: str, case: Case, interpret: bool) -> dict[str, Any]:
-    """The op's inputs for ``case`` (bf16 on the GPU; fp32, H = 1, K = V = 16 under the interpreter)."""
+def build_inputs(op: str, case: Case, interpret: bool, heads: int = 16, hv_ratio: int = 1) -> dict[str, Any]:
+    """The op's inputs for ``case`` (bf16, ``heads`` heads, ``heads · hv_ratio`` value heads, K = V = 128 on the GPU;
+    fp32, H = 1, K = V = 16 under the interpreter, value heads as on the GPU)."""
     import torch
     from dtune.kernels import get_kernel
 
     from dtune.measure.inputs import make_inputs
     from dtune.shape import Gate, Shape
 
-    H, D = (1, 16) if interpret else (16, 128)
+    H, D = (1, 16) if interpret else (heads, 128)
     gate = Gate(get_kernel(op).gate)
     n = len(case.seq_lens) if case.seq_lens else case.B
-    shape = Shape(case.B, case.T, H, H, D, D, n, gate, case.seq_lens is not None)
+    shape = Shape(case.B, case.T, H, H * hv_ratio, D, D, n, gate, case.seq_lens is not None)
     dtype, device = (torch.float32, "cpu") if interpret else (torch.bfloat16, "cuda")
     x = make_inputs(shape, dtype, device, seed=1, seq_lens=list(case.seq_lens) if case.seq_lens else None)
     if x["cu_seqlens"] is not None:
@@ -388,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for op in ops:
         for case in cases:
-            x = build_inputs(op, case, args.interpret)
+            x = build_inputs(op, case, args.interpret, args.heads, args.hv_ratio)
             opts = layer_options(x) if args.layer_options else None
             impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x, opts), "")]
             if opts is not None:
@@ -402,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                 row: dict[str, Any] = {
                     "op": op, "case": case.name, "impl": impl, "B": x["q"].shape[0], "T": x["q"].shape[1],
                     "N": len(case.seq_lens) if case.seq_lens else case.B, "H": x["q"].shape[2],
-                    "K": x["q"].shape[3], "dtype": str(x["q"].dtype).removeprefix("torch."), "repeats": repeats,
+                    "HV": x["v"].shape[2], "K": x["q"].shape[3], "dtype": str(x["q"].dtype).removeprefix("torch."),
+                    "repeats": repeats,
                     "meaningful": cuda, "note": why,
                 }  # fmt: skip
                 if call is not None:
