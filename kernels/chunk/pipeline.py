@@ -49,23 +49,27 @@ class ForwardResult:
     call: ChunkCall  # the prepared call: shape, config, chunk tables (chunk_info, chunk_offsets) for the backward
 
 
-def build_stages(call: ChunkCall) -> tuple[list[Stage], Intermediates, Outputs]:
-    """Allocate every buffer of ``call`` and return its stages (to run in order) with the buffers they fill."""
+def _launchers(call: ChunkCall) -> tuple[list[tuple[str, Callable[[], Any]]], Intermediates, Outputs]:
+    """Allocate every buffer of ``call``; return its stages' names and launches (to run in order) and the buffers."""
     inter, out = allocate(call)
     scratch = None if burns_in(call.config) else allocate_segments(call)
-    costs = stage_costs(call)
     intra = {"rows": launch_intra_rows, "onepass": launch_intra_onepass}.get(call.config["INTRA"], launch_intra_blocks)
-    stages = [Stage("intra", partial(intra, call, inter), *costs["intra"])]
+    stages: list[tuple[str, Callable[[], Any]]] = [("intra", partial(intra, call, inter))]
     if scratch is not None:
-        stages.append(Stage("transitions", partial(launch_transitions, call, inter, scratch), *costs["transitions"]))
-        stages.append(
-            Stage("segment-starts", partial(launch_segment_starts, call, out, scratch), *costs["segment-starts"])
-        )
-    name = "state+output" if call.fuse else "state"
-    stages.append(Stage(name, partial(launch_state, call, inter, out, scratch), *costs[name]))
+        stages.append(("transitions", partial(launch_transitions, call, inter, scratch)))
+        stages.append(("segment-starts", partial(launch_segment_starts, call, out, scratch)))
+    stages.append(("state+output" if call.fuse else "state", partial(launch_state, call, inter, out, scratch)))
     if not call.fuse:
-        stages.append(Stage("output", partial(launch_output, call, inter, out), *costs["output"]))
+        stages.append(("output", partial(launch_output, call, inter, out)))
     return stages, inter, out
+
+
+def build_stages(call: ChunkCall) -> tuple[list[Stage], Intermediates, Outputs]:
+    """Allocate every buffer of ``call`` and return its stages (to run in order), with their work model (for the
+    profiler), and the buffers they fill."""
+    launches, inter, out = _launchers(call)
+    costs = stage_costs(call)
+    return [Stage(name, run, *costs[name]) for name, run in launches], inter, out
 
 
 def plan(
@@ -115,9 +119,9 @@ def forward_with_intermediates(
     call = prepare_call(
         q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets, in_kernel
     )
-    stages, inter, out = build_stages(call)
-    for stage in stages:
-        stage.run()
+    launches, inter, out = _launchers(call)  # (no work model: that is the profiler's, not a call's cost)
+    for _, run in launches:
+        run()
     return ForwardResult(out.o, out.final_state, inter, call)
 
 
