@@ -8,7 +8,9 @@ itself), ``AQK = "recomputed"`` (A_qk formed in the state pass), ``STATE_TMA`` (
 descriptors), ``STATE_LOOP = "specialized"`` (warp-specialised chunk loop).
 
 Shapes: bf16, H = 16, K = V = 128, initial state and final state; ``B8`` = B 8, T 4096; ``B1`` = B 1, T 32768 (the
-shipped configs there run the sequence-parallel state pass).
+shipped configs there run the sequence-parallel state pass). ``--decays``: the log gates timed, ``strong`` (the
+default, what the configs were tuned on) or ``model`` (fla's layers' gates at initialisation, most far weaker:
+``dtune.measure.inputs.make_inputs``); the variants that depend on the gates' values (``SEG_DECAY``, burn-in) differ.
 
 What is timed is the op's call, ``dtune.ops.run_kernel(kernel, ..., config=cfg)`` (with ``check_gate=False`` where
 the op still defaults to checking the gate's values, which costs a read of g and a host sync per call), by CUDA
@@ -83,6 +85,8 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     # segments started by burn-in (phase 3 alone, no transitions; the shipped B1 entry is segmented, B8's is not): not
     # in the search spaces (a NaN before a segment's burn-in does not reach it); to time against the default
     ("segments by burn-in", {"SEG_START": "burnin"}, GDN),
+    # the decay-driven skip off (on by default: measured on strong decays; --decays model times it on a model's gates)
+    ("no decay skip", {"SEG_DECAY": False}, GDN),
 ]
 
 
@@ -115,15 +119,16 @@ def configs_for(kernel: str, kind: str, interpret: bool) -> list[tuple[str, dict
     return rows
 
 
-def make_case(kernel: str, B: int, T: int, dev: str, interpret: bool) -> dict[str, Any]:
+def make_case(kernel: str, B: int, T: int, dev: str, interpret: bool, decays: str = "strong") -> dict[str, Any]:
     from dtune.kernels import KERNELS
 
-    from dtune.measure.inputs import workload_inputs
+    from dtune.measure.inputs import Workload, workload_inputs
     from dtune.shape import Gate, Shape
 
     h, d = (2, 32) if interpret else (H, D)
     gate = Gate(KERNELS[kernel].gate)
-    return workload_inputs(Shape(B, T, h, h, d, d, B, gate), torch.float32 if interpret else torch.bfloat16, dev)
+    shape = Shape(B, T, h, h, d, d, B, gate)
+    return workload_inputs(shape, torch.float32 if interpret else torch.bfloat16, dev, Workload(decays=decays))
 
 
 def op_call(kernel: str, x: dict[str, Any], cfg: dict[str, Any]) -> Callable[[], Any]:
@@ -266,6 +271,10 @@ def main() -> None:
     ap.add_argument("--no-flashqla", action="store_true", help="FlashQLA is timed when importable (~45 s JIT a shape)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip the rows that would start after this (GPU)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape and kernel")
+    ap.add_argument(
+        "--decays", default="strong", choices=("strong", "model"),
+        help="the log gates timed: strong (the tuned configs' inputs) or model (fla's layers at initialisation)",
+    )  # fmt: skip
     ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")
     a = ap.parse_args()
     t_start = time.monotonic()
@@ -342,7 +351,7 @@ def main() -> None:
         for kind in kinds:
             B, T = TINY[kind] if interpret else SHAPES[kind]
             for kernel in kernels:
-                x = make_case(kernel, B, T, dev, interpret)
+                x = make_case(kernel, B, T, dev, interpret, a.decays)
                 ref = reference(x)
                 contestants: list[tuple[str, Callable[[], Any] | None, str]] = []
                 for name, cfg in configs_for(kernel, kind, interpret):
@@ -356,7 +365,7 @@ def main() -> None:
                 n_warm, n_rep = (0, 1) if interpret else (5, 50)  # a dry run: once
                 for name, fn, note in contestants:
                     row: dict[str, Any] = {
-                        "shape": f"{kind} (B{B} T{T})",
+                        "shape": f"{kind} (B{B} T{T})" + ("" if a.decays == "strong" else f" {a.decays}"),
                         "kernel": kernel,
                         "variant": name,
                         "note": note,

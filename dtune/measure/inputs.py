@@ -21,6 +21,7 @@ from dtune.shape import Gate, Shape
 
 Tensor = torch.Tensor
 GATE_MIN = -5.0  # strongest per-step log decay drawn (docs/DESIGN.md §1: unsafe chunkings must fail)
+DECAYS = ("strong", "model")  # the log gates' distributions: see make_inputs
 TIMING_SEED = 1234  # the inputs every timed call runs on
 
 
@@ -31,6 +32,7 @@ class Workload:
     initial_state: bool = True  # read an initial state [N, HV, K, V] (float32)
     final_state: bool = True  # write the final state
     seq_lens: tuple[int, ...] | None = None  # pack these sequences (B = 1, cu_seqlens) instead of B rows of T
+    decays: str = "strong"  # the log gates drawn: "strong" or "model" (make_inputs)
 
     def shape(self, shape: Shape) -> Shape:
         """The shape the call really has: ``shape``'s heads and dims over the packed sequences, if any."""
@@ -51,13 +53,19 @@ def make_inputs(
     seq_lens: list[int] | tuple[int, ...] | None = None,
     initial_state: bool = True,
     values: bool = True,
+    decays: str = "strong",
 ) -> dict[str, Any]:
     """Random inputs obeying the contract: unit-norm q/k, log gates uniform-ish in [gate_min, 0), beta in (0, 1).
 
-    Returns ``q, k, v, g, beta, initial_state, cu_seqlens`` (the ops' keyword names). With ``seq_lens`` the
-    sequences are packed (B = 1) and ``cu_seqlens`` is set. Gates are drawn in float32 (as models keep them);
-    q, k, v, beta in ``dtype``; the initial state in float32. ``values=False``: the same tensors uninitialised on
-    ``device`` (``cu_seqlens`` still set): for a call that only compiles, at no cost of drawing them.
+    ``decays`` (the log gates' distribution): ``"strong"`` (the default, what the correctness gate and the tuned
+    configs' timings use): 30% of the entries near ``gate_min``, the rest ``gate_min · u³``: a mean log decay near -2 a
+    token, a state forgets in a few tokens (strong decays make unsafe chunkings fail). ``"model"``: the gates of
+    Gated DeltaNet and KDA layers as fla initialises them, ``g = -A · softplus(a + dt_bias)`` with ``A ~ U(0, 16)``
+    per value head, ``dt_bias`` the inverse softplus of ``dt ~ logU(1e-3, 1e-1)`` per value head (KDA: per head and
+    key channel) and the projected ``a ~ N(0, 1)`` per token (``gate_min`` unused): mean log decays from about -1e-3
+    to -1 a token by head, so most heads forget over tens to thousands of tokens and some barely. Work that depends
+    on the gates' values (a transition skipped where its decay bound is negligible, a burn-in's length) is timed on
+    both.
     """
     p = shape
     B, T = p.B, p.T
@@ -93,9 +101,14 @@ def make_inputs(
     g: Tensor | None = None
     if p.gate is not Gate.NONE:
         dims = (B, T, p.HV) if p.gate is Gate.SCALAR else (B, T, p.HV, p.K)
-        # A mix of strong and weak decays: 30% of entries near gate_min, the rest spread over (gate_min, 0).
-        u = torch.rand(*dims, generator=gen)
-        g = torch.where(torch.rand(*dims, generator=gen) < 0.3, gate_min * (0.8 + 0.2 * u), gate_min * u**3)
+        if decays == "model":
+            g = model_gates(dims, gen)
+        elif decays == "strong":
+            # A mix of strong and weak decays: 30% of entries near gate_min, the rest spread over (gate_min, 0).
+            u = torch.rand(*dims, generator=gen)
+            g = torch.where(torch.rand(*dims, generator=gen) < 0.3, gate_min * (0.8 + 0.2 * u), gate_min * u**3)
+        else:
+            raise ValueError(f"unknown decays {decays!r}; use one of {', '.join(DECAYS)}")
     n_seq = len(seq_lens) if seq_lens is not None else B
     h0 = rnd(n_seq, p.HV, p.K, p.V) * 0.5 if initial_state else None
     out: dict[str, Any] = {
@@ -110,6 +123,19 @@ def make_inputs(
     return {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in out.items()}
 
 
+def model_gates(dims: tuple[int, ...], gen: torch.Generator) -> Tensor:
+    """Log gates ``[B, T, HV]`` or ``[B, T, HV, K]`` as fla's Gated DeltaNet / KDA layers produce them at
+    initialisation (``make_inputs(decays="model")``): ``-A · softplus(a + dt_bias)``, float32."""
+    B, T, HV = dims[:3]
+    per = dims[3:]  # (K,) for KDA's per-channel gates
+    A = torch.rand(HV, *[1] * len(per), generator=gen) * 16.0
+    lo, hi = torch.log(torch.tensor(1e-3)), torch.log(torch.tensor(1e-1))
+    dt = torch.exp(lo + (hi - lo) * torch.rand(HV, *per, generator=gen)).clamp(min=1e-4)
+    dt_bias = dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt
+    a = torch.randn(*dims, generator=gen)
+    return -A * torch.nn.functional.softplus(a + dt_bias)
+
+
 def workload_inputs(
     shape: Shape,
     dtype: torch.dtype,
@@ -121,7 +147,14 @@ def workload_inputs(
     """The keyword arguments of one timed op call: :func:`make_inputs` for ``workload`` (``values``: see there), plus
     ``scale`` and ``output_final_state``. ``dtune.ops.run_kernel(kernel, **x, config=...)`` runs it."""
     x = make_inputs(
-        shape, dtype, device, seed=seed, seq_lens=workload.seq_lens, initial_state=workload.initial_state, values=values
+        shape,
+        dtype,
+        device,
+        seed=seed,
+        seq_lens=workload.seq_lens,
+        initial_state=workload.initial_state,
+        values=values,
+        decays=workload.decays,
     )
     x["scale"] = shape.K**-0.5
     x["output_final_state"] = workload.final_state
