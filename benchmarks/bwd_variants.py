@@ -7,7 +7,8 @@ Usage (one CUDA GPU, from the checkout's root):
     python benchmarks/bwd_variants.py [--gates none,scalar,channel] [--shapes b8,b1] [--budget-s 450] [-j 14]
     python benchmarks/bwd_variants.py --interpret      (CPU, Triton's interpreter, tiny shapes: a dry run of every step)
 
-Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform down to -5: ``b8`` = B 8, T 4096 and
+Shapes: bf16, H = 16, K = V = 128, initial and final state, gates log-uniform down to -5 (``--decays model``: fla's
+layers' gates at initialisation, far weaker, ``dtune.measure.inputs.make_inputs``): ``b8`` = B 8, T 4096 and
 ``b1`` = B 1, T 32768 (few long sequences); ``g2`` = ``b8`` with grouped value heads, HV = 32 (Qwen3-Next's training
 step at TP 1; Gated DeltaNet's shipped lookup and fla). The step is what a backward kernel's trial times
 (:func:`dtune.measure.grad.op_step`): the op's forward under autograd (the forward's tuned config for the shape),
@@ -163,6 +164,9 @@ VARIANTS: list[Variant] = [
         ("b1",),
         (Gate.SCALAR,),
     ),
+    # both passes' decay-driven skip off (SEG_DECAY, dh_SEG_DECAY: on by default, measured on strong decays; --decays
+    # model times them on a model's gates)
+    ("no decay skip", OnShipped({"dh_SEG_DECAY": False}, fwd={"SEG_DECAY": False}), ("b1",), (Gate.SCALAR,)),
 ]
 
 
@@ -258,8 +262,12 @@ def kin_lookup(kernel: str, p: Shape, dtype: torch.dtype, gpu: str | None) -> di
     return read_configs(str(ref), kin).lookup(kernel, dtype_name(dtype), p)
 
 
+DECAYS_ENV = "BWD_VARIANTS_DECAYS"  # --decays, for this process and its compile children
+
+
 def step_inputs(p: Shape, dtype: torch.dtype, device: str) -> dict[str, Any]:
-    x = make_inputs(p, dtype=dtype, device=device, seed=1, gate_min=-5.0)
+    decays = os.environ.get(DECAYS_ENV, "strong")
+    x = make_inputs(p, dtype=dtype, device=device, seed=1, gate_min=-5.0, decays=decays)
     return with_output_grads({**x, "scale": p.K**-0.5, "output_final_state": True}, seed=2)
 
 
@@ -628,9 +636,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape")
     ap.add_argument("-j", "--jobs", type=int, default=14, help="compile processes at a time")
     ap.add_argument("--skip", default="", help="steps to leave out: errors, timing, launches")
+    ap.add_argument(
+        "--decays", default="strong", choices=("strong", "model"),
+        help="the log gates timed: strong (the tuned configs' inputs) or model (fla's layers at initialisation)",
+    )  # fmt: skip
     ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")
     ap.add_argument("--warm", help=argparse.SUPPRESS)  # (internal) one warm-up child's job
     a = ap.parse_args()
+    os.environ[DECAYS_ENV] = a.decays
     if a.warm:
         warm(a.warm, a.interpret)
         return
