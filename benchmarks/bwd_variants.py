@@ -167,6 +167,7 @@ VARIANTS: list[Variant] = [
     # both passes' decay-driven skip off (SEG_DECAY, dh_SEG_DECAY: on by default, measured on strong decays; --decays
     # model times them on a model's gates)
     ("no decay skip", OnShipped({"dh_SEG_DECAY": False}, fwd={"SEG_DECAY": False}), ("b1",), (Gate.SCALAR,)),
+    ("no reverse decay skip", OnShipped({"dh_SEG_DECAY": False}), ("b1",), (Gate.SCALAR,)),
 ]
 
 

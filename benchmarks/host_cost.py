@@ -38,6 +38,10 @@ sigmoid), and two more contestants: ``dtune-kernels``, the options inside the ke
 ``dtune-passes``, the same options as separate passes before dtune's call (:meth:`dtune.options.Options.apply`), so
 the options inside the kernels are timed against the passes they replace.
 
+``--launches`` (CUDA): per launch of dtune's call, the host time of Triton's ``kernel[grid](...)`` against its argument
+binding alone and against the compiled kernel's own launch (launches_<op>_<case>.txt): how much of a call is Triton's
+dispatch.
+
 Writes under $OUT (default ./out): host_cost.csv (one row per op, case and implementation) and, for dtune's decode-B1
 calls (and every case of the chunk ops), profile_<op>.txt / profile_<op>_<case>.txt (cProfile of 200 calls, by own
 time: where dtune's host time goes). Prints a table last:
@@ -111,6 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-fla", action="store_true", help="time dtune only")
     ap.add_argument("--heads", type=int, default=16, help="query/key heads H (default 16; the interpreter: 1)")
     ap.add_argument("--hv-ratio", type=int, default=1, help="value heads per key head, HV = H * ratio (default 1)")
+    ap.add_argument("--launches", action="store_true", help="per launch: Triton's path against the compiled launch")
     ap.add_argument("--layer-options", action="store_true", help="fla layers' in-kernel options on every call")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default $OUT or ./out)")
     return ap.parse_args(argv)
@@ -334,6 +339,64 @@ def profile(call: Callable[[], Any], path: Path, calls: int = 200) -> None:
     path.write_text(buf.getvalue())
 
 
+def launch_breakdown(call: Callable[[], Any], path: Path, calls: int = 200, repeats: int = 7) -> None:
+    """Per launch of one call (CUDA only): the host time of Triton's path, ``kernel[grid](...)`` (``jit``), of its
+    argument binding alone (``binder``: the specialisation of every argument) and of the compiled kernel's own launch
+    with the same arguments (``direct``: what a launch costs without the JIT's dispatch; TMA descriptors are encoded
+    there), each the median over ``repeats`` batches of ``calls``; the call's rest is the difference."""
+    import torch
+    import triton
+    from triton import knobs
+    from triton.runtime import jit
+
+    recorded: list[tuple[Any, tuple[Any, ...], dict[str, Any], Any, Any]] = []
+    run = jit.JITFunction.run
+
+    def recording(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        kernel = run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        recorded.append((self, args, dict(kwargs), grid, kernel))
+        return kernel
+
+    def per_call(fn: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - t0) / calls * 1e6)
+        return statistics.median(times)
+
+    jit.JITFunction.run = recording
+    try:
+        call()
+    finally:
+        jit.JITFunction.run = run
+    whole = per_call(call)
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
+    stream = driver.get_current_stream(device)
+    lines = [f"call: {whole:.1f} us host, {len(recorded)} launches", "kernel  args  jit_us  binder_us  direct_us"]
+    total = 0.0
+    for fn, args, kwargs, grid, kernel in recorded:
+        binder = fn.device_caches[device][4]
+        bound_kw = dict(kwargs, debug=kwargs.get("debug", fn.debug) or knobs.runtime.debug)
+        bound_kw["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        bound, _, _ = binder(*args, **bound_kw)
+        values = list(bound.values())
+        g = grid(bound) if callable(grid) else grid
+        g3 = (g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
+        jit_us = per_call(lambda: run(fn, *args, grid=grid, warmup=False, **kwargs))  # noqa: B023
+        bind_us = per_call(lambda: binder(*args, **bound_kw))  # noqa: B023
+        direct_us = per_call(
+            lambda: kernel.run(*g3, stream, kernel.function, kernel.packed_metadata, None, None, None, *values)  # noqa: B023
+        )
+        total += jit_us
+        lines.append(f"{fn.fn.__name__}  {len(values)}  {jit_us:.1f}  {bind_us:.1f}  {direct_us:.1f}")
+    lines.append(f"launches by Triton's path: {total:.1f} us; the call's rest: {whole - total:.1f} us")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """dtune's and fla's host time per op and case, fla / dtune, and the loop times (``dtune-kernels`` and
     ``dtune-passes`` too when timed)."""
@@ -422,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             if impls[0][1] is not None and (case.name == "decode-B1" or op.startswith("chunk_")):
                 name = f"profile_{op}.txt" if case.name == "decode-B1" else f"profile_{op}_{case.name}.txt"
                 profile(impls[0][1], out / name, 200 if cuda else 3)
+            if impls[0][1] is not None and args.launches and cuda:
+                launch_breakdown(impls[0][1], out / f"launches_{op}_{case.name}.txt")
     write_rows(out / "host_cost.csv", rows)
     if args.interpret:
         print("Triton's interpreter runs each kernel inside the call: these times are NOT meaningful (a dry run)")

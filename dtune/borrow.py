@@ -335,8 +335,8 @@ def reverse_pass(
     if seg != int(config["dh_SEG_CHUNKS"]):
         fill = f"{N} sequence(s) × {HV} value heads of {T} tokens: {programs} reverse-pass programs"
         out["dh_SEG_CHUNKS"] = (seg, fill + (f" for {sm_count} SMs" if sm_count is not None else ""))
-    if seg == 0 and config.get("dh_SEG_DECAY") is False:  # unused without segments: the default (True) then
-        out["dh_SEG_DECAY"] = (True, "no segments")
+    if seg == 0 and config.get("dh_SEG_DECAY") is True:  # unused without segments: the default (False) then
+        out["dh_SEG_DECAY"] = (False, "no segments")
     return out
 
 

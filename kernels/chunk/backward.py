@@ -191,6 +191,9 @@ _GATED_SCALAR: dict[str, tuple[Any, ...]] = {
     # of its norm from the segment's gates, β and key norms shows it negligible (kernels.config.SEG_SKIP_LOG: the
     # result equal to rounding), stored as zeros without walking the segment (True; the forward's SEG_DECAY)
     "dh_SEG_DECAY": (False, True),
+    # the training forward's sequence-parallel state pass, the same skip in its phase 1 (the forward's SEG_DECAY, which
+    # the training forward does not inherit: it is this parameter)
+    "fh_SEG_DECAY": (False, True),
     # ... and how each segment gets its end adjoint: phases 1 and 2 ("transitions", exact), or by burn-in ("burnin":
     # phase 3 alone, each segment walking forward past its end until the bound shows the adjoint's transition from
     # there negligible, then walking back from a zero adjoint; or from the sequence's end and the final state's gradient
@@ -274,10 +277,14 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["dqk_DECAY"] = "pairwise"
         cfg["REVERSE_DQK"] = False
     if gate == "scalar":
-        # (H100, commit 6690d18, the shipped B1 T32768 entry: the reverse pass's two launches 0.963 -> 0.942 ms, the
-        # step 3.235 -> 3.220 ms in 3 interleaved rounds; reports/h100/training/seg_decay/)
-        cfg["dh_SEG_DECAY"] = True
-        cfg["dh_SEG_START"] = "transitions"  # "burnin" not yet timed on a GPU
+        # Both skips off: on the gates of fla's layers at initialisation (make_inputs' "model" decays) they cost the
+        # step, on the strong decays the search times they gain under 0.5% (H100, the shipped B1 T32768 entry, medians
+        # of 3 interleaved rounds, two runs; reports/h100/training/decays/): model 3.391 / 3.350 ms with both, 3.333
+        # with the reverse pass's off, 3.235 / 3.244 with both off; strong 3.216 with both, 3.228 with both off
+        cfg["dh_SEG_DECAY"] = False
+        cfg["fh_SEG_DECAY"] = False
+        # (burn-in: strong decays 2.851 ms for both passes, model 6.528: opt-in only)
+        cfg["dh_SEG_START"] = "transitions"
     return cfg
 
 
@@ -475,7 +482,8 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     """The forward config for intermediates the backward can use: the backward's chunk sizes, stage 1 as ``"blocks"``
     (the variant that stores ``T``, its diagonal blocks inverted as ``fi_SOLVE`` says; KDA with ``fh_INTRA = "onepass"`` the one-pass kernel, storing it
     too) with its diagonal guard, the forward's segments (``SEG_CHUNKS``) as long in tokens as the forward config's, the
-    state pass's tiles from the backward config's ``fh_*`` and stage 1's from ``fi_*`` where set (tuned at the
+    state pass's tiles from the backward config's ``fh_*`` (Gated DeltaNet's phase-1 skip too, ``fh_SEG_DECAY``, not the
+    forward's ``SEG_DECAY``) and stage 1's from ``fi_*`` where set (tuned at the
     backward's BT), W, U and A_qk stored (the backward reads them: a forward config that recomputes them in the state
     pass, ``WU`` / ``AQK = "recomputed"``, stores them here; with ``fh_U = "recomputed"`` U is not, the state pass
     forming V_new from T as ``WU = "recomputed"`` does; with ``fh_W`` W neither, with ``fh_AQK`` no A_qk, formed by
@@ -507,6 +515,8 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     if gate == "channel":
         cfg["SAFE_DIAG"] = True
         cfg["DIAG_BF16"] = False  # (onepass) the diagonal blocks' dots in float32: the accuracy of "blocks"
+    if gate == "scalar":
+        cfg["SEG_DECAY"] = bool(bwd_config.get("fh_SEG_DECAY", False))
     return cfg
 
 

@@ -338,9 +338,9 @@ def test_reverse_pass_follows_the_shape() -> None:
     assert reverse_pass(seg64, b1, 16, 128, None) == {}  # no GPU facts: the donor's, where it splits
     assert reverse_pass({**plain, "dh_BV": 32}, b8, 16, 32, 132) == {"dh_LAYOUT": ("kv", ANY)}
     assert reverse_pass({**plain, "dh_LAYOUT": "kv", "dh_BV": 32}, b8, 16, 32, 132) == {}
-    # the decay-driven skip of phase 1 is unused without segments: its default (on) there
-    assert reverse_pass({**seg64, "dh_SEG_DECAY": False}, b8, 16, 128, 132)["dh_SEG_DECAY"] == (True, "no segments")
-    assert reverse_pass({**seg64, "dh_SEG_DECAY": False}, b1, 16, 128, 132) == {}
+    # the decay-driven skip of phase 1 is unused without segments: its default (off) there
+    assert reverse_pass({**seg64, "dh_SEG_DECAY": True}, b8, 16, 128, 132)["dh_SEG_DECAY"] == (False, "no segments")
+    assert reverse_pass({**seg64, "dh_SEG_DECAY": True}, b1, 16, 128, 132) == {}
 
 
 def test_reverse_pass_keeps_the_donors_programs() -> None:

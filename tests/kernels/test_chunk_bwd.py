@@ -809,7 +809,7 @@ def test_seg_decay_skips_only_negligible_transitions(layout: str, monkeypatch: p
     x["k"][:, :, 2] *= 3.0
     seg = {**BT16, "dh_SEG_CHUNKS": 2, "dh_LAYOUT": layout, "REVERSE_DV": True, "dh_SEG_DECAY": False}
     fwd = {**BT16, "SEG_CHUNKS": 2, "SEG_DECAY": True, "FUSE_OUTPUT": True}
-    errs = gradients_vs_loop(p, x, {**seg, "dh_SEG_DECAY": True}, fwd_config=fwd)
+    errs = gradients_vs_loop(p, x, {**seg, "dh_SEG_DECAY": True, "fh_SEG_DECAY": True}, fwd_config=fwd)
     assert_close(errs, TOL[torch.float32])
     gradients_vs_loop(p, x, seg, fwd_config=fwd)
     on, off = (kw["ext"][1:, :, :, p.V :] for kw in launched if kw.get("SEG") == 1)  # [segments 1, 2; HV, K, K]
