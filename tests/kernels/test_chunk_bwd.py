@@ -842,3 +842,18 @@ def test_seg_decay_keeps_a_non_finite_adjoint() -> None:
     for name, seg, plain in zip(NAMES, *grads, strict=True):
         assert torch.equal(seg.isnan(), plain.isnan()), name
     assert grads[1][1][0, :16].isnan().any(), "dk of the first segment: NaN in the plain pass"
+
+
+def test_the_training_forward_skips_transitions_only_where_the_backward_config_says() -> None:
+    """The training forward's phase-1 skip is the backward config's ``fh_SEG_DECAY``, not the forward config's
+    ``SEG_DECAY`` (on by default for inference, off by default in the training step: measured, backward.py)."""
+    from dtune.kernels import chunk
+
+    fwd = {**chunk.default_config(128, 128, "scalar"), "SEG_CHUNKS": 64, "SEG_DECAY": True}
+    bwd = chunk_bwd.default_config(128, 128, "scalar")
+    assert bwd["fh_SEG_DECAY"] is False and bwd["dh_SEG_DECAY"] is False
+    assert chunk_bwd.training_forward_config(fwd, bwd, "scalar")["SEG_DECAY"] is False
+    assert chunk_bwd.training_forward_config({**fwd, "SEG_DECAY": False}, {**bwd, "fh_SEG_DECAY": True}, "scalar")[
+        "SEG_DECAY"
+    ]
+    assert "fh_SEG_DECAY" not in chunk_bwd.legal_params("none")  # Gated DeltaNet's only
