@@ -62,6 +62,15 @@ FinalStateOpt = Annotated[
         "--final-state/--no-final-state", help="The timed call writes the final state (the default workload)."
     ),
 ]
+DecaysOpt = Annotated[
+    str,
+    typer.Option(
+        "--decays",
+        help="The log gates timed: strong (the tuning inputs: a state forgets in a few tokens) or model (the gates of "
+        "fla's Gated DeltaNet / KDA layers at initialisation, most far slower). Only work that depends on the gates' "
+        "values differs (Gated DeltaNet's decay-driven skip, burn-in).",
+    ),
+]
 HvRatioOpt = Annotated[
     int,
     typer.Option("--hv-ratio", min=1, help="Value heads per query/key head (HV = ratio x H; grouped value heads)."),
@@ -122,6 +131,14 @@ def fmt(x: Any, spec: str = ".3f") -> str:
     if isinstance(x, (int, float)):
         return format(x, spec)
     return str(x)
+
+
+def check_decays(decays: str) -> None:
+    """``--decays``: one of :data:`dtune.measure.inputs.DECAYS`, else exit 2 naming them."""
+    from dtune.measure.inputs import DECAYS
+
+    if decays not in DECAYS:
+        fail(f"--decays: unknown {decays!r}; use one of {', '.join(DECAYS)}")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

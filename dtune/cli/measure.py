@@ -12,6 +12,7 @@ import typer
 
 from dtune.cli.common import (
     ConfigOpt,
+    DecaysOpt,
     DtypeOpt,
     FinalStateOpt,
     HvRatioOpt,
@@ -20,6 +21,7 @@ from dtune.cli.common import (
     JsonOpt,
     KernelOpt,
     OutOpt,
+    check_decays,
     check_env_config,
     err,
     fail,
@@ -98,6 +100,7 @@ def bench(
     ] = "fwd",
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
+    decays: DecaysOpt = "strong",
     record: Annotated[
         bool,
         typer.Option(
@@ -124,6 +127,7 @@ def bench(
     )
     batches = int_list(batch, "--batch")
     check_env_config()
+    check_decays(decays)
     target = _record_target(config) if record else None
     dtype = resolve_dtype(dtype, [kernel], interpreting())
     dest = out_dir(out or b.default_out_dir(config), "output folder")
@@ -181,7 +185,7 @@ def bench(
                         rounds=rounds,
                         graph=graph,
                         progress=(lambda s: status.update(f"benchmarking {s}")) if status else None,
-                        workload=Workload(initial_state, final_state, packed_run),
+                        workload=Workload(initial_state, final_state, packed_run, decays),
                         shape_done=shape_done,
                     )
                 )
@@ -333,6 +337,7 @@ def profile(
     as_json: JsonOpt = False,
     initial_state: InitialStateOpt = True,
     final_state: FinalStateOpt = True,
+    decays: DecaysOpt = "strong",
     interpret: InterpretOpt = False,
 ) -> None:
     """Per-stage time, registers, spills, shared memory, GB/s and TFLOP/s against measured ceilings and the floor;
@@ -340,10 +345,11 @@ def profile(
     use_interpreter(interpret)
     modes = [m.strip() for m in mode.split(",") if m.strip()]
     lens = int_list(seq_len, "--seq-len")
+    check_decays(decays)
     if modes != ["stages"]:
         _profile_launches(
             kernel, modes, lens, head_dim, heads, batch, dtype, config, gpu, baselines, calls, out, as_json,
-            initial_state, final_state, hv_ratio,
+            initial_state, final_state, hv_ratio, decays,
         )  # fmt: skip
         return
     if lens is not None and len(lens) > 1:
@@ -373,7 +379,8 @@ def profile(
             if tuned is not None:
                 p = max(tuned.shapes(gate), key=lambda q: q.B * q.T * q.HV * q.K * q.V)
         roofs = Roofs.from_profile(get_profile(gpu)) if gpu else None
-        result = pr.run_profile(kernel, p, dt, config, roofs=roofs, workload=Workload(initial_state, final_state))
+        workload = Workload(initial_state, final_state, decays=decays)
+        result = pr.run_profile(kernel, p, dt, config, roofs=roofs, workload=workload)
     except (ValueError, KeyError) as exc:
         fail(str(exc))
     csv_path, json_path = pr.write(result, dest)
@@ -454,6 +461,7 @@ def _profile_launches(
     initial_state: bool,
     final_state: bool,
     hv_ratio: int = 1,
+    decays: str = "strong",
 ) -> None:
     """``dtune profile --mode fwd,fwd+bwd``: every launch, per kernel and shape, one table each and one CSV."""
     import pandas as pd
@@ -494,7 +502,7 @@ def _profile_launches(
                 if status:
                     status.start()
                 try:
-                    workload = Workload(initial_state, final_state)
+                    workload = Workload(initial_state, final_state, decays=decays)
                     got = la.profile_launches(op, p, dt, modes, peers, config, None, roofs, calls, workload, show)
                 finally:
                     if status:

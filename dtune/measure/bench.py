@@ -55,6 +55,7 @@ COLUMNS = [
     "dtype",
     *SHAPE_COLUMNS,
     "N",  # sequences: B for a fixed-length batch, the number of packed sequences (cu_seqlens, B = 1) otherwise
+    "decays",  # the log gates timed: "strong" (the tuning inputs) or "model" (dtune.measure.inputs.make_inputs)
     "median_ms",
     "min_ms",
     "iqr_ms",
@@ -219,6 +220,7 @@ def _shape_rows(run: OpRun, impls: list[Impl], rounds: int, graph: bool) -> list
                 "K": p.K,
                 "V": p.V,
                 "N": p.N,
+                "decays": run.workload.decays,
                 "median_ms": ms,
                 "min_ms": t.min_ms if t else math.nan,
                 "iqr_ms": t.iqr_ms if t else math.nan,

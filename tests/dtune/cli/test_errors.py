@@ -274,3 +274,20 @@ def test_measurement_tables_fit_80_columns(command: str, tmp_path: Path, columns
     assert f"dtune {command}: {KERNEL}" in result.stdout
     assert ("B1 T1 H1 D16 · tuned · eager" if command == "bench" else "total (whole op)") in result.stdout
     assert max(len(line) for line in result.stdout.splitlines() if not line.startswith("note")) <= 80
+
+
+@pytest.mark.parametrize("command", ["bench", "profile"])
+def test_unknown_decays_are_refused_in_one_line(command: str, tmp_path: Path) -> None:
+    shape = TINY if command == "bench" else ["--seq-len", "1", "--head-dim", "16", "--heads", "1", "--batch", "1"]
+    args = [command, "-k", KERNEL, "--interpret", *shape, "--decays", "weak", "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    one_error_line(result.output, "--decays", "'weak'", "strong", "model")
+
+
+def test_bench_times_and_labels_the_decays_asked_for(tmp_path: Path) -> None:
+    args = ["bench", "-k", "fused_recurrent_gated_delta_rule", "--interpret", *TINY, "--baselines", "default"]
+    result = runner.invoke(app, [*args, "--decays", "model", "--json", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["rows"]
+    assert rows and {r["decays"] for r in rows} == {"model"}
