@@ -66,6 +66,11 @@ def make_inputs(
     to -1 a token by head, so most heads forget over tens to thousands of tokens and some barely. Work that depends
     on the gates' values (a transition skipped where its decay bound is negligible, a burn-in's length) is timed on
     both.
+
+    Returns ``q, k, v, g, beta, initial_state, cu_seqlens`` (the ops' keyword names). With ``seq_lens`` the
+    sequences are packed (B = 1) and ``cu_seqlens`` is set. Gates are drawn in float32 (as models keep them);
+    q, k, v, beta in ``dtype``; the initial state in float32. ``values=False``: the same tensors uninitialised on
+    ``device`` (``cu_seqlens`` still set): for a call that only compiles, at no cost of drawing them.
     """
     p = shape
     B, T = p.B, p.T
@@ -126,8 +131,7 @@ def make_inputs(
 def model_gates(dims: tuple[int, ...], gen: torch.Generator) -> Tensor:
     """Log gates ``[B, T, HV]`` or ``[B, T, HV, K]`` as fla's Gated DeltaNet / KDA layers produce them at
     initialisation (``make_inputs(decays="model")``): ``-A · softplus(a + dt_bias)``, float32."""
-    B, T, HV = dims[:3]
-    per = dims[3:]  # (K,) for KDA's per-channel gates
+    HV, per = dims[2], dims[3:]  # per: (K,) for KDA's per-channel gates
     A = torch.rand(HV, *[1] * len(per), generator=gen) * 16.0
     lo, hi = torch.log(torch.tensor(1e-3)), torch.log(torch.tensor(1e-1))
     dt = torch.exp(lo + (hi - lo) * torch.rand(HV, *per, generator=gen)).clamp(min=1e-4)
