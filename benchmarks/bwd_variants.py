@@ -66,7 +66,7 @@ from dtune.measure.baselines import fla_forward, fla_function  # noqa: E402
 from dtune.measure.bench import peak_mb  # noqa: E402
 from dtune.measure.error import rel_rms_error  # noqa: E402
 from dtune.measure.grad import StepResult, op_step, reference_step, step_call, with_output_grads  # noqa: E402
-from dtune.measure.inputs import make_inputs  # noqa: E402
+from dtune.measure.inputs import DECAYS, make_inputs  # noqa: E402
 from dtune.shape import Gate, Shape  # noqa: E402
 
 OPS = {Gate.NONE: "chunk_delta_rule", Gate.SCALAR: "chunk_gated_delta_rule", Gate.CHANNEL: "chunk_kda"}
@@ -638,7 +638,7 @@ def main() -> None:
     ap.add_argument("-j", "--jobs", type=int, default=14, help="compile processes at a time")
     ap.add_argument("--skip", default="", help="steps to leave out: errors, timing, launches")
     ap.add_argument(
-        "--decays", default="strong", choices=("strong", "model"),
+        "--decays", default="strong", choices=DECAYS,
         help="the log gates timed: strong (the tuned configs' inputs) or model (fla's layers at initialisation)",
     )  # fmt: skip
     ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")

@@ -58,6 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 import torch
 
+from dtune.measure.inputs import DECAYS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 KERNEL_NAMES = ("chunk_gated_delta_rule", "chunk_delta_rule", "chunk_kda")
@@ -272,7 +274,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip the rows that would start after this (GPU)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape and kernel")
     ap.add_argument(
-        "--decays", default="strong", choices=("strong", "model"),
+        "--decays", default="strong", choices=DECAYS,
         help="the log gates timed: strong (the tuned configs' inputs) or model (fla's layers at initialisation)",
     )  # fmt: skip
     ap.add_argument("--interpret", action="store_true", help="CPU dry run under Triton's interpreter, tiny shapes")

@@ -229,6 +229,18 @@ def transition_negligible(
 
 
 @triton.jit
+def _chunk_bound(
+    gout, k, beta, t0, o_t, m_t, last, i_hv, i_h, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    BK: tl.constexpr, NORMED: tl.constexpr, BETA_ACT: tl.constexpr,
+):  # fmt: skip
+    """One chunk's share of the decay bound (the burn-in scans'): its γ sum, stage 1's cumulative gate on its row
+    ``last``, plus :func:`_log_rho` of its rows ``t0 + o_t`` (``m_t``: inside the sequence)."""
+    b_g = tl.load(gout + (t0 * HV + i_hv) + o_t * HV, mask=m_t, other=0)
+    b_r = _log_rho(k, beta, t0, o_t, m_t, i_hv, i_h, H, HV, K, BK, NORMED, BETA_ACT)
+    return tl.sum(tl.where(o_t == last, b_g, 0.0) + b_r, 0)
+
+
+@triton.jit
 def burnin_start(
     gout,
     k,
@@ -258,9 +270,7 @@ def burnin_start(
     go = c > seq0
     while go:
         t0 = c - BT  # a whole chunk of the sequence (segments start on chunk boundaries)
-        b_g = tl.load(gout + (t0 * HV + i_hv) + o_t * HV)
-        b_r = _log_rho(k, beta, t0, o_t, o_t < BT, i_hv, i_h, H, HV, K, BK, NORMED, BETA_ACT)
-        acc += tl.sum(tl.where(o_t == BT - 1, b_g, 0.0) + b_r, 0)
+        acc += _chunk_bound(gout, k, beta, t0, o_t, o_t < BT, BT - 1, i_hv, i_h, H, HV, K, BK, NORMED, BETA_ACT)
         c = t0
         go = (c > seq0) & (acc >= SEG_SKIP_LOG)  # (NaN: stops at its chunk, whose walk then carries the NaN on)
     return c
@@ -292,9 +302,8 @@ def burnin_end(
     while go:
         n_left = (seq_end - c).to(tl.int32)
         m_t = o_t < n_left  # (the sequence's last chunk may be partial)
-        b_g = tl.load(gout + (c * HV + i_hv) + o_t * HV, mask=m_t, other=0)
-        b_r = _log_rho(k, beta, c, o_t, m_t, i_hv, i_h, H, HV, K, BK, False, 0)
-        acc += tl.sum(tl.where(o_t == tl.minimum(n_left, BT) - 1, b_g, 0.0) + b_r, 0)
+        last = tl.minimum(n_left, BT) - 1
+        acc += _chunk_bound(gout, k, beta, c, o_t, m_t, last, i_hv, i_h, H, HV, K, BK, False, 0)
         c = tl.minimum(c + BT, seq_end)
         go = (c < seq_end) & (acc >= SEG_SKIP_LOG)
     return c
