@@ -17,7 +17,9 @@ HV / H, e.g. ``--heads 2 --hv-ratio 2`` for Qwen3-Next's Gated DeltaNet at tenso
   prefill-32k     B = 1, T = 32768 (only when ``--cases`` names it: the GPU's time decides its loop_us)
 
 the default call (``dtune.ops.<op>(q, k, v, [g,] beta, initial_state=..., output_final_state=True, cu_seqlens=...)``;
-fla's with the same arguments by keyword) is timed three ways, after three warm-up calls (compiles, fla's autotuning):
+fla's with the same arguments by keyword; ``dtune-uncached``: dtune's with its launch cache off,
+``DTUNE_LAUNCH_CACHE=0``, every call through the launchers and Triton's launch path) is timed three ways, after three
+warm-up calls (compiles, fla's autotuning):
 
 * ``host_us``: the CPU time per call to queue its launches. The GPU is first made busy with ``torch.cuda._sleep``
   (long enough to cover the whole batch), then N calls are made back to back and timed with ``time.perf_counter``;
@@ -63,7 +65,8 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -403,7 +406,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     by = {(r["op"], r["case"], r["impl"]): r for r in rows}
     keys = list(dict.fromkeys((r["op"], r["case"]) for r in rows))
     passes = any(r["impl"] == "dtune-passes" for r in rows)
-    head = ["op", "case", "dtune us", "fla us", "fla/dtune", "dtune loop", "fla loop"]
+    head = ["op", "case", "dtune us", "uncached us", "fla us", "fla/dtune", "dtune loop", "fla loop"]
     head += ["kernels loop", "passes loop"] if passes else []
     lines = [f"{head[0]:34s} {head[1]:15s} " + " ".join(f"{h:>11s}" for h in head[2:])]
 
@@ -413,14 +416,35 @@ def table(rows: list[dict[str, Any]]) -> str:
         return f"{r[col]:.1f}" + ("*" if col == "host_us" and r["waits"] else "")
 
     for op, case in keys:
-        d, f, k, p = (by.get((op, case, impl)) for impl in ("dtune", "fla", "dtune-kernels", "dtune-passes"))
+        impls = ("dtune", "dtune-uncached", "fla", "dtune-kernels", "dtune-passes")
+        d, u, f, k, p = (by.get((op, case, impl)) for impl in impls)
         ratio = f"{f['host_us'] / d['host_us']:.2f}" if d and f and d.get("host_us") and f.get("host_us") else "-"
-        cells = [cell(d, "host_us"), cell(f, "host_us"), ratio, cell(d, "loop_us"), cell(f, "loop_us")]
+        cells = [cell(d, "host_us"), cell(u, "host_us"), cell(f, "host_us"), ratio, cell(d, "loop_us")]
+        cells.append(cell(f, "loop_us"))
         cells += [cell(k, "loop_us"), cell(p, "loop_us")] if passes else []
         lines.append(f"{op:34s} {case:15s} " + " ".join(f"{c:>11s}" for c in cells))
     lines.append("host us: CPU time per call before its launches are queued (* the call waits for the GPU: a sync);")
+    lines.append("uncached: dtune's call without its launch cache (DTUNE_LAUNCH_CACHE=0: launchers and Triton's path)")
     lines.append("loop us: per call of back-to-back calls with one synchronize at the end")
     return "\n".join(lines)
+
+
+@contextmanager
+def launch_cache_off(off: bool) -> Iterator[None]:
+    """dtune's launch cache turned off inside (``DTUNE_LAUNCH_CACHE=0``: every call through the launchers and
+    Triton's launch path, as before the cache), restored after."""
+    if not off:
+        yield
+        return
+    before = os.environ.get("DTUNE_LAUNCH_CACHE")
+    os.environ["DTUNE_LAUNCH_CACHE"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["DTUNE_LAUNCH_CACHE"]
+        else:
+            os.environ["DTUNE_LAUNCH_CACHE"] = before
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -459,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             x = build_inputs(op, case, args.interpret, args.heads, args.hv_ratio)
             opts = layer_options(x) if args.layer_options else None
             impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x, opts), "")]
+            impls.append(("dtune-uncached", dtune_call(op, x, opts), "DTUNE_LAUNCH_CACHE=0"))
             if opts is not None:
                 impls.append(("dtune-kernels", dtune_kernels_call(op, x, opts), ""))
                 impls.append(("dtune-passes", dtune_passes_call(op, x, opts), ""))
@@ -476,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                 }  # fmt: skip
                 if call is not None:
                     try:
-                        row.update(measure(call, n_calls, repeats, clock))
+                        with launch_cache_off(impl == "dtune-uncached"):
+                            row.update(measure(call, n_calls, repeats, clock))
                     except Exception as exc:  # one failing contestant keeps its row, with the reason
                         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
                 rows.append(row)

@@ -8,7 +8,7 @@ the intermediates too: an element a stage fails to write and a later stage reads
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -128,3 +128,40 @@ def allocate_segments(call: ChunkCall) -> SegmentScratch | None:
         transitions=new_output(seg.NS, HV, K, V + K, dtype=torch.float32, device=call.device),
         starts=new_output(seg.NS, HV, K, V, dtype=torch.float32, device=call.device),
     )
+
+
+def tensors_of(*objs: object) -> list[Tensor | None]:
+    """Every tensor field of ``objs`` (dataclasses: a call, its tables and options, its buffers), nested dataclasses
+    walked, in field order, with None where a field is None: the call's tensors as the launch cache locates pointers
+    in them (the same order for calls of one signature)."""
+    out: list[Tensor | None] = []
+    for obj in objs:
+        if obj is None:
+            out.append(None)
+            continue
+        for name in _tensor_fields(obj):
+            value = getattr(obj, name)
+            if value is None or isinstance(value, Tensor):
+                out.append(value)
+            elif hasattr(type(value), "__dataclass_fields__"):
+                out.extend(tensors_of(value))
+            # (else a field None on the class's first instance and a number here: an option's value, in the key)
+    return out
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _tensor_fields(obj: object) -> tuple[str, ...]:
+    """The fields of ``obj``'s class that hold a tensor, a dataclass or None (an optional one): the others (ints,
+    strings, the config) are read once per class, on its first instance."""
+    cls = type(obj)
+    names = _FIELDS.get(cls)
+    if names is None:
+        keep = []
+        for f in fields(obj):  # type: ignore[arg-type]
+            value = getattr(obj, f.name)
+            if value is None or isinstance(value, Tensor) or hasattr(type(value), "__dataclass_fields__"):
+                keep.append(f.name)
+        names = _FIELDS[cls] = tuple(keep)
+    return names

@@ -7,16 +7,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 
+from .. import launches as launch_cache
 from ..config import Config
 from ..options import NO_IN_KERNEL, InKernel
-from .buffers import Intermediates, Outputs, allocate, allocate_segments
+from .buffers import Intermediates, Outputs, SegmentScratch, allocate, allocate_segments, tensors_of
 from .call import ChunkCall, prepare_call
 from .cost import stage_costs
 from .intra import launch_intra_rows
@@ -49,7 +50,9 @@ class ForwardResult:
     call: ChunkCall  # the prepared call: shape, config, chunk tables (chunk_info, chunk_offsets) for the backward
 
 
-def _launchers(call: ChunkCall) -> tuple[list[tuple[str, Callable[[], Any]]], Intermediates, Outputs]:
+def _launchers(
+    call: ChunkCall,
+) -> tuple[list[tuple[str, Callable[[], Any]]], Intermediates, Outputs, SegmentScratch | None]:
     """Allocate every buffer of ``call``; return its stages' names and launches (to run in order) and the buffers."""
     inter, out = allocate(call)
     scratch = None if burns_in(call.config) else allocate_segments(call)
@@ -61,13 +64,30 @@ def _launchers(call: ChunkCall) -> tuple[list[tuple[str, Callable[[], Any]]], In
     stages.append(("state+output" if call.fuse else "state", partial(launch_state, call, inter, out, scratch)))
     if not call.fuse:
         stages.append(("output", partial(launch_output, call, inter, out)))
-    return stages, inter, out
+    return stages, inter, out, scratch
+
+
+def signature(call: ChunkCall) -> Hashable:
+    """Everything the forward's launchers read of ``call`` other than its tensors' data pointers (the launch cache's
+    key, :mod:`dtune.kernels.launches`): the shape, the gate, the scale, the precision, the full config, the in-kernel
+    options, the chunk tables (by identity: the plan holds them) and each input's dtype, shape and 16-byte
+    alignment (Triton specialises on it; the TMA paths need it); the device Triton compiles for."""
+    q = call.q
+    ik = call.in_kernel
+    inputs = (q, call.k, call.v, call.g, call.beta, call.h0, ik.A_log, ik.dt_bias)
+    layout = tuple(None if t is None else (t.dtype, t.shape, t.data_ptr() % 16) for t in inputs)
+    return (
+        "chunk-forward", torch.cuda.current_device() if q.is_cuda else -1, q.device, call.B, call.T, call.H, call.HV,
+        call.K, call.V, call.N, call.gate, call.scale, call.dt, call.dot_prec, call.output_final_state,
+        tuple(call.config.items()), (ik.l2norm, ik.gate_activation, ik.lower_bound, ik.beta_sigmoid, ik.state_vk),
+        id(call.tables), layout,
+    )  # fmt: skip
 
 
 def build_stages(call: ChunkCall) -> tuple[list[Stage], Intermediates, Outputs]:
     """Allocate every buffer of ``call`` and return its stages (to run in order), with their work model (for the
     profiler), and the buffers they fill."""
-    launches, inter, out = _launchers(call)
+    launches, inter, out, _ = _launchers(call)
     costs = stage_costs(call)
     return [Stage(name, run, *costs[name]) for name, run in launches], inter, out
 
@@ -119,9 +139,14 @@ def forward_with_intermediates(
     call = prepare_call(
         q, k, v, g, beta, gate, scale, initial_state, output_final_state, cu_seqlens, config, seq_offsets, in_kernel
     )
-    launches, inter, out = _launchers(call)  # (no work model: that is the profiler's, not a call's cost)
-    for _, run in launches:
-        run()
+    launches, inter, out, scratch = _launchers(call)  # (no work model: that is the profiler's, not a call's cost)
+
+    def launch_all() -> None:
+        for _, run in launches:
+            run()
+
+    # a call of a signature seen before replays its launches (no launcher Python, no Triton binding)
+    launch_cache.run(signature(call), tensors_of(call, inter, out, scratch), launch_all, keep=call.tables)
     return ForwardResult(out.o, out.final_state, inter, call)
 
 

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..config import Config, next_power_of_2
+from ..launches import launch
 from .buffers import Outputs, SegmentScratch
 from .call import ChunkCall, tile
 
@@ -166,7 +167,9 @@ def launch_segment_starts(call: ChunkCall, out: Outputs, scratch: SegmentScratch
     assert seg is not None
     kernel, opts = segment_starts_spec(call.config, call.K, call.V)
     grid = (triton.cdiv(call.V, opts["BV"]), call.N * call.HV)
-    return kernel[grid](
+    return launch(
+        kernel,
+        grid,
         scratch.transitions, call.h0, scratch.starts, out.final_state, seg.seq_segments,
         HV=call.HV, K=call.K, V=call.V, USE_H0=call.h0 is not None, STORE_HT=call.output_final_state,
         DOT_PREC=call.dot_prec, **opts,

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .. import launches
 from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
 from .call import ChunkCall, register_cap, tile
@@ -537,7 +538,9 @@ def _launch(
 ) -> Any:
     tds = descriptors(call, inter, o, BV) if seg != 1 else {}
     stores = state_store_descriptors(call, inter, BV) if seg != 1 else {}
-    return chunk_state_kernel[grid](
+    return launches.launch(
+        chunk_state_kernel,
+        grid,
         call.q,
         call.k,
         inter.w,

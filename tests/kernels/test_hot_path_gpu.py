@@ -5,6 +5,9 @@
   synchronising CUDA call (``.item()``, ``.cpu()``, ``.tolist()``, a blocking copy either way, ``nonzero``, a stream
   or device synchronize) raises inside the op. The test proves itself: the opt-in gate check (``float(g.max())``,
   an ``.item()``) and a ``cu_seqlens`` tensor never seen (its one host read) must raise under the same mode.
+* The launch cache (:mod:`dtune.kernels.launches`): a second call of the same signature replays the first call's
+  launches with its own pointers; in check mode every replay is compared, launch by launch, with the compiled kernel
+  Triton's own lookup picks and the arguments the launchers pass, and its outputs with the cache turned off.
 * The default prefill (chunk ops, fixed length) and decode (fused-recurrent, T = 1, with state) calls are captured
   in a CUDA graph after a warm-up call, replayed on new inputs copied into the static buffers, and must equal an
   eager call on those inputs.
@@ -21,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from dtune.kernels import launches
 
 import dtune.inputs
 from dtune import ops
@@ -128,6 +132,25 @@ def test_the_sync_test_catches_a_sync(op: str) -> None:
     with no_sync(), pytest.raises(RuntimeError, match=SYNC):
         _call(op, {**x, "cu_seqlens": fresh})
     _call(op, {**x, "cu_seqlens": fresh}, check_gate=True)  # outside the mode both run (valid gates)
+
+
+@pytest.mark.parametrize("shape_id", list(SHAPES))
+@pytest.mark.parametrize("op", list(OPS))
+def test_replayed_launches_match_tritons_own(op: str, shape_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    shape, seq_lens = SHAPES[shape_id]
+    launches.clear()
+    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "check")
+    _call(op, _inputs(op, shape, seq_lens, seed=1))  # recorded
+    x = _inputs(op, shape, seq_lens, seed=2)
+    with no_sync():
+        o, s = _call(op, x)  # replayed, checked against Triton's lookup and the launchers' arguments
+    cached = launches.cached()
+    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "0")
+    want_o, want_s = _call(op, x)
+    assert s is not None and want_s is not None and torch.isfinite(o).all()
+    assert rel_err(o, want_o) < 1e-6 and rel_err(s, want_s) < 1e-6
+    if op.startswith("chunk"):
+        assert cached == 1, "the chunk forward's call was not recorded"
 
 
 def _capture(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:

@@ -1,0 +1,338 @@
+"""A call's launches recorded once and replayed: the host cost of a repeated call without the per-launch Python.
+
+A chunk op's call spends most of its host time (about 290 µs for four launches on an H100's host, where the kernels
+run 180 µs) building launch arguments and in Triton's per-launch path: binding ~30 arguments, specialising each,
+keying the compiled-kernel cache. For a call with the same *signature* as an earlier one (the same shapes, dtypes,
+config, options, input alignment: everything the launchers read except the data pointers), all of that comes out the
+same; only the pointers differ. :func:`run` therefore launches a call's stages through :func:`launch` once, records
+each launch (the compiled kernel, its grid, its arguments in the kernel's parameter order) with every pointer
+expressed as *which of the call's tensors, at which byte offset*, and on the next call of that signature replays the
+record: the compiled kernels launched directly with the new call's pointers.
+
+What the caller guarantees: ``key`` covers everything its launchers read that is not a data pointer of a tensor in
+``tensors`` (the call's inputs, its index tables, every buffer it allocated), and the tensors come in the same order,
+shapes and dtypes for equal keys. A launch that cannot be recorded safely (a pointer into a tensor that is not in
+``tensors``, an argument of an unknown kind, a grid function, a kernel with pre-run hooks) makes the signature
+*uncacheable*: its calls keep Triton's path. Never replayed: under Triton's interpreter, while a launch hook is set
+(``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``: profilers) or ``JITFunction.run`` is patched
+(:func:`dtune.measure.resources.capture_launches`), or with ``DTUNE_LAUNCH_CACHE=0``. ``DTUNE_LAUNCH_CACHE=check``
+verifies every replay: the launchers run again without launching, Triton's own lookup picks each compiled kernel, and
+the replay must match it launch for launch (kernel, grid, every argument) or raise (the GPU tests run so).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+CACHE_SIZE = 256  # signatures kept (least recently used dropped)
+_PLANS: OrderedDict[Hashable, _Plan | None] = OrderedDict()  # None: the signature is uncacheable
+_RECORDING: list[_Launch] | None = None  # the launches of the call being recorded
+_DRY = False  # check mode: the launchers' launches are looked up, not run
+
+
+def mode() -> str:
+    """``DTUNE_LAUNCH_CACHE``: ``on`` (default), ``off`` (``0``) or ``check`` (every replay verified)."""
+    value = os.environ.get("DTUNE_LAUNCH_CACHE", "1").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    return "check" if value == "check" else "on"
+
+
+@dataclass
+class _Launch:
+    """One launch as a launcher made it: the kernel (a ``JITFunction``), its grid, its arguments, the compiled kernel."""
+
+    kernel: Any
+    grid: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    compiled: Any
+
+
+def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
+    """``kernel[grid](*args, **kwargs)``, recorded when :func:`run` records the call; returns the compiled kernel (as
+    ``kernel[grid](...)`` does)."""
+    compiled = _launch_one(kernel, grid, args, kwargs, _DRY)
+    if _RECORDING is not None:
+        _RECORDING.append(_Launch(kernel, grid, args, kwargs, compiled))
+    return compiled
+
+
+def _launch_one(kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dry: bool) -> Any:
+    """Triton's launch (``dry``: Triton's lookup of the compiled kernel alone, compiling it if need be, no launch)."""
+    if dry:
+        return kernel.run(*args, grid=grid, warmup=True, **kwargs)
+    return kernel[grid](*args, **kwargs)
+
+
+class _Ptr(int):
+    """A device address where Triton's launcher takes a tensor: an ``int`` (read as the pointer) that also answers
+    ``data_ptr()`` (a tensor descriptor's base)."""
+
+    def data_ptr(self) -> int:
+        return int(self)
+
+
+class _Desc:
+    """A host tensor descriptor as Triton's launcher reads one (``base``, ``shape``, ``strides``, ``block_shape``,
+    ``padding``), its base a replayed pointer: built without ``TensorDescriptor``'s checks, which the recorded
+    descriptor of the same shape passed."""
+
+    __slots__ = ("base", "block_shape", "padding", "shape", "strides")
+
+    def __init__(self, base: _Ptr, shape: list[int], strides: list[int], block_shape: list[int], padding: str) -> None:
+        self.base = base
+        self.shape = shape
+        self.strides = strides
+        self.block_shape = block_shape
+        self.padding = padding
+
+
+@dataclass
+class _Slot:
+    """Argument ``pos`` of a recorded launch is a pointer: tensor ``index`` of the call's tensors plus ``offset``
+    bytes; ``desc``: a tensor descriptor around it (shape, strides, block shape, padding)."""
+
+    pos: int
+    index: int
+    offset: int
+    desc: tuple[list[int], list[int], list[int], str] | None = None
+
+
+@dataclass
+class _Replay:
+    """One recorded launch: the compiled kernel, its grid and its arguments with the pointers left as slots."""
+
+    kernel: Any  # the JITFunction (check mode compares Triton's lookup with ``compiled``)
+    compiled: Any
+    grid: tuple[int, int, int]
+    args: list[Any]
+    slots: list[_Slot]
+
+    def arguments(self, ptrs: Sequence[int]) -> list[Any]:
+        args = list(self.args)
+        for s in self.slots:
+            p = _Ptr(ptrs[s.index] + s.offset)
+            args[s.pos] = p if s.desc is None else _Desc(p, *s.desc)
+        return args
+
+
+@dataclass
+class _Plan:
+    launches: list[_Replay]
+    keep: Any  # objects whose identity the key names (held so that it cannot be recycled while the plan lives)
+
+
+class Uncacheable(Exception):
+    """A launch that cannot be replayed safely (the reason in the message)."""
+
+
+def run(key: Hashable | None, tensors: Sequence[Tensor | None], launch_all: Callable[[], Any], keep: Any = None) -> Any:
+    """Run ``launch_all()`` (the call's launches, each through :func:`launch`) or replay what it launched for an
+    earlier call of signature ``key`` with the pointers of ``tensors``. ``key`` None: no caching (launch_all runs).
+    ``keep``: objects the key names by identity, held by the cached plan. Returns ``launch_all()``'s result, or None
+    when replayed."""
+    if key is None or not _replayable(tensors):
+        return launch_all()
+    try:
+        plan = _PLANS.get(key, _MISSING)
+    except TypeError:  # an unhashable key (a list in a config): no caching
+        return launch_all()
+    if plan is None:  # uncacheable signature
+        return launch_all()
+    if plan is _MISSING:
+        return _record(key, tensors, launch_all, keep)
+    assert isinstance(plan, _Plan)
+    _PLANS.move_to_end(key)
+    ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+    if mode() == "check":
+        _check(plan, ptrs, launch_all)
+    _replay(plan, ptrs)
+    return None
+
+
+_MISSING: Any = object()
+
+
+def _replayable(tensors: Sequence[Tensor | None]) -> bool:
+    """On a CUDA device, Triton's own launch path in force (no interpreter, no patched ``JITFunction.run``, no launch
+    hooks) and the cache not turned off."""
+    first = next((t for t in tensors if t is not None), None)
+    if first is None or not first.is_cuda or mode() == "off":
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    try:
+        from triton import knobs
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # pragma: no cover (a Triton without knobs: never replay)
+        return False
+    run_ = JITFunction.run
+    if getattr(run_, "__qualname__", "") != "JITFunction.run" or run_.__module__ != "triton.runtime.jit":
+        return False  # patched (a launch capture): let every launch through it
+    return _unhooked(knobs.runtime.launch_enter_hook) and _unhooked(knobs.runtime.launch_exit_hook)
+
+
+def _unhooked(hook: Any) -> bool:
+    """No launch hook: None, or Triton's hook chain (3.6 on) with nothing in it."""
+    return hook is None or not getattr(hook, "calls", True)
+
+
+def _record(key: Hashable, tensors: Sequence[Tensor | None], launch_all: Callable[[], Any], keep: Any) -> Any:
+    global _RECORDING
+    outer, _RECORDING = _RECORDING, []
+    try:
+        result = launch_all()
+        recorded = _RECORDING
+    finally:
+        _RECORDING = outer
+    try:
+        plan: _Plan | None = _Plan([_replay_of(launch, tensors) for launch in recorded], keep)
+    except Uncacheable:
+        plan = None
+    _PLANS[key] = plan
+    while len(_PLANS) > CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return result
+
+
+def _replay_of(rec: _Launch, tensors: Sequence[Tensor | None]) -> _Replay:
+    """The replay of one recorded launch: every argument in the kernel's parameter order, pointers as slots."""
+    compiled = rec.compiled
+    if compiled is None or not hasattr(compiled, "packed_metadata"):
+        raise Uncacheable("no compiled kernel")
+    if getattr(rec.kernel, "pre_run_hooks", None):
+        raise Uncacheable("the kernel has pre-run hooks")
+    if callable(rec.grid):
+        raise Uncacheable("a grid function")
+    grid = tuple(int(x) for x in rec.grid) + (1,) * (3 - len(rec.grid))
+    values = _bound(rec.kernel, rec.args, rec.kwargs)
+    index = _storages(tensors)
+    args: list[Any] = []
+    slots: list[_Slot] = []
+    for pos, value in enumerate(values):
+        if isinstance(value, Tensor):
+            slots.append(_Slot(pos, *_locate(value.data_ptr(), index)))
+            args.append(None)
+        elif type(value).__name__ == "TensorDescriptor":
+            base = value.base
+            desc = (list(value.shape), list(value.strides), list(value.block_shape), value.padding)
+            slots.append(_Slot(pos, *_locate(base.data_ptr(), index), desc=desc))
+            args.append(None)
+        elif value is None or isinstance(value, (bool, int, float, str)) or _is_triton_constant(value):
+            args.append(value)
+        else:
+            raise Uncacheable(f"argument {pos} of kind {type(value).__name__}")
+    return _Replay(rec.kernel, compiled, grid, args, slots)  # type: ignore[arg-type]
+
+
+def _is_triton_constant(value: Any) -> bool:
+    return type(value).__module__.startswith("triton.") and not isinstance(value, (list, tuple, dict))
+
+
+def _bound(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """``args`` and ``kwargs`` in the kernel's parameter order, defaults filled (Triton's binder does the same);
+    launch options (``num_warps`` ...) left out."""
+    fn = getattr(kernel, "fn", None)
+    if fn is None:
+        raise Uncacheable(f"not a JIT kernel: {type(kernel).__name__}")
+    sig = inspect.signature(fn)
+    params = {k: v for k, v in kwargs.items() if k in sig.parameters}
+    bound = sig.bind(*args, **params)
+    bound.apply_defaults()
+    return list(bound.arguments.values())
+
+
+def _storages(tensors: Sequence[Tensor | None]) -> list[tuple[int, int, int, int]]:
+    """``(index, data_ptr, storage start, storage end)`` of each tensor (exact pointers first when located)."""
+    out = []
+    for i, t in enumerate(tensors):
+        if t is None:
+            continue
+        st = t.untyped_storage()
+        out.append((i, t.data_ptr(), st.data_ptr(), st.data_ptr() + st.nbytes()))
+    return out
+
+
+def _locate(ptr: int, index: list[tuple[int, int, int, int]]) -> tuple[int, int]:
+    """The tensor and byte offset of a pointer: a tensor starting there, else one whose storage holds it."""
+    for i, p, _, _ in index:
+        if p == ptr:
+            return i, 0
+    for i, p, lo, hi in index:
+        if lo <= ptr < hi:
+            return i, ptr - p
+    raise Uncacheable(f"a pointer ({ptr:#x}) into none of the call's tensors")
+
+
+def _device_stream() -> int:
+    from triton.runtime import driver
+
+    return int(driver.active.get_current_stream(driver.active.get_current_device()))
+
+
+def _replay(plan: _Plan, ptrs: Sequence[int]) -> None:
+    stream = _device_stream()
+    for r in plan.launches:
+        c = r.compiled
+        c.run(*r.grid, stream, c.function, c.packed_metadata, None, None, None, *r.arguments(ptrs))
+
+
+def _check(plan: _Plan, ptrs: Sequence[int], launch_all: Callable[[], Any]) -> None:
+    """Check mode: the launchers' launches for this call, looked up by Triton (no launch), against the plan's."""
+    global _RECORDING, _DRY
+    outer, _RECORDING, _DRY = _RECORDING, [], True
+    try:
+        launch_all()
+        fresh = _RECORDING
+    finally:
+        _RECORDING, _DRY = outer, False
+    if len(fresh) != len(plan.launches):
+        raise RuntimeError(f"launch cache: {len(plan.launches)} launches replayed where the call makes {len(fresh)}")
+    for i, (rec, r) in enumerate(zip(fresh, plan.launches, strict=True)):
+        if rec.kernel is not r.kernel or rec.compiled is not r.compiled:
+            raise RuntimeError(f"launch cache: launch {i} replays another compiled kernel than Triton's lookup")
+        grid = tuple(int(x) for x in rec.grid) + (1,) * (3 - len(rec.grid))
+        if grid != r.grid:
+            raise RuntimeError(f"launch cache: launch {i} grid {r.grid}, the call's {grid}")
+        got, exp = _plain(r.arguments(ptrs)), _plain(_bound(rec.kernel, rec.args, rec.kwargs))
+        if got != exp:
+            diff = [j for j, (a, b) in enumerate(zip(got, exp, strict=True)) if a != b]
+            raise RuntimeError(f"launch cache: launch {i} ({_name(r.kernel)}) differs in arguments {diff}")
+
+
+def _plain(args: list[Any]) -> list[Any]:
+    """Arguments as comparable values: a tensor its address, a descriptor its base address and layout."""
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, Tensor):
+            out.append(a.data_ptr())
+        elif isinstance(a, _Desc) or type(a).__name__ == "TensorDescriptor":
+            layout = (list(a.shape), list(a.strides), list(a.block_shape), a.padding)
+            out.append(("desc", a.base.data_ptr(), *layout))
+        else:
+            out.append(a)
+    return out
+
+
+def _name(kernel: Any) -> str:
+    return str(getattr(getattr(kernel, "fn", None), "__name__", kernel))
+
+
+def clear() -> None:
+    """Forget every recorded plan (tests; a kernel recompiled under a changed environment)."""
+    _PLANS.clear()
+
+
+def cached() -> int:
+    """Signatures with a replayable plan."""
+    return sum(p is not None for p in _PLANS.values())
