@@ -17,9 +17,9 @@ HV / H, e.g. ``--heads 2 --hv-ratio 2`` for Qwen3-Next's Gated DeltaNet at tenso
   prefill-32k     B = 1, T = 32768 (only when ``--cases`` names it: the GPU's time decides its loop_us)
 
 the default call (``dtune.ops.<op>(q, k, v, [g,] beta, initial_state=..., output_final_state=True, cu_seqlens=...)``;
-fla's with the same arguments by keyword; ``dtune-uncached``: dtune's with its launch cache off,
-``DTUNE_LAUNCH_CACHE=0``, every call through the launchers and Triton's launch path) is timed three ways, after three
-warm-up calls (compiles, fla's autotuning):
+fla's with the same arguments by keyword; ``dtune-cached`` / ``dtune-uncached``: dtune's with its launch cache on /
+off, ``DTUNE_LAUNCH_CACHE=1`` / ``0``, :mod:`dtune.kernels.launches`) is timed three ways, after three warm-up calls
+(compiles, fla's autotuning):
 
 * ``host_us``: the CPU time per call to queue its launches. The GPU is first made busy with ``torch.cuda._sleep``
   (long enough to cover the whole batch), then N calls are made back to back and timed with ``time.perf_counter``;
@@ -406,7 +406,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     by = {(r["op"], r["case"], r["impl"]): r for r in rows}
     keys = list(dict.fromkeys((r["op"], r["case"]) for r in rows))
     passes = any(r["impl"] == "dtune-passes" for r in rows)
-    head = ["op", "case", "dtune us", "uncached us", "fla us", "fla/dtune", "dtune loop", "fla loop"]
+    head = ["op", "case", "dtune us", "cached us", "uncached us", "fla us", "fla/dtune", "dtune loop", "fla loop"]
     head += ["kernels loop", "passes loop"] if passes else []
     lines = [f"{head[0]:34s} {head[1]:15s} " + " ".join(f"{h:>11s}" for h in head[2:])]
 
@@ -416,28 +416,32 @@ def table(rows: list[dict[str, Any]]) -> str:
         return f"{r[col]:.1f}" + ("*" if col == "host_us" and r["waits"] else "")
 
     for op, case in keys:
-        impls = ("dtune", "dtune-uncached", "fla", "dtune-kernels", "dtune-passes")
-        d, u, f, k, p = (by.get((op, case, impl)) for impl in impls)
+        impls = ("dtune", "dtune-cached", "dtune-uncached", "fla", "dtune-kernels", "dtune-passes")
+        d, c, u, f, k, p = (by.get((op, case, impl)) for impl in impls)
         ratio = f"{f['host_us'] / d['host_us']:.2f}" if d and f and d.get("host_us") and f.get("host_us") else "-"
-        cells = [cell(d, "host_us"), cell(u, "host_us"), cell(f, "host_us"), ratio, cell(d, "loop_us")]
+        cells = [cell(d, "host_us"), cell(c, "host_us"), cell(u, "host_us"), cell(f, "host_us"), ratio]
+        cells.append(cell(d, "loop_us"))
         cells.append(cell(f, "loop_us"))
         cells += [cell(k, "loop_us"), cell(p, "loop_us")] if passes else []
         lines.append(f"{op:34s} {case:15s} " + " ".join(f"{c:>11s}" for c in cells))
     lines.append("host us: CPU time per call before its launches are queued (* the call waits for the GPU: a sync);")
-    lines.append("uncached: dtune's call without its launch cache (DTUNE_LAUNCH_CACHE=0: launchers and Triton's path)")
+    lines.append("cached / uncached: dtune's call with its launch cache on / off (DTUNE_LAUNCH_CACHE=1 / 0)")
     lines.append("loop us: per call of back-to-back calls with one synchronize at the end")
     return "\n".join(lines)
 
 
+# dtune's call again with its launch cache on and off, whatever the default (dtune.kernels.launches)
+LAUNCH_CACHE = {"dtune-cached": "1", "dtune-uncached": "0"}
+
+
 @contextmanager
-def launch_cache_off(off: bool) -> Iterator[None]:
-    """dtune's launch cache turned off inside (``DTUNE_LAUNCH_CACHE=0``: every call through the launchers and
-    Triton's launch path, as before the cache), restored after."""
-    if not off:
+def launch_cache(value: str | None) -> Iterator[None]:
+    """``DTUNE_LAUNCH_CACHE=value`` inside (None: as the environment has it), restored after."""
+    if value is None:
         yield
         return
     before = os.environ.get("DTUNE_LAUNCH_CACHE")
-    os.environ["DTUNE_LAUNCH_CACHE"] = "0"
+    os.environ["DTUNE_LAUNCH_CACHE"] = value
     try:
         yield
     finally:
@@ -483,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             x = build_inputs(op, case, args.interpret, args.heads, args.hv_ratio)
             opts = layer_options(x) if args.layer_options else None
             impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x, opts), "")]
-            impls.append(("dtune-uncached", dtune_call(op, x, opts), "DTUNE_LAUNCH_CACHE=0"))
+            for name, value in LAUNCH_CACHE.items():
+                impls.append((name, dtune_call(op, x, opts), f"DTUNE_LAUNCH_CACHE={value}"))
             if opts is not None:
                 impls.append(("dtune-kernels", dtune_kernels_call(op, x, opts), ""))
                 impls.append(("dtune-passes", dtune_passes_call(op, x, opts), ""))
@@ -501,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                 }  # fmt: skip
                 if call is not None:
                     try:
-                        with launch_cache_off(impl == "dtune-uncached"):
+                        with launch_cache(LAUNCH_CACHE.get(impl)):
                             row.update(measure(call, n_calls, repeats, clock))
                     except Exception as exc:  # one failing contestant keeps its row, with the reason
                         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"

@@ -13,10 +13,10 @@ What the caller guarantees: ``key`` covers everything its launchers read that is
 ``tensors`` (the call's inputs, its index tables, every buffer it allocated), and the tensors come in the same order,
 shapes and dtypes for equal keys. A launch that cannot be recorded safely (a pointer into a tensor that is not in
 ``tensors``, an argument of an unknown kind, a grid function, a kernel with pre-run hooks) makes the signature
-*uncacheable*: its calls keep Triton's path. Never replayed: under Triton's interpreter, while a launch hook is set
+*uncacheable*: its calls keep Triton's path. Turned on by ``DTUNE_LAUNCH_CACHE=1`` (off by default: it has not
+yet run on a GPU). Never replayed: under Triton's interpreter, while a launch hook is set
 (``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``: profilers) or ``JITFunction.run`` is patched
-(:func:`dtune.measure.resources.capture_launches`), or with ``DTUNE_LAUNCH_CACHE=0``. ``DTUNE_LAUNCH_CACHE=check``
-verifies every replay: the launchers run again without launching, Triton's own lookup picks each compiled kernel, and
+(:func:`dtune.measure.resources.capture_launches`). ``DTUNE_LAUNCH_CACHE=check`` verifies every replay: the launchers run again without launching, Triton's own lookup picks each compiled kernel, and
 the replay must match it launch for launch (kernel, grid, every argument) or raise (the GPU tests run so).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -35,16 +36,23 @@ Tensor = torch.Tensor
 
 CACHE_SIZE = 256  # signatures kept (least recently used dropped)
 _PLANS: OrderedDict[Hashable, _Plan | None] = OrderedDict()  # None: the signature is uncacheable
-_RECORDING: list[_Launch] | None = None  # the launches of the call being recorded
-_DRY = False  # check mode: the launchers' launches are looked up, not run
+
+
+class _Local(threading.local):
+    recording: list[_Launch] | None = None  # the launches of the call being recorded (this thread's)
+    dry = False  # check mode: the launchers' launches are looked up, not run
+
+
+_LOCAL = _Local()
 
 
 def mode() -> str:
-    """``DTUNE_LAUNCH_CACHE``: ``on`` (default), ``off`` (``0``) or ``check`` (every replay verified)."""
-    value = os.environ.get("DTUNE_LAUNCH_CACHE", "1").strip().lower()
-    if value in ("0", "off", "false", "no"):
-        return "off"
-    return "check" if value == "check" else "on"
+    """``DTUNE_LAUNCH_CACHE``: ``off`` (the default, or ``0``), ``on`` (``1``) or ``check`` (every replay verified).
+    Off by default until the replay has been checked on a GPU (``tests/kernels/test_hot_path_gpu.py`` in check mode)."""
+    value = os.environ.get("DTUNE_LAUNCH_CACHE", "0").strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return "on"
+    return "check" if value == "check" else "off"
 
 
 @dataclass
@@ -61,9 +69,10 @@ class _Launch:
 def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
     """``kernel[grid](*args, **kwargs)``, recorded when :func:`run` records the call; returns the compiled kernel (as
     ``kernel[grid](...)`` does)."""
-    compiled = _launch_one(kernel, grid, args, kwargs, _DRY)
-    if _RECORDING is not None:
-        _RECORDING.append(_Launch(kernel, grid, args, kwargs, compiled))
+    local = _LOCAL
+    compiled = _launch_one(kernel, grid, args, kwargs, local.dry)
+    if local.recording is not None:
+        local.recording.append(_Launch(kernel, grid, args, kwargs, compiled))
     return compiled
 
 
@@ -188,16 +197,16 @@ def _unhooked(hook: Any) -> bool:
 
 
 def _record(key: Hashable, tensors: Sequence[Tensor | None], launch_all: Callable[[], Any], keep: Any) -> Any:
-    global _RECORDING
-    outer, _RECORDING = _RECORDING, []
+    local = _LOCAL
+    outer, local.recording = local.recording, []
     try:
         result = launch_all()
-        recorded = _RECORDING
+        recorded = local.recording
     finally:
-        _RECORDING = outer
+        local.recording = outer
     try:
         plan: _Plan | None = _Plan([_replay_of(launch, tensors) for launch in recorded], keep)
-    except Uncacheable:
+    except Exception:  # Uncacheable, or anything unforeseen: this signature keeps Triton's path, the call stands
         plan = None
     _PLANS[key] = plan
     while len(_PLANS) > CACHE_SIZE:
@@ -289,13 +298,13 @@ def _replay(plan: _Plan, ptrs: Sequence[int]) -> None:
 
 def _check(plan: _Plan, ptrs: Sequence[int], launch_all: Callable[[], Any]) -> None:
     """Check mode: the launchers' launches for this call, looked up by Triton (no launch), against the plan's."""
-    global _RECORDING, _DRY
-    outer, _RECORDING, _DRY = _RECORDING, [], True
+    local = _LOCAL
+    outer, local.recording, local.dry = local.recording, [], True
     try:
         launch_all()
-        fresh = _RECORDING
+        fresh = local.recording
     finally:
-        _RECORDING, _DRY = outer, False
+        local.recording, local.dry = outer, False
     if len(fresh) != len(plan.launches):
         raise RuntimeError(f"launch cache: {len(plan.launches)} launches replayed where the call makes {len(fresh)}")
     for i, (rec, r) in enumerate(zip(fresh, plan.launches, strict=True)):

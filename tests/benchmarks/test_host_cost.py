@@ -30,7 +30,8 @@ def test_a_run_cut_short_keeps_its_measured_rows(tmp_path: Path, monkeypatch: py
     with pytest.raises(KeyboardInterrupt):
         hc.main(["--interpret", "--no-fla", "--ops", "fused_recurrent_delta_rule", "--out", str(tmp_path)])
     rows = list(csv.DictReader((tmp_path / "host_cost.csv").read_text().splitlines()))
-    assert [(r["case"], float(r["host_us"])) for r in rows] == [("prefill", 11.0), ("prefill-varlen", 12.0)]
+    got = [(r["case"], r["impl"], float(r["host_us"])) for r in rows]
+    assert got == [("prefill", "dtune", 11.0), ("prefill", "dtune-cached", 12.0)]
     assert not list(tmp_path.glob("*.tmp"))
 
 

@@ -64,7 +64,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     monkeypatch.setattr(launches, "_launch_one", one)
     monkeypatch.setattr(launches, "_replayable", lambda tensors: True)
     monkeypatch.setattr(launches, "_device_stream", lambda: 7)
-    monkeypatch.delenv("DTUNE_LAUNCH_CACHE", raising=False)
+    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "1")
     launches.clear()
     yield SimpleNamespace(compiled=compiled, triton=triton_path)
     launches.clear()
@@ -151,15 +151,17 @@ def test_off_and_unhashable_keys_take_tritons_path(fake: SimpleNamespace, monkey
 
 
 def test_replayed_only_where_tritons_launch_path_is_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Real conditions: CUDA tensors, no interpreter, ``JITFunction.run`` unpatched, no launch hooks, not turned off."""
+    """Real conditions: CUDA tensors, no interpreter, ``JITFunction.run`` unpatched, no launch hooks, turned on."""
     from triton import knobs
 
     from dtune.measure.resources import capture_launches
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv("DTUNE_LAUNCH_CACHE", raising=False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     t = [torch.empty(1)]
+    monkeypatch.delenv("DTUNE_LAUNCH_CACHE", raising=False)
+    assert not launches._replayable(t), "on by default"
+    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "1")
     assert launches._replayable(t)
     assert not launches._replayable([None])
     with capture_launches():
@@ -273,14 +275,16 @@ def test_fused_recurrent_replays_what_its_launcher_passes(
             opts |= {"use_gate_in_kernel": True, "A_log": torch.rand(p.HV), "dt_bias": bias}
         kw["options"] = Options(**opts)
 
-    def call(seed: int) -> None:
+    def call(seed: int, scale: float | None = None) -> None:
         x = make_inputs(p, torch.float32, "cpu", seed=seed, seq_lens=[4, 5] if how == "varlen" else None)
         gates = () if gate is Gate.NONE else (x["g"],)
-        op(x["q"], x["k"], x["v"], *gates, x["beta"], initial_state=x["initial_state"], output_final_state=True,
-           cu_seqlens=x["cu_seqlens"], **kw)  # fmt: skip
+        op(x["q"], x["k"], x["v"], *gates, x["beta"], scale=scale, initial_state=x["initial_state"],
+           output_final_state=True, cu_seqlens=x["cu_seqlens"], **kw)  # fmt: skip
 
     call(0)
     assert len(fake.triton) == 1 and launches.cached() == 1
     monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "check")
     call(1)
     assert len(fake.triton) == 1 and sum(len(c.runs) for c in fake.compiled.values()) == 1
+    call(2, scale=0.3)  # another scale: another signature (a replay would pass the old one)
+    assert len(fake.triton) == 2 and launches.cached() == 2
