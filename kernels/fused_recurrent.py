@@ -191,11 +191,9 @@ def forward(
         )  # fmt: skip
 
     tensors = [q, k, v, g, beta, h0, cu_seqlens, in_kernel.A_log, in_kernel.dt_bias, o, ht]
-    layout = tuple(None if t is None else (t.dtype, t.shape, t.data_ptr() % 16) for t in tensors[:9])
     key = (
-        "fused-recurrent", torch.cuda.current_device() if q.is_cuda else -1, q.device, gate, float(scale),
-        output_final_state, tuple(config.items()), (in_kernel.l2norm, in_kernel.gate_activation,
-        in_kernel.lower_bound, in_kernel.beta_sigmoid, in_kernel.state_vk), layout,
+        "fused-recurrent", launch_cache.device_key(q), gate, float(scale), output_final_state,
+        tuple(config.items()), in_kernel.flags(), launch_cache.layout(tensors[:9]),
     )  # fmt: skip
     launch_cache.run(key, tensors, launch_all)  # a repeated call replays its launch (dtune.kernels.launches)
     return o, ht

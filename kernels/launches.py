@@ -337,6 +337,17 @@ def _name(kernel: Any) -> str:
     return str(getattr(getattr(kernel, "fn", None), "__name__", kernel))
 
 
+def layout(tensors: Sequence[Tensor | None]) -> tuple[Any, ...]:
+    """What a launch cache key needs of a call's input tensors: dtype, shape and 16-byte alignment (Triton specialises
+    a pointer on it) of each, None for an absent one (the inputs are contiguous: strides follow from shapes)."""
+    return tuple(None if t is None else (t.dtype, t.shape, t.data_ptr() % 16) for t in tensors)
+
+
+def device_key(t: Tensor) -> tuple[int, torch.device]:
+    """The device Triton compiles for (the current one) and the tensors'."""
+    return (torch.cuda.current_device() if t.is_cuda else -1, t.device)
+
+
 def clear() -> None:
     """Forget every recorded plan (tests; a kernel recompiled under a changed environment)."""
     _PLANS.clear()

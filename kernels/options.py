@@ -16,6 +16,7 @@ No dtune imports: the wrappers with autograd are ``dtune.options``; the formulas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -43,6 +44,10 @@ class InKernel:
     lower_bound: float | None = None
     beta_sigmoid: int = 0
     state_vk: bool = False
+
+    def flags(self) -> tuple[Any, ...]:
+        """The options' values other than tensors (a launch cache key's part: the tensors are the call's)."""
+        return (self.l2norm, self.gate_activation, self.lower_bound, self.beta_sigmoid, self.state_vk)
 
     def gate_code(self) -> int:
         """The gate activation as the chunk kernels' ``GACT`` constexpr: its form (0 none, 1 softplus, 2 bounded)

@@ -72,15 +72,12 @@ def signature(call: ChunkCall) -> Hashable:
     key, :mod:`dtune.kernels.launches`): the shape, the gate, the scale, the precision, the full config, the in-kernel
     options, the chunk tables (by identity: the plan holds them) and each input's dtype, shape and 16-byte
     alignment (Triton specialises on it; the TMA paths need it); the device Triton compiles for."""
-    q = call.q
     ik = call.in_kernel
-    inputs = (q, call.k, call.v, call.g, call.beta, call.h0, ik.A_log, ik.dt_bias)
-    layout = tuple(None if t is None else (t.dtype, t.shape, t.data_ptr() % 16) for t in inputs)
+    inputs = (call.q, call.k, call.v, call.g, call.beta, call.h0, ik.A_log, ik.dt_bias)
     return (
-        "chunk-forward", torch.cuda.current_device() if q.is_cuda else -1, q.device, call.B, call.T, call.H, call.HV,
-        call.K, call.V, call.N, call.gate, call.scale, call.dt, call.dot_prec, call.output_final_state,
-        tuple(call.config.items()), (ik.l2norm, ik.gate_activation, ik.lower_bound, ik.beta_sigmoid, ik.state_vk),
-        id(call.tables), layout,
+        "chunk-forward", launch_cache.device_key(call.q), call.B, call.T, call.H, call.HV, call.K, call.V, call.N,
+        call.gate, call.scale, call.dt, call.dot_prec, call.output_final_state, tuple(call.config.items()),
+        ik.flags(), id(call.tables), launch_cache.layout(inputs),
     )  # fmt: skip
 
 
