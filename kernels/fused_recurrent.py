@@ -190,6 +190,9 @@ def forward(
             num_stages=config["num_stages"],
         )  # fmt: skip
 
+    if not launch_cache.active(q):
+        launch_all()
+        return o, ht
     tensors = [q, k, v, g, beta, h0, cu_seqlens, in_kernel.A_log, in_kernel.dt_bias, o, ht]
     key = (
         "fused-recurrent", launch_cache.device_key(q), gate, float(scale), output_final_state,

@@ -172,6 +172,12 @@ def run(key: Hashable | None, tensors: Sequence[Tensor | None], launch_all: Call
 _MISSING: Any = object()
 
 
+def active(t: Tensor) -> bool:
+    """Whether a call on ``t``'s device would be recorded or replayed (callers skip building the key and the tensor
+    list when not: the cache costs nothing while off)."""
+    return _replayable((t,))
+
+
 def _replayable(tensors: Sequence[Tensor | None]) -> bool:
     """On a CUDA device, Triton's own launch path in force (no interpreter, no patched ``JITFunction.run``, no launch
     hooks) and the cache not turned off."""
