@@ -48,6 +48,10 @@ __all__ = [
 ]
 
 
+# Under torch.compile each call is a graph break and runs eagerly, as fla's ops do (``torch.compiler.disable``): the
+# call's host logic (input checks, the config lookup, the chunk tables, the launch cache) is not traceable, and a
+# model compiled around a layer that calls an op must still run it.
+@torch.compiler.disable
 def run_kernel(
     kernel: str,
     q: Tensor,

@@ -274,3 +274,40 @@ def test_ops_launch_the_tuned_config(name: str, monkeypatch: pytest.MonkeyPatch)
     explicit = spec.default_config(16, 16)
     fn(x["q"], x["k"], x["v"], *gates, x["beta"], config=explicit)
     assert len(asked) == 1 and launched[-1] == explicit  # an explicit config wins; the store is not asked
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_public_op_inside_torch_compile(name: str) -> None:
+    """A model compiled with torch.compile around a layer that calls an op (as Hugging Face models calling fla's ops
+    are): the op is a graph break and runs eagerly, the result the eager call's (it used to fail inside Dynamo)."""
+    gate = OPS[name][1]
+    x = make_inputs(Shape(1, 21, 1, 2, 16, 24, 1, gate), seed=33, gate_min=-5.0)
+
+    def layer(q: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o, s = call(name, {**x, "q": q * 1.5}, scale=SCALE, initial_state=h0, output_final_state=True)
+        return o.sum(-1), s
+
+    want = layer(x["q"], x["initial_state"])
+    torch._dynamo.reset()
+    got = torch.compile(layer, backend="eager")(x["q"], x["initial_state"])
+    assert rel_err(got[0], want[0]) < 1e-6 and rel_err(got[1], want[1]) < 1e-6
+
+
+def test_training_step_inside_torch_compile() -> None:
+    """The chunk op's forward and backward from a compiled function: gradients equal the eager step's."""
+    x = make_inputs(Shape(1, 21, 1, 2, 16, 24, 1, Gate.SCALAR), seed=34, gate_min=-5.0)
+
+    def step(q: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        o, s = call("chunk_gated_delta_rule", {**x, "q": q}, g=g, initial_state=x["initial_state"],
+                    output_final_state=True)  # fmt: skip
+        return (o * o).sum() + s.sum()
+
+    def grads(fn: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        q, g = x["q"].clone().requires_grad_(), x["g"].clone().requires_grad_()
+        return torch.autograd.grad(fn(q, g), (q, g))
+
+    want = grads(step)
+    torch._dynamo.reset()
+    got = grads(torch.compile(step, backend="eager"))
+    for a, b in zip(got, want, strict=True):
+        assert rel_err(a, b) < 1e-6

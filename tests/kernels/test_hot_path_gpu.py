@@ -153,6 +153,28 @@ def test_replayed_launches_match_tritons_own(op: str, shape_id: str, monkeypatch
         assert cached == 1, "the chunk forward's call was not recorded"
 
 
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"])
+def test_default_call_inside_torch_compile(op: str) -> None:
+    """A layer compiled by torch.compile (Inductor) around the op: a graph break, the op eager, the result the eager
+    layer's; its training step too (the chunk ops)."""
+    shape = Shape(2, 1000, 4, 8, 128, 128, 2) if op.startswith("chunk") else Shape(32, 1, 4, 8, 128, 128, 32)
+    x = _inputs(op, shape, None, seed=21)
+    w = torch.randn(128, 128, device="cuda", dtype=torch.bfloat16) / 12
+
+    def layer(q: torch.Tensor) -> torch.Tensor:
+        o, s = _call(op, {**x, "q": torch.nn.functional.normalize(q @ w, dim=-1)})
+        return (o.float() * 2).sum() + s.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer)
+    assert rel_err(compiled(x["q"]), layer(x["q"])) < 1e-3
+    if op.startswith("chunk"):
+        q1, q2 = (x["q"].clone().requires_grad_() for _ in range(2))
+        (want,) = torch.autograd.grad(layer(q1), q1)
+        (got,) = torch.autograd.grad(compiled(q2), q2)
+        assert rel_err(got, want) < 1e-2
+
+
 def _capture(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Warm up on a side stream (compiles, fills the caches), then capture ``fn`` into a graph."""
     side = torch.cuda.Stream()
