@@ -78,7 +78,41 @@ def run_kernel(
     flash-linear-attention's in-kernel options (:class:`dtune.options.Options`): the fused-recurrent kernels apply
     them as they load each token (one launch); the chunk forward outside autograd applies them in its stages as
     they load g, q, k and beta (``state_v_first``'s states transposed around it); under autograd (or
-    ``check_gate``) every option is a separate differentiable pass."""
+    ``check_gate``) every option is a separate differentiable pass. The kernels run on the inputs' device, whichever
+    device is current."""
+    device = other_device(q)
+    if device is not None:  # Triton launches on the current device: make it the inputs' (as fla's ops do)
+        with torch.cuda.device(device):
+            return _run_kernel(kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                               config, bwd_config, check_gate, options)  # fmt: skip
+    return _run_kernel(kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config,
+                       bwd_config, check_gate, options)  # fmt: skip
+
+
+def other_device(t: Any) -> torch.device | None:
+    """``t``'s CUDA device where it is not the current one (a model spread over GPUs, ``device_map="auto"``), else
+    None."""
+    if isinstance(t, Tensor) and t.is_cuda and t.device.index != torch.cuda.current_device():
+        return t.device
+    return None
+
+
+def _run_kernel(
+    kernel: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor,
+    scale: float | None,
+    initial_state: Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: Tensor | None,
+    config: dict[str, Any] | None,
+    bwd_config: dict[str, Any] | None,
+    check_gate: bool | None,
+    options: Options | None,
+) -> Result:
     spec = get_kernel(kernel)
     if spec.backward:
         raise ValueError(

@@ -311,3 +311,39 @@ def test_training_step_inside_torch_compile() -> None:
     got = grads(torch.compile(step, backend="eager"))
     for a, b in zip(got, want, strict=True):
         assert rel_err(a, b) < 1e-6
+
+
+def test_an_op_runs_on_its_inputs_device_whichever_is_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton launches on the current CUDA device: a call whose inputs live on another (a model spread over GPUs)
+    switches to theirs for the call (the GPU case: tests/kernels/test_hot_path_gpu.py, with two GPUs)."""
+
+    class OnCuda(torch.Tensor):
+        is_cuda = True  # type: ignore[assignment]
+
+        @property
+        def device(self) -> torch.device:  # type: ignore[override]
+            return torch.device("cuda", 1)
+
+    current = [0]
+
+    class Device:  # torch.cuda.device: the current device inside
+        def __init__(self, device: torch.device) -> None:
+            self.index = device.index
+
+        def __enter__(self) -> None:
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    seen: list[int] = []
+    monkeypatch.setattr(ops, "_run_kernel", lambda *args: seen.append(current[0]))
+    t = torch.empty(1).as_subclass(OnCuda)
+    ops.run_kernel("chunk_kda", t, t, t, t, t)
+    assert seen == [1] and current[0] == 0  # the call on cuda:1, the current device back to 0 after
+    current[0] = 1
+    ops.run_kernel("chunk_kda", t, t, t, t, t)
+    assert seen == [1, 1]
+    assert ops.other_device(torch.empty(1)) is None  # CPU: as is

@@ -175,6 +175,21 @@ def test_default_call_inside_torch_compile(op: str) -> None:
         assert rel_err(got, want) < 1e-2
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "fused_recurrent_kda"])
+def test_an_op_on_another_gpu_than_the_current(op: str) -> None:
+    """Inputs on cuda:1 while cuda:0 is current (a model spread over GPUs): the result on cuda:1, equal to the call
+    made with cuda:1 current."""
+    shape = Shape(2, 1000, 4, 8, 128, 128, 2) if op.startswith("chunk") else Shape(32, 1, 4, 8, 128, 128, 32)
+    x = {n: t.to("cuda:1") if isinstance(t, torch.Tensor) else t for n, t in _inputs(op, shape, None).items()}
+    with torch.cuda.device(0):
+        o, s = _call(op, x)
+    with torch.cuda.device(1):
+        want_o, want_s = _call(op, x)
+    assert o.device == torch.device("cuda", 1) and s is not None and want_s is not None
+    assert rel_err(o, want_o) < 1e-6 and rel_err(s, want_s) < 1e-6
+
+
 def _capture(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Warm up on a side stream (compiles, fills the caches), then capture ``fn`` into a graph."""
     side = torch.cuda.Stream()
