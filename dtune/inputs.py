@@ -175,6 +175,8 @@ def check_inputs(
             _SIGNATURES[sig] = shape
     elif q.is_cpu:
         _check_runnable(q)  # (the interpreter switch is the environment's, not the signature's)
+    if scale is not None and not math.isfinite(scale):  # (its type is the signature's, its value each call's)
+        raise ValueError(f"scale must be a finite number, got {scale}")
     if cu_seqlens is not None and not capturing(cu_seqlens):
         # Checking the offsets' values reads them on the host: once per tensor; skipped during CUDA-graph capture.
         shape = Shape(**{**shape.__dict__, "seq_offsets": _checked_offsets(cu_seqlens, shape.T)})

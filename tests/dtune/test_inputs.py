@@ -186,6 +186,14 @@ def test_scale_must_be_a_number() -> None:
         _call(_inputs(), scale="0.5")
 
 
+@pytest.mark.parametrize("scale", [float("nan"), float("inf")])
+def test_scale_must_be_finite_on_every_call(scale: float) -> None:
+    x = _inputs()
+    _call(x, scale=0.5)  # the signature (a float scale) passed and is remembered: the value is still checked
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        _call(x, scale=scale)
+
+
 @pytest.mark.parametrize(
     ("name", "dtype"), [("bf16", torch.bfloat16), ("fp32", torch.float32), ("fp16", torch.float16)]
 )
