@@ -21,6 +21,7 @@ CUDA graph is being captured).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 import torch
@@ -46,6 +47,20 @@ __all__ = [
     "fused_recurrent_kda",
     "run_kernel",
 ]
+
+
+def other_device(t: Any) -> torch.device | None:
+    """``t``'s CUDA device where it is not the current one (a model spread over GPUs, ``device_map="auto"``), else
+    None."""
+    if isinstance(t, Tensor) and t.is_cuda and t.device.index != torch.cuda.current_device():
+        return t.device
+    return None
+
+
+def on_inputs_device(t: Any) -> contextlib.AbstractContextManager[Any]:
+    """The CUDA device ``t`` lives on made current for the block, where it is another (else nothing changes)."""
+    device = other_device(t)
+    return contextlib.nullcontext() if device is None else torch.cuda.device(device)
 
 
 # Under torch.compile each call is a graph break and runs eagerly, as fla's ops do (``torch.compiler.disable``): the
@@ -80,95 +95,63 @@ def run_kernel(
     they load g, q, k and beta (``state_v_first``'s states transposed around it); under autograd (or
     ``check_gate``) every option is a separate differentiable pass. The kernels run on the inputs' device, whichever
     device is current."""
-    device = other_device(q)
-    if device is not None:  # Triton launches on the current device: make it the inputs' (as fla's ops do)
-        with torch.cuda.device(device):
-            return _run_kernel(kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                               config, bwd_config, check_gate, options)  # fmt: skip
-    return _run_kernel(kernel, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, config,
-                       bwd_config, check_gate, options)  # fmt: skip
-
-
-def other_device(t: Any) -> torch.device | None:
-    """``t``'s CUDA device where it is not the current one (a model spread over GPUs, ``device_map="auto"``), else
-    None."""
-    if isinstance(t, Tensor) and t.is_cuda and t.device.index != torch.cuda.current_device():
-        return t.device
-    return None
-
-
-def _run_kernel(
-    kernel: str,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None,
-    beta: Tensor,
-    scale: float | None,
-    initial_state: Tensor | None,
-    output_final_state: bool,
-    cu_seqlens: Tensor | None,
-    config: dict[str, Any] | None,
-    bwd_config: dict[str, Any] | None,
-    check_gate: bool | None,
-    options: Options | None,
-) -> Result:
-    spec = get_kernel(kernel)
-    if spec.backward:
-        raise ValueError(
-            f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that require "
-            f"grad (its bwd_config= sets {kernel}'s parameters)"
-        )
-    in_kernel, route = NO_IN_KERNEL, None
-    if options is not None:
-        route = _route(spec.family, spec.gate, options, check_gate, bwd_config, cu_seqlens, q, k, v, g, beta,
-                       initial_state)  # fmt: skip
-        if route == "passes":
-            call = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
-            return _run_with_options(kernel, *call, config, bwd_config, check_gate, options)
-        if isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and v.dim() == 4:  # else checked below
-            options.check(Gate(spec.gate), v.shape[2], q.shape[3], q.device)
-        if route == "kernel":
-            in_kernel = options.in_kernel()
-        else:  # "chunk": the chunk forward's stages apply the options as they load g, q, k and beta
-            in_kernel = options.chunk_in_kernel()
-            if options.state_v_first and initial_state is not None:  # [V, K] states: transposed around the call
-                initial_state = initial_state.transpose(-1, -2)
-    h0 = initial_state.transpose(-1, -2) if in_kernel.state_vk and initial_state is not None else initial_state
-    problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, h0, cu_seqlens, check_gate)
-    chunk = spec.family == "chunk"
-    if chunk and q.is_cpu:
-        check_interpretable(kernel, spec.family, q, v)
-    grad = needs_grad(q, k, v, g, beta, initial_state)
-    if config is None:
-        config = tuned_config(spec.name, problem, v.dtype, v.device)
-    full = spec.check_config(problem.K, problem.V, config)
-    scale = problem.K**-0.5 if scale is None else float(scale)
-    args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
-    if grad or bwd_config is not None:
-        bwd_name = spec.backward_kernel
-        if bwd_name is None:
-            raise NotImplementedError(
-                f"{kernel} has no backward (it serves inference: decoding and short prompts), but "
-                + ("an input requires grad" if grad else "a bwd_config was given")
-                + f"; for training use {kernel.replace('fused_recurrent_', 'chunk_')} (same arguments), or call it "
-                "under torch.no_grad() / with detached inputs"
+    with on_inputs_device(q):  # Triton launches on the current device: make it the inputs' (as fla's ops do)
+        spec = get_kernel(kernel)
+        if spec.backward:
+            raise ValueError(
+                f"{kernel} is the backward of {spec.forward_kernel}: call {spec.forward_kernel} with inputs that "
+                f"require grad (its bwd_config= sets {kernel}'s parameters)"
             )
-        bwd_spec = get_kernel(bwd_name)
-        if grad and bwd_config is None:
-            bwd_config = tuned_config(bwd_name, problem, v.dtype, v.device)
-        bwd = bwd_spec.check_config(problem.K, problem.V, bwd_config)  # checked even when not needed: fail early
-        if grad:
-            return chunk_with_grad(*args, full, bwd)
-    if chunk:  # its chunk tables come from the offsets check_inputs already read (no second copy)
-        if route != "chunk":
-            return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
-        assert options is not None
-        o, ht = spec.module.forward(*args, full, seq_offsets=problem.seq_offsets, in_kernel=in_kernel)
-        return o, options.final_state(ht)
-    if options is not None:
-        return spec.module.forward(*args, full, in_kernel=in_kernel)
-    return spec.module.forward(*args, full)
+        in_kernel, route = NO_IN_KERNEL, None
+        if options is not None:
+            route = _route(spec.family, spec.gate, options, check_gate, bwd_config, cu_seqlens, q, k, v, g, beta,
+                           initial_state)  # fmt: skip
+            if route == "passes":
+                call = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+                return _run_with_options(kernel, *call, config, bwd_config, check_gate, options)
+            if isinstance(q, Tensor) and isinstance(v, Tensor) and q.dim() == 4 and v.dim() == 4:  # else checked below
+                options.check(Gate(spec.gate), v.shape[2], q.shape[3], q.device)
+            if route == "kernel":
+                in_kernel = options.in_kernel()
+            else:  # "chunk": the chunk forward's stages apply the options as they load g, q, k and beta
+                in_kernel = options.chunk_in_kernel()
+                if options.state_v_first and initial_state is not None:  # [V, K] states: transposed around the call
+                    initial_state = initial_state.transpose(-1, -2)
+        h0 = initial_state.transpose(-1, -2) if in_kernel.state_vk and initial_state is not None else initial_state
+        problem = check_inputs(q, k, v, g, beta, GATES[spec.gate], scale, h0, cu_seqlens, check_gate)
+        chunk = spec.family == "chunk"
+        if chunk and q.is_cpu:
+            check_interpretable(kernel, spec.family, q, v)
+        grad = needs_grad(q, k, v, g, beta, initial_state)
+        if config is None:
+            config = tuned_config(spec.name, problem, v.dtype, v.device)
+        full = spec.check_config(problem.K, problem.V, config)
+        scale = problem.K**-0.5 if scale is None else float(scale)
+        args = (q, k, v, g, beta, spec.gate, scale, initial_state, output_final_state, cu_seqlens)
+        if grad or bwd_config is not None:
+            bwd_name = spec.backward_kernel
+            if bwd_name is None:
+                raise NotImplementedError(
+                    f"{kernel} has no backward (it serves inference: decoding and short prompts), but "
+                    + ("an input requires grad" if grad else "a bwd_config was given")
+                    + f"; for training use {kernel.replace('fused_recurrent_', 'chunk_')} (same arguments), or call it "
+                    "under torch.no_grad() / with detached inputs"
+                )
+            bwd_spec = get_kernel(bwd_name)
+            if grad and bwd_config is None:
+                bwd_config = tuned_config(bwd_name, problem, v.dtype, v.device)
+            bwd = bwd_spec.check_config(problem.K, problem.V, bwd_config)  # checked even when not needed: fail early
+            if grad:
+                return chunk_with_grad(*args, full, bwd)
+        if chunk:  # its chunk tables come from the offsets check_inputs already read (no second copy)
+            if route != "chunk":
+                return spec.module.forward(*args, full, seq_offsets=problem.seq_offsets)
+            assert options is not None
+            o, ht = spec.module.forward(*args, full, seq_offsets=problem.seq_offsets, in_kernel=in_kernel)
+            return o, options.final_state(ht)
+        if options is not None:
+            return spec.module.forward(*args, full, in_kernel=in_kernel)
+        return spec.module.forward(*args, full)
 
 
 GATES = {gate.value: gate for gate in Gate}

@@ -339,11 +339,21 @@ def test_an_op_runs_on_its_inputs_device_whichever_is_current(monkeypatch: pytes
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
     monkeypatch.setattr(torch.cuda, "device", Device)
     seen: list[int] = []
-    monkeypatch.setattr(ops, "_run_kernel", lambda *args: seen.append(current[0]))
+
+    class Stop(Exception):
+        pass
+
+    def first_step(kernel: str) -> None:  # the call's first step: where it runs
+        seen.append(current[0])
+        raise Stop
+
+    monkeypatch.setattr(ops, "get_kernel", first_step)
     t = torch.empty(1).as_subclass(OnCuda)
-    ops.run_kernel("chunk_kda", t, t, t, t, t)
+    with pytest.raises(Stop):
+        ops.run_kernel("chunk_kda", t, t, t, t, t)
     assert seen == [1] and current[0] == 0  # the call on cuda:1, the current device back to 0 after
     current[0] = 1
-    ops.run_kernel("chunk_kda", t, t, t, t, t)
+    with pytest.raises(Stop):
+        ops.run_kernel("chunk_kda", t, t, t, t, t)
     assert seen == [1, 1]
     assert ops.other_device(torch.empty(1)) is None  # CPU: as is
