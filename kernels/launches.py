@@ -22,6 +22,7 @@ the replay must match it launch for launch (kernel, grid, every argument) or rai
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import threading
@@ -161,7 +162,8 @@ def run(key: Hashable | None, tensors: Sequence[Tensor | None], launch_all: Call
     if plan is _MISSING:
         return _record(key, tensors, launch_all, keep)
     assert isinstance(plan, _Plan)
-    _PLANS.move_to_end(key)
+    with contextlib.suppress(KeyError):  # dropped meanwhile by another thread: the plan in hand still serves
+        _PLANS.move_to_end(key)
     ptrs = [0 if t is None else t.data_ptr() for t in tensors]
     if mode() == "check":
         _check(plan, ptrs, launch_all)
