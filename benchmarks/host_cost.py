@@ -436,19 +436,18 @@ LAUNCH_CACHE = {"dtune-cached": "1", "dtune-uncached": "0"}
 
 @contextmanager
 def launch_cache(value: str | None) -> Iterator[None]:
-    """``DTUNE_LAUNCH_CACHE=value`` inside (None: as the environment has it), restored after."""
+    """dtune's launch cache in mode ``value`` inside (``DTUNE_LAUNCH_CACHE``'s values; None: as dtune was imported),
+    restored after."""
     if value is None:
         yield
         return
-    before = os.environ.get("DTUNE_LAUNCH_CACHE")
-    os.environ["DTUNE_LAUNCH_CACHE"] = value
+    from dtune.kernels import launches
+
+    before = launches.set_mode(value)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["DTUNE_LAUNCH_CACHE"]
-        else:
-            os.environ["DTUNE_LAUNCH_CACHE"] = before
+        launches.set_mode(before)
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -52,7 +52,7 @@ __all__ = [
 def other_device(t: Any) -> torch.device | None:
     """``t``'s CUDA device where it is not the current one (a model spread over GPUs, ``device_map="auto"``), else
     None."""
-    if isinstance(t, Tensor) and t.is_cuda and t.device.index != torch.cuda.current_device():
+    if isinstance(t, Tensor) and t.is_cuda and t.get_device() != torch.cuda.current_device():
         return t.device
     return None
 
@@ -60,7 +60,10 @@ def other_device(t: Any) -> torch.device | None:
 def on_inputs_device(t: Any) -> contextlib.AbstractContextManager[Any]:
     """The CUDA device ``t`` lives on made current for the block, where it is another (else nothing changes)."""
     device = other_device(t)
-    return contextlib.nullcontext() if device is None else torch.cuda.device(device)
+    return _AS_IS if device is None else torch.cuda.device(device)
+
+
+_AS_IS = contextlib.nullcontext()  # (reusable: it holds nothing)
 
 
 # Under torch.compile each call is a graph break and runs eagerly, as fla's ops do (``torch.compiler.disable``): the

@@ -23,7 +23,6 @@ import triton.language as tl
 
 from . import launches as launch_cache
 from .config import GATE_CODES, Config, cdiv, new_output, next_power_of_2
-from .launches import launch
 from .options import NO_IN_KERNEL, InKernel, activated_beta, activated_gate, gate_act, rnorm
 
 PARAMS: dict[str, tuple[int, ...]] = {
@@ -182,8 +181,8 @@ def forward(
     grid = (cdiv(V, BV), N * HV)
 
     def launch_all() -> None:
-        launch(
-            fused_recurrent_fwd_kernel, grid, q, k, v, g, beta, o, h0, ht, cu_seqlens, scale, T, H=H, HV=HV, K=K,
+        fused_recurrent_fwd_kernel[grid](
+            q, k, v, g, beta, o, h0, ht, cu_seqlens, scale, T, H=H, HV=HV, K=K,
             V=V, BK=BK, BV=BV, GATE=GATE_CODES[gate], USE_H0=h0 is not None, STORE_HT=output_final_state,
             VARLEN=cu_seqlens is not None, L2NORM=in_kernel.l2norm, BETA_ACT=in_kernel.beta_sigmoid,
             STATE_VK=in_kernel.state_vk, **in_kernel.gate_args(), num_warps=config["num_warps"],

@@ -4,20 +4,22 @@ A chunk op's call spends most of its host time (about 290 µs for four launches 
 run 180 µs) building launch arguments and in Triton's per-launch path: binding ~30 arguments, specialising each,
 keying the compiled-kernel cache. For a call with the same *signature* as an earlier one (the same shapes, dtypes,
 config, options, input alignment: everything the launchers read except the data pointers), all of that comes out the
-same; only the pointers differ. :func:`run` therefore launches a call's stages through :func:`launch` once, records
-each launch (the compiled kernel, its grid, its arguments in the kernel's parameter order) with every pointer
-expressed as *which of the call's tensors, at which byte offset*, and on the next call of that signature replays the
-record: the compiled kernels launched directly with the new call's pointers.
+same; only the pointers differ. :func:`run` therefore lets a call's launchers run once with Triton's ``run``
+intercepted, records each launch (the compiled kernel, its grid, its arguments in the kernel's parameter order) with
+every pointer expressed as *which of the call's tensors, at which byte offset*, and on the next call of that signature
+replays the record: the compiled kernels launched directly with the new call's pointers. Outside a recording the
+launchers' ``kernel[grid](...)`` is Triton's own, untouched.
 
 What the caller guarantees: ``key`` covers everything its launchers read that is not a data pointer of a tensor in
 ``tensors`` (the call's inputs, its index tables, every buffer it allocated), and the tensors come in the same order,
 shapes and dtypes for equal keys. A launch that cannot be recorded safely (a pointer into a tensor that is not in
 ``tensors``, an argument of an unknown kind, a grid function, a kernel with pre-run hooks) makes the signature
-*uncacheable*: its calls keep Triton's path. Turned on by ``DTUNE_LAUNCH_CACHE=1`` (off by default: it has not
-yet run on a GPU). Never replayed: under Triton's interpreter, while a launch hook is set
-(``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``: profilers) or ``JITFunction.run`` is patched
-(:func:`dtune.measure.resources.capture_launches`). ``DTUNE_LAUNCH_CACHE=check`` verifies every replay: the launchers run again without launching, Triton's own lookup picks each compiled kernel, and
-the replay must match it launch for launch (kernel, grid, every argument) or raise (the GPU tests run so).
+*uncacheable*: its calls keep Triton's path. Turned on by ``DTUNE_LAUNCH_CACHE=1`` when dtune is imported, or by
+:func:`set_mode` (off by default: it has not yet run on a GPU). Never replayed: under Triton's interpreter, while a
+launch hook is set (``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``: profilers) or
+``JITFunction.run`` is patched (:func:`dtune.measure.resources.capture_launches`). ``DTUNE_LAUNCH_CACHE=check``
+verifies every replay: the launchers run again without launching, Triton's own lookup picks each compiled kernel,
+and the replay must match it launch for launch (kernel, grid, every argument) or raise (the GPU tests run so).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import inspect
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,13 +49,28 @@ class _Local(threading.local):
 _LOCAL = _Local()
 
 
-def mode() -> str:
-    """``DTUNE_LAUNCH_CACHE``: ``off`` (the default, or ``0``), ``on`` (``1``) or ``check`` (every replay verified).
-    Off by default until the replay has been checked on a GPU (``tests/kernels/test_hot_path_gpu.py`` in check mode)."""
-    value = os.environ.get("DTUNE_LAUNCH_CACHE", "0").strip().lower()
+def parse_mode(value: str | None) -> str:
+    """``DTUNE_LAUNCH_CACHE``'s value as a mode: ``off`` (unset, ``0``), ``on`` (``1``) or ``check`` (every replay
+    verified). Off by default until the replay has been checked on a GPU (``tests/kernels/test_hot_path_gpu.py`` in
+    check mode)."""
+    value = (value or "0").strip().lower()
     if value in ("1", "on", "true", "yes"):
         return "on"
     return "check" if value == "check" else "off"
+
+
+MODE = parse_mode(os.environ.get("DTUNE_LAUNCH_CACHE"))  # read once, when dtune is imported; set_mode changes it
+
+
+def mode() -> str:
+    return MODE
+
+
+def set_mode(value: str) -> str:
+    """Set the mode (``off``, ``on``, ``check``, or an environment value); returns the one it replaces."""
+    global MODE
+    before, MODE = MODE, parse_mode(value)
+    return before
 
 
 @dataclass
@@ -67,21 +84,49 @@ class _Launch:
     compiled: Any
 
 
-def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
-    """``kernel[grid](*args, **kwargs)``, recorded when :func:`run` records the call; returns the compiled kernel (as
-    ``kernel[grid](...)`` does)."""
-    local = _LOCAL
-    compiled = _launch_one(kernel, grid, args, kwargs, local.dry)
-    if local.recording is not None:
-        local.recording.append(_Launch(kernel, grid, args, kwargs, compiled))
-    return compiled
+def _kernel_classes() -> list[type]:
+    """The classes whose ``run`` every ``kernel[grid](...)`` goes through: Triton's ``JITFunction``."""
+    from triton.runtime.jit import JITFunction
+
+    return [JITFunction]
 
 
-def _launch_one(kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dry: bool) -> Any:
-    """Triton's launch (``dry``: Triton's lookup of the compiled kernel alone, compiling it if need be, no launch)."""
-    if dry:
-        return kernel.run(*args, grid=grid, warmup=True, **kwargs)
-    return kernel[grid](*args, **kwargs)
+_RECORD_LOCK = threading.Lock()  # one recording at a time: each swaps the kernels' run() for its own while it lasts
+
+
+@contextlib.contextmanager
+def _intercepted() -> Iterator[None]:
+    """Inside, this thread's launches (``kernel[grid](...)``) go through :func:`_launch_one` and are recorded in
+    ``_LOCAL.recording``; another thread's pass through unchanged. Outside, Triton's launch path is untouched: the
+    launchers call ``kernel[grid](...)`` and the cache costs them nothing."""
+    with _RECORD_LOCK:
+        classes = _kernel_classes()
+        originals = [(cls, cls.__dict__["run"]) for cls in classes]
+
+        def intercepting(original: Any) -> Any:
+            def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+                local = _LOCAL
+                if local.recording is None or warmup:  # another thread's launch, or a warm-up (compile only)
+                    return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                compiled = _launch_one(original, self, grid, args, kwargs, local.dry)
+                local.recording.append(_Launch(self, grid, args, kwargs, compiled))
+                return compiled
+
+            return run
+
+        for cls, original in originals:
+            cls.run = intercepting(original)  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            for cls, original in originals:
+                cls.run = original  # type: ignore[attr-defined]
+
+
+def _launch_one(run: Any, kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dry: bool) -> Any:
+    """Triton's launch through its own ``run`` (``dry``: Triton's lookup of the compiled kernel alone, compiling it if
+    need be, no launch)."""
+    return run(kernel, *args, grid=grid, warmup=dry, **kwargs)
 
 
 class _Ptr(int):
@@ -147,7 +192,7 @@ class Uncacheable(Exception):
 
 
 def run(key: Hashable | None, tensors: Sequence[Tensor | None], launch_all: Callable[[], Any], keep: Any = None) -> Any:
-    """Run ``launch_all()`` (the call's launches, each through :func:`launch`) or replay what it launched for an
+    """Run ``launch_all()`` (the call's launches, each a ``kernel[grid](...)``) or replay what it launched for an
     earlier call of signature ``key`` with the pointers of ``tensors``. ``key`` None: no caching (launch_all runs).
     ``keep``: objects the key names by identity, held by the cached plan. Returns ``launch_all()``'s result, or None
     when replayed."""
@@ -177,7 +222,7 @@ _MISSING: Any = object()
 def active(t: Tensor) -> bool:
     """Whether a call on ``t``'s device would be recorded or replayed (callers skip building the key and the tensor
     list when not: the cache costs nothing while off)."""
-    return _replayable((t,))
+    return MODE != "off" and t.is_cuda and _replayable((t,))
 
 
 def _replayable(tensors: Sequence[Tensor | None]) -> bool:
@@ -208,7 +253,8 @@ def _record(key: Hashable, tensors: Sequence[Tensor | None], launch_all: Callabl
     local = _LOCAL
     outer, local.recording = local.recording, []
     try:
-        result = launch_all()
+        with _intercepted():
+            result = launch_all()
         recorded = local.recording
     finally:
         local.recording = outer
@@ -309,7 +355,8 @@ def _check(plan: _Plan, ptrs: Sequence[int], launch_all: Callable[[], Any]) -> N
     local = _LOCAL
     outer, local.recording, local.dry = local.recording, [], True
     try:
-        launch_all()
+        with _intercepted():
+            launch_all()
         fresh = local.recording
     finally:
         local.recording, local.dry = outer, False

@@ -30,7 +30,6 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ..launches import launch
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
@@ -324,7 +323,7 @@ def launch_intra_rows(call: ChunkCall, inter: Intermediates) -> Any:
     grid = (call.NC, call.HV)
     kw = intra_launch_options(call) | inter.rnorm_args()
     two_pass = inter.flags is not None
-    first = launch(chunk_intra_kernel, grid, *args, DIAG=1 if two_pass else 0, **kw)
+    first = chunk_intra_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
     if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
-        launch(chunk_intra_kernel, grid, *args, DIAG=2, **kw)
+        chunk_intra_kernel[grid](*args, DIAG=2, **kw)
     return first

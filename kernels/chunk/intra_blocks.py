@@ -33,7 +33,6 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ..launches import launch
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
@@ -812,7 +811,7 @@ def launch_intra_blocks(call: ChunkCall, inter: Intermediates) -> Any:
     if inter.ai is not None:
         kw |= {"ai": inter.ai, "STORE_AI": True}
     two_pass = inter.flags is not None
-    first = launch(chunk_intra_blocks_kernel, grid, *args, DIAG=1 if two_pass else 0, **kw)
+    first = chunk_intra_blocks_kernel[grid](*args, DIAG=1 if two_pass else 0, **kw)
     if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
-        launch(chunk_intra_blocks_kernel, grid, *args, DIAG=2, **kw)
+        chunk_intra_blocks_kernel[grid](*args, DIAG=2, **kw)
     return first

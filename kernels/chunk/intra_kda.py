@@ -49,7 +49,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launches import launch
 from ..options import gate_act
 from .buffers import Intermediates
 from .call import ChunkCall, intra_launch_options
@@ -342,9 +341,7 @@ def launch_intra_onepass(call: ChunkCall, inter: Intermediates) -> Any:
     solve = int(call.config["SOLVE"] == "squaring")
     lowp = bool(call.config["DIAG_BF16"]) and call.dt == torch.bfloat16  # float16's range is too small
     two_pass = inter.flags is not None
-    first = launch(
-        chunk_intra_onepass_kernel, grid, *args, DIAG=1 if two_pass else 0, DIAG_LOWP=lowp, SOLVE=solve, **kw
-    )
+    first = chunk_intra_onepass_kernel[grid](*args, DIAG=1 if two_pass else 0, DIAG_LOWP=lowp, SOLVE=solve, **kw)
     if two_pass:  # redo, exactly, the chunks the first pass flagged (the others return at once)
-        launch(chunk_intra_blocks_kernel, grid, *args, GATE=gate, DIAG=2, SOLVE=solve, **kw)
+        chunk_intra_blocks_kernel[grid](*args, GATE=gate, DIAG=2, SOLVE=solve, **kw)
     return first

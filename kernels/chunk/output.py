@@ -11,7 +11,6 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ..launches import launch
 from .buffers import Intermediates, Outputs
 from .call import ChunkCall, tile
 from .common import chunk_bounds
@@ -90,9 +89,7 @@ def launch_output(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
         return None
     cfg = call.config
     BK, BV = tile(cfg["o_BK"], call.K), tile(cfg["o_BV"], call.V)
-    return launch(
-        chunk_output_kernel,
-        (call.NC, triton.cdiv(call.V, BV), call.HV),
+    return chunk_output_kernel[(call.NC, triton.cdiv(call.V, BV), call.HV)](
         call.q, inter.aqk, inter.qg, inter.gout, inter.h, inter.v_new, out.o, call.tables.chunk_info, call.scale,
         call.T, H=call.H, HV=call.HV, K=call.K, V=call.V, BT=call.BT, BK=BK, BV=BV, NK=triton.cdiv(call.K, BK),
         GATE=call.gate, VARLEN=call.varlen, DOT_PREC=call.dot_prec, L2NORM=call.in_kernel.l2norm,

@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from ..config import Config, next_power_of_2
-from ..launches import launch
 from .buffers import Outputs, SegmentScratch
 from .call import ChunkCall, tile
 
@@ -167,9 +166,7 @@ def launch_segment_starts(call: ChunkCall, out: Outputs, scratch: SegmentScratch
     assert seg is not None
     kernel, opts = segment_starts_spec(call.config, call.K, call.V)
     grid = (triton.cdiv(call.V, opts["BV"]), call.N * call.HV)
-    return launch(
-        kernel,
-        grid,
+    return kernel[grid](
         scratch.transitions, call.h0, scratch.starts, out.final_state, seg.seq_segments,
         HV=call.HV, K=call.K, V=call.V, USE_H0=call.h0 is not None, STORE_HT=call.output_final_state,
         DOT_PREC=call.dot_prec, **opts,

@@ -45,7 +45,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import launches
 from ..config import Config
 from .buffers import Intermediates, Outputs, SegmentScratch
 from .call import ChunkCall, register_cap, tile
@@ -538,9 +537,7 @@ def _launch(
 ) -> Any:
     tds = descriptors(call, inter, o, BV) if seg != 1 else {}
     stores = state_store_descriptors(call, inter, BV) if seg != 1 else {}
-    return launches.launch(
-        chunk_state_kernel,
-        grid,
+    return chunk_state_kernel[grid](
         call.q,
         call.k,
         inter.w,

@@ -139,13 +139,13 @@ def test_the_sync_test_catches_a_sync(op: str) -> None:
 def test_replayed_launches_match_tritons_own(op: str, shape_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
     shape, seq_lens = SHAPES[shape_id]
     launches.clear()
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "check")
+    monkeypatch.setattr(launches, "MODE", "check")
     _call(op, _inputs(op, shape, seq_lens, seed=1))  # recorded
     x = _inputs(op, shape, seq_lens, seed=2)
     with no_sync():
         o, s = _call(op, x)  # replayed, checked against Triton's lookup and the launchers' arguments
     cached = launches.cached()
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "0")
+    monkeypatch.setattr(launches, "MODE", "off")
     want_o, want_s = _call(op, x)
     assert s is not None and want_s is not None and torch.isfinite(o).all()
     assert rel_err(o, want_o) < 1e-6 and rel_err(s, want_s) < 1e-6

@@ -19,6 +19,7 @@ import pytest
 import torch
 from dtune.kernels import launches
 from dtune.kernels.chunk import pipeline
+from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from dtune import ops
@@ -26,6 +27,7 @@ from dtune.inputs import Gate, Problem, make_inputs
 from dtune.options import Options
 
 Tensor = torch.Tensor
+TRITON_KERNEL_CLASSES = launches._kernel_classes  # (the fixture swaps it for the fakes')
 
 
 class FakeCompiled:
@@ -55,16 +57,19 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     compiled: dict[Any, FakeCompiled] = {}
     triton_path: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] = []
 
-    def one(kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dry: bool) -> FakeCompiled:
+    def one(run: Any, kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dry: bool) -> Any:
         c = compiled.setdefault((id(kernel), _constants(kwargs)), FakeCompiled())
         if not dry:
             triton_path.append((kernel, grid, args, kwargs))
         return c
 
     monkeypatch.setattr(launches, "_launch_one", one)
+    # (the chunk kernels under the interpreter: their run() intercepted like JITFunction's on a GPU)
+    monkeypatch.setattr(launches, "_kernel_classes", lambda: [ToyKernel, InterpretedFunction])
     monkeypatch.setattr(launches, "_replayable", lambda tensors: True)
+    monkeypatch.setattr(launches, "active", lambda t: True)
     monkeypatch.setattr(launches, "_device_stream", lambda: 7)
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "1")
+    monkeypatch.setattr(launches, "MODE", "on")
     launches.clear()
     yield SimpleNamespace(compiled=compiled, triton=triton_path)
     launches.clear()
@@ -75,8 +80,16 @@ def toy(x: Any, y: Any, n: Any, scale: Any, BLOCK: Any = 16, desc: Any = None, t
 
 
 class ToyKernel:
+    """A kernel as Triton's: ``kernel[grid](...)`` calls ``run`` (outside a recording: Triton's path, faked)."""
+
     fn = staticmethod(toy)
     pre_run_hooks: ClassVar[list[Any]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        return launches._launch_one(ToyKernel.run, self, grid, args, kwargs, warmup)
 
 
 KERNEL = ToyKernel()
@@ -89,7 +102,7 @@ def toy_call(x: Tensor, y: Tensor, n: int = 5, key: tuple[Any, ...] = ("toy",), 
     def launch_all() -> None:
         tail = torch.empty(4) if temp else None
         desc = TensorDescriptor(y, [4, 8], [8, 1], [2, 8])
-        launches.launch(KERNEL, (4, 2), x, y[1:], n, 0.5, BLOCK=32, desc=desc, tail=tail, num_warps=4)
+        KERNEL[(4, 2)](x, y[1:], n, 0.5, BLOCK=32, desc=desc, tail=tail, num_warps=4)
 
     launches.run(key, [x, None, y], launch_all)
 
@@ -119,7 +132,7 @@ def test_pointer_outside_the_calls_tensors_is_never_replayed(fake: SimpleNamespa
 
 def test_check_mode_catches_what_a_key_left_out(fake: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     toy_call(torch.randn(16), torch.randn(4, 8), n=5)
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "check")
+    monkeypatch.setattr(launches, "MODE", "check")
     toy_call(torch.randn(16), torch.randn(4, 8), n=5)  # the same launch: passes
     with pytest.raises(RuntimeError, match=r"differs in arguments \[2\]"):
         toy_call(torch.randn(16), torch.randn(4, 8), n=6)  # n is not in the key
@@ -139,12 +152,12 @@ def test_different_keys_record_apart_and_the_oldest_goes(
 
 
 def test_off_and_unhashable_keys_take_tritons_path(fake: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "0")
+    monkeypatch.setattr(launches, "MODE", "off")
     monkeypatch.setattr(launches, "_replayable", lambda tensors: launches.mode() != "off")
     for _ in range(2):
         toy_call(torch.randn(16), torch.randn(4, 8))
     assert len(fake.triton) == 2 and launches.cached() == 0
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "1")
+    monkeypatch.setattr(launches, "MODE", "on")
     for _ in range(2):
         toy_call(torch.randn(16), torch.randn(4, 8), key=("toy", [1]))  # a list in the key: no caching
     assert len(fake.triton) == 4 and launches.cached() == 0
@@ -159,10 +172,12 @@ def test_replayed_only_where_tritons_launch_path_is_in_force(monkeypatch: pytest
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     t = [torch.empty(1)]
-    monkeypatch.delenv("DTUNE_LAUNCH_CACHE", raising=False)
-    assert not launches._replayable(t), "on by default"
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "1")
-    assert launches._replayable(t)
+    assert launches.parse_mode(None) == "off", "on by default"
+    assert [launches.parse_mode(v) for v in ("0", "1", "on", "check", "junk")] == ["off", "on", "on", "check", "off"]
+    monkeypatch.setattr(launches, "MODE", "off")
+    assert not launches._replayable(t) and not launches.active(t[0])
+    monkeypatch.setattr(launches, "MODE", "on")
+    assert launches._replayable(t) and launches.active(t[0])
     assert not launches._replayable([None])
     with capture_launches():
         assert not launches._replayable(t)
@@ -177,9 +192,9 @@ def test_replayed_only_where_tritons_launch_path_is_in_force(monkeypatch: pytest
     assert not launches._replayable(t)
     monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None)
     assert launches._replayable(t)
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "off")
+    assert launches.set_mode("off") == "on"
     assert not launches._replayable(t)
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "1")
+    launches.set_mode("1")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not launches._replayable(t)
 
@@ -223,7 +238,7 @@ def test_chunk_forward_replays_what_its_launchers_pass(
     _forward(gate, config, how, seed=0)
     made = len(fake.triton)
     assert made >= 2 and launches.cached() == 1
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "check")
+    monkeypatch.setattr(launches, "MODE", "check")
     _forward(gate, config, how, seed=1)  # new tensors, same signature: replayed and checked launch by launch
     assert len(fake.triton) == made
     assert sum(len(c.runs) for c in fake.compiled.values()) == made
@@ -283,8 +298,26 @@ def test_fused_recurrent_replays_what_its_launcher_passes(
 
     call(0)
     assert len(fake.triton) == 1 and launches.cached() == 1
-    monkeypatch.setenv("DTUNE_LAUNCH_CACHE", "check")
+    monkeypatch.setattr(launches, "MODE", "check")
     call(1)
     assert len(fake.triton) == 1 and sum(len(c.runs) for c in fake.compiled.values()) == 1
     call(2, scale=0.3)  # another scale: another signature (a replay would pass the old one)
     assert len(fake.triton) == 2 and launches.cached() == 2
+
+
+def test_a_recording_leaves_the_kernels_run_as_it_found_it(
+    fake: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launchers call Triton's own ``kernel[grid](...)``: a recording swaps ``run`` only while it lasts, also when
+    the call fails; Triton's ``JITFunction.run`` after one is Triton's."""
+    from triton.runtime.jit import JITFunction
+
+    before = {cls: cls.__dict__["run"] for cls in (ToyKernel, InterpretedFunction, JITFunction)}
+    toy_call(torch.randn(16), torch.randn(4, 8))
+    with pytest.raises(ZeroDivisionError):
+        launches.run(("fails",), [torch.randn(2)], lambda: 1 / 0)
+    monkeypatch.setattr(launches, "_kernel_classes", TRITON_KERNEL_CLASSES)  # the real list: JITFunction
+    with launches._intercepted():
+        assert JITFunction.__dict__["run"] is not before[JITFunction]
+    assert {cls: cls.__dict__["run"] for cls in before} == before
+    assert launches._LOCAL.recording is None
