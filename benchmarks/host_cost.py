@@ -40,6 +40,10 @@ sigmoid), and two more contestants: ``dtune-kernels``, the options inside the ke
 ``dtune-passes``, the same options as separate passes before dtune's call (:meth:`dtune.options.Options.apply`), so
 the options inside the kernels are timed against the passes they replace.
 
+``--training``: the chunk ops' training step instead (inputs that require grad, the default call under autograd, then
+``torch.autograd.grad`` of the output and the final state: the forward's and the backward's launches; dtune's and
+fla's), at the prompt cases: where a short-sequence step (fine-tuning, tensor-parallel heads) is the host's.
+
 ``--launches`` (CUDA): per launch of dtune's call, the host time of Triton's ``kernel[grid](...)`` against its argument
 binding alone and against the compiled kernel's own launch (launches_<op>_<case>.txt): how much of a call is Triton's
 dispatch.
@@ -104,7 +108,9 @@ CPU_CASES = (
     Case("decode-B1", 1, 1),
     Case("decode-B4", 4, 1),
 )
-COLUMNS = ["op", "case", "impl", "B", "T", "N", "H", "HV", "K", "dtype", "host_us", "isolated_us", "loop_us", "calls"]
+COLUMNS = [
+    "op", "case", "mode", "impl", "B", "T", "N", "H", "HV", "K", "dtype", "host_us", "isolated_us", "loop_us", "calls",
+]  # fmt: skip
 COLUMNS += ["repeats", "waits", "meaningful", "note"]
 
 
@@ -120,6 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hv-ratio", type=int, default=1, help="value heads per key head, HV = H * ratio (default 1)")
     ap.add_argument("--launches", action="store_true", help="per launch: Triton's path against the compiled launch")
     ap.add_argument("--layer-options", action="store_true", help="fla layers' in-kernel options on every call")
+    ap.add_argument("--training", action="store_true", help="the chunk ops' training step (forward and gradients)")
     ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder (default $OUT or ./out)")
     return ap.parse_args(argv)
 
@@ -230,6 +237,30 @@ def fla_call(op: str, x: dict[str, Any], opts: dict[str, Any] | None = None) -> 
         fn = functools.partial(fn, **opts)
     forward = fla_forward(fn, x["g"] is not None)
     return (lambda: forward(x)), ""
+
+
+def with_grads(x: dict[str, Any]) -> dict[str, Any]:
+    """``x`` with its float inputs (q, k, v, g, beta, the initial state) as leaves that require grad."""
+    return {n: t.detach().clone().requires_grad_() if n in GRAD_INPUTS and t is not None else t for n, t in x.items()}
+
+
+GRAD_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def training_step(forward: Callable[[], Any], x: dict[str, Any]) -> Callable[[], Any]:
+    """The training step of ``forward`` (a call on ``x``'s leaves, :func:`with_grads`): the forward under autograd,
+    then ``torch.autograd.grad`` of the output and the final state (their cotangents drawn once)."""
+    import torch
+
+    leaves = [x[n] for n in GRAD_INPUTS if x.get(n) is not None]
+    o, s = forward()
+    cotangents = (torch.randn_like(o), torch.randn_like(s))
+
+    def step() -> Any:
+        o, s = forward()
+        return torch.autograd.grad((o, s), leaves, cotangents)
+
+    return step
 
 
 class Clock:
@@ -483,7 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for op in ops:
         for case in cases:
+            if args.training and (not op.startswith("chunk_") or case.T == 1):
+                continue  # (the training step: the chunk ops, at prompt lengths)
             x = build_inputs(op, case, args.interpret, args.heads, args.hv_ratio)
+            if args.training:
+                x = with_grads(x)
             opts = layer_options(x) if args.layer_options else None
             impls: list[tuple[str, Callable[[], Any] | None, str]] = [("dtune", dtune_call(op, x, opts), "")]
             for name, value in LAUNCH_CACHE.items():
@@ -494,10 +529,13 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_fla:
                 fn, why = fla_call(op, x, opts) if cuda else (None, "fla needs a CUDA GPU")
                 impls.append(("fla", fn, why))
+            if args.training:
+                impls = [(n, None if c is None else training_step(c, x), w) for n, c, w in impls]
             n_calls = calls if case.T == 1 or args.interpret else max(8, calls // 4)
             for impl, call, why in impls:
                 row: dict[str, Any] = {
-                    "op": op, "case": case.name, "impl": impl, "B": x["q"].shape[0], "T": x["q"].shape[1],
+                    "op": op, "case": case.name, "mode": "fwd+bwd" if args.training else "fwd", "impl": impl,
+                    "B": x["q"].shape[0], "T": x["q"].shape[1],
                     "N": len(case.seq_lens) if case.seq_lens else case.B, "H": x["q"].shape[2],
                     "HV": x["v"].shape[2], "K": x["q"].shape[3], "dtype": str(x["q"].dtype).removeprefix("torch."),
                     "repeats": repeats,

@@ -64,3 +64,16 @@ def test_the_kernels_contestant_lifts_the_length_limits(
     x = hc.build_inputs("fused_recurrent_kda", hc.Case("decode-B4", 4, 3), interpret=True)
     hc.dtune_kernels_call("fused_recurrent_kda", x, hc.layer_options(x))()
     assert options_module.IN_KERNEL_MAX_SEQ_LEN == 1
+
+
+def test_training_times_the_chunk_ops_step(tmp_path: Path) -> None:
+    """``--training``: the chunk ops' forward and gradients (rows marked fwd+bwd), the fused-recurrent ops and decode
+    cases left out; the step it times returns every input's gradient."""
+    hc.main(["--interpret", "--no-fla", "--training", "--ops", "chunk_kda,fused_recurrent_kda", "--out", str(tmp_path)])
+    rows = list(csv.DictReader((tmp_path / "host_cost.csv").read_text().splitlines()))
+    assert rows and {r["op"] for r in rows} == {"chunk_kda"} and {r["mode"] for r in rows} == {"fwd+bwd"}
+    assert all(float(r["T"]) > 1 for r in rows)
+    x = hc.with_grads(hc.build_inputs("chunk_kda", hc.CPU_CASES[0], True))
+    grads = hc.training_step(hc.dtune_call("chunk_kda", x), x)()
+    assert len(grads) == len([n for n in hc.GRAD_INPUTS if x[n] is not None]) == 6
+    assert all(g is not None and bool(g.isfinite().all()) for g in grads)
