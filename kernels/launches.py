@@ -196,8 +196,8 @@ def run(key: Hashable | None, tensors: Sequence[Tensor | None], launch_all: Call
     earlier call of signature ``key`` with the pointers of ``tensors``. ``key`` None: no caching (launch_all runs).
     ``keep``: objects the key names by identity, held by the cached plan. Returns ``launch_all()``'s result, or None
     when replayed."""
-    if key is None or not _replayable(tensors):
-        return launch_all()
+    if key is None or _LOCAL.recording is not None or not _replayable(tensors):
+        return launch_all()  # (inside another call's recording: its launches are that call's)
     try:
         plan = _PLANS.get(key, _MISSING)
     except TypeError:  # an unhashable key (a list in a config): no caching

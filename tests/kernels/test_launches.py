@@ -11,6 +11,7 @@ options). The GPU run of the same checks: tests/kernels/test_hot_path_gpu.py.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -321,3 +322,24 @@ def test_a_recording_leaves_the_kernels_run_as_it_found_it(
         assert JITFunction.__dict__["run"] is not before[JITFunction]
     assert {cls: cls.__dict__["run"] for cls in before} == before
     assert launches._LOCAL.recording is None
+
+
+def test_a_call_inside_a_recording_is_part_of_it(fake: SimpleNamespace) -> None:
+    """A cached call made by another's launchers is recorded as the outer call's launches (no second recording, no
+    deadlock); its buffers are not the outer call's tensors, so the outer signature keeps Triton's path (where the
+    inner call, outside any recording, records its own)."""
+    x, y = torch.randn(16), torch.randn(4, 8)
+
+    def outer() -> None:
+        toy_call(torch.randn(16), torch.randn(4, 8), key=("inner",))
+
+    def twice() -> None:
+        launches.run(("outer",), [x, y], outer)
+        assert launches._PLANS == {("outer",): None} and len(fake.triton) == 1
+        launches.run(("outer",), [x, y], outer)
+
+    worker = threading.Thread(target=twice, daemon=True)  # (a nested recording would deadlock: fail, not hang)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "a call inside a recording deadlocked"
+    assert launches._PLANS[("outer",)] is None and launches.cached() == 1 and len(fake.triton) == 2
