@@ -182,11 +182,11 @@ def forward(
 
     def launch_all() -> None:
         fused_recurrent_fwd_kernel[grid](
-            q, k, v, g, beta, o, h0, ht, cu_seqlens, scale, T, H=H, HV=HV, K=K,
-            V=V, BK=BK, BV=BV, GATE=GATE_CODES[gate], USE_H0=h0 is not None, STORE_HT=output_final_state,
-            VARLEN=cu_seqlens is not None, L2NORM=in_kernel.l2norm, BETA_ACT=in_kernel.beta_sigmoid,
-            STATE_VK=in_kernel.state_vk, **in_kernel.gate_args(), num_warps=config["num_warps"],
-            num_stages=config["num_stages"],
+            q, k, v, g, beta, o, h0, ht, cu_seqlens, scale, T,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, GATE=GATE_CODES[gate], USE_H0=h0 is not None,
+            STORE_HT=output_final_state, VARLEN=cu_seqlens is not None, L2NORM=in_kernel.l2norm,
+            BETA_ACT=in_kernel.beta_sigmoid, STATE_VK=in_kernel.state_vk, **in_kernel.gate_args(),
+            num_warps=config["num_warps"], num_stages=config["num_stages"],
         )  # fmt: skip
 
     if not launch_cache.active(q):
