@@ -2,11 +2,12 @@
 
 Off the GPU nothing is replayed (the cache needs CUDA tensors and Triton's compiled kernels), so these tests stand in
 a fake for Triton's launch (:func:`launches._launch_one`: a compiled kernel per kernel and constants that records what
-it is launched with) and check the records: every pointer where the new call's tensors put it, the constants and
-grids as recorded, a signature that cannot be recorded safely never replayed, and the check mode (what the GPU tests
-run under) catching a launch that a key left out. The chunk forward's own key and tensors are checked the same way,
-over its variants (TMA descriptors, sequence-parallel segments, varlen tables, KDA's two-pass diagonal, the in-kernel
-options). The GPU run of the same checks: tests/kernels/test_hot_path_gpu.py.
+it is launched with; the interpreter's kernels intercepted as ``JITFunction`` is on a GPU) and check the records:
+every pointer where the new call's tensors put it, the constants and grids as recorded, a signature that cannot be
+recorded safely never replayed, and the check mode (what the GPU tests run under) catching a launch that a key left
+out. The chunk forward's own key and tensors are checked the same way, over its variants (TMA descriptors,
+sequence-parallel segments, varlen tables, KDA's two-pass diagonal, the in-kernel options). The GPU run of the same
+checks: tests/kernels/test_hot_path_gpu.py.
 """
 
 from __future__ import annotations
