@@ -545,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         with launch_cache(LAUNCH_CACHE.get(impl)):
                             row.update(measure(call, n_calls, repeats, clock))
+                        if impl == "dtune-cached":  # what it replayed, or why not
+                            from dtune.kernels import launches
+
+                            row["note"] = f"{why}; {launches.summary()}"
                     except Exception as exc:  # one failing contestant keeps its row, with the reason
                         row["note"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
                 rows.append(row)

@@ -39,6 +39,7 @@ Tensor = torch.Tensor
 
 CACHE_SIZE = 256  # signatures kept (least recently used dropped)
 _PLANS: OrderedDict[Hashable, _Plan | None] = OrderedDict()  # None: the signature is uncacheable
+_WHY: dict[Hashable, str] = {}  # why an uncacheable signature is
 
 
 class _Local(threading.local):
@@ -260,11 +261,12 @@ def _record(key: Hashable, tensors: Sequence[Tensor | None], launch_all: Callabl
         local.recording = outer
     try:
         plan: _Plan | None = _Plan([_replay_of(launch, tensors) for launch in recorded], keep)
-    except Exception:  # Uncacheable, or anything unforeseen: this signature keeps Triton's path, the call stands
+    except Exception as exc:  # Uncacheable, or anything unforeseen: this signature keeps Triton's path, the call stands
         plan = None
+        _WHY[key] = str(exc) if isinstance(exc, Uncacheable) else f"{type(exc).__name__}: {exc}"
     _PLANS[key] = plan
     while len(_PLANS) > CACHE_SIZE:
-        _PLANS.popitem(last=False)
+        _WHY.pop(_PLANS.popitem(last=False)[0], None)
     return result
 
 
@@ -334,7 +336,7 @@ def _locate(ptr: int, index: list[tuple[int, int, int, int]]) -> tuple[int, int]
     for i, p, lo, hi in index:
         if lo <= ptr < hi:
             return i, ptr - p
-    raise Uncacheable(f"a pointer ({ptr:#x}) into none of the call's tensors")
+    raise Uncacheable("a pointer into none of the call's tensors")
 
 
 def _device_stream() -> int:
@@ -406,8 +408,18 @@ def device_key(t: Tensor) -> tuple[int, torch.device]:
 def clear() -> None:
     """Forget every recorded plan (tests; a kernel recompiled under a changed environment)."""
     _PLANS.clear()
+    _WHY.clear()
 
 
 def cached() -> int:
     """Signatures with a replayable plan."""
     return sum(p is not None for p in _PLANS.values())
+
+
+def summary() -> str:
+    """One line: the signatures with a plan, and those kept on Triton's path with why (benchmarks print it)."""
+    why: dict[str, int] = {}
+    for reason in _WHY.values():
+        why[reason] = why.get(reason, 0) + 1
+    uncached = "; ".join(f"{n} x {reason}" for reason, n in sorted(why.items()))
+    return f"{cached()} replayable" + (f", uncacheable: {uncached}" if uncached else "")

@@ -130,6 +130,9 @@ def test_pointer_outside_the_calls_tensors_is_never_replayed(fake: SimpleNamespa
     for _ in range(3):
         toy_call(torch.randn(16), torch.randn(4, 8), temp=True)
     assert len(fake.triton) == 3 and launches.cached() == 0
+    assert launches.summary() == "0 replayable, uncacheable: 1 x a pointer into none of the call's tensors"
+    toy_call(torch.randn(16), torch.randn(4, 8), key=("toy", "kept"))
+    assert launches.summary().startswith("1 replayable, uncacheable: 1 x")
 
 
 def test_check_mode_catches_what_a_key_left_out(fake: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
