@@ -260,7 +260,8 @@ def _record(key: Hashable, tensors: Sequence[Tensor | None], launch_all: Callabl
     finally:
         local.recording = outer
     try:
-        plan: _Plan | None = _Plan([_replay_of(launch, tensors) for launch in recorded], keep)
+        index = _storages(tensors)  # (once for all the call's launches)
+        plan: _Plan | None = _Plan([_replay_of(launch, index) for launch in recorded], keep)
     except Exception as exc:  # Uncacheable, or anything unforeseen: this signature keeps Triton's path, the call stands
         plan = None
         _WHY[key] = str(exc) if isinstance(exc, Uncacheable) else f"{type(exc).__name__}: {exc}"
@@ -270,8 +271,9 @@ def _record(key: Hashable, tensors: Sequence[Tensor | None], launch_all: Callabl
     return result
 
 
-def _replay_of(rec: _Launch, tensors: Sequence[Tensor | None]) -> _Replay:
-    """The replay of one recorded launch: every argument in the kernel's parameter order, pointers as slots."""
+def _replay_of(rec: _Launch, index: list[tuple[int, int, int, int]]) -> _Replay:
+    """The replay of one recorded launch: every argument in the kernel's parameter order, pointers as slots located
+    in the call's tensors (``index``: :func:`_storages`)."""
     compiled = rec.compiled
     if compiled is None or not hasattr(compiled, "packed_metadata"):
         raise Uncacheable("no compiled kernel")
@@ -279,9 +281,8 @@ def _replay_of(rec: _Launch, tensors: Sequence[Tensor | None]) -> _Replay:
         raise Uncacheable("the kernel has pre-run hooks")
     if callable(rec.grid):
         raise Uncacheable("a grid function")
-    grid = tuple(int(x) for x in rec.grid) + (1,) * (3 - len(rec.grid))
+    grid = _grid3(rec.grid)
     values = _bound(rec.kernel, rec.args, rec.kwargs)
-    index = _storages(tensors)
     args: list[Any] = []
     slots: list[_Slot] = []
     for pos, value in enumerate(values):
@@ -297,7 +298,13 @@ def _replay_of(rec: _Launch, tensors: Sequence[Tensor | None]) -> _Replay:
             args.append(value)
         else:
             raise Uncacheable(f"argument {pos} of kind {type(value).__name__}")
-    return _Replay(rec.kernel, compiled, grid, args, slots)  # type: ignore[arg-type]
+    return _Replay(rec.kernel, compiled, grid, args, slots)
+
+
+def _grid3(grid: Any) -> tuple[int, int, int]:
+    """A launch grid as Triton's launcher takes it: three ints, 1 where not given."""
+    g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
+    return g[0], g[1], g[2]
 
 
 def _is_triton_constant(value: Any) -> bool:
@@ -367,7 +374,7 @@ def _check(plan: _Plan, ptrs: Sequence[int], launch_all: Callable[[], Any]) -> N
     for i, (rec, r) in enumerate(zip(fresh, plan.launches, strict=True)):
         if rec.kernel is not r.kernel or rec.compiled is not r.compiled:
             raise RuntimeError(f"launch cache: launch {i} replays another compiled kernel than Triton's lookup")
-        grid = tuple(int(x) for x in rec.grid) + (1,) * (3 - len(rec.grid))
+        grid = _grid3(rec.grid)
         if grid != r.grid:
             raise RuntimeError(f"launch cache: launch {i} grid {r.grid}, the call's {grid}")
         got, exp = _plain(r.arguments(ptrs)), _plain(_bound(rec.kernel, rec.args, rec.kwargs))
