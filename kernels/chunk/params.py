@@ -62,7 +62,8 @@ _COMMON: dict[str, tuple[Any, ...]] = {
     "STATES_TMA": (False, True),
     # the state pass's chunk loop: "range" (the kernel's num_stages pipelines its loads), "specialized" (Triton's warp
     # specialisation, tl.range(warp_specialize=True): producer warps fetch the next chunk's tiles while consumer warps
-    # compute this one's). tl.range(num_stages=...) alone compiles to the same PTX as "range" (Triton 3.6, sm_90a)
+    # compute this one's). tl.range(num_stages=...) alone compiles to the same PTX as "range" (Triton 3.6, sm_90a).
+    # DeltaNet and Gated DeltaNet also have "gluon" (legal_params): the pass written in Gluon, warp-specialised by hand
     "STATE_LOOP": ("range", "specialized"),
     # a cap on the registers per thread of stage 1 and of the state pass (ptx .maxnreg; 0: none, ptxas takes up to
     # 255): fewer registers, more programs resident per SM to hide the loads' latency, at the price of spills
@@ -94,6 +95,11 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         params["QK_DIRECT"] = (False, True)
         params["WU"] = ("stored", "recomputed")
         params["AQK"] = ("stored", "recomputed")
+        # the state pass with the output in Gluon (kernels/chunk/state_ws.py, sm_90 only): a one-warp TMA loader
+        # h_num_stages chunks ahead of the compute warpgroups (h_BV / 16 warps), every product a wgmma with its left
+        # operand in registers; WU = "recomputed", AQK = "stored", FUSE_OUTPUT, no segments, 16-bit inputs, K 64 or
+        # 128 (elsewhere the Triton pass runs the config)
+        params["STATE_LOOP"] = (*params["STATE_LOOP"], "gluon")
     if gate == "scalar":
         # the state pass's gate rows (γ and γ_C per chunk): "pipelined" (loads in the chunk they serve, which Triton's
         # pipeliner turns into cp.async through shared memory: per chunk a wait, a barrier and ~180 instructions of

@@ -1,0 +1,350 @@
+"""The chunk forward's state pass with the output, warp-specialised for Hopper (``STATE_LOOP = "gluon"``): Gluon, not
+Triton's language, so that the data movement runs in its own warp beside the chain of products.
+
+Same algebra as :mod:`.state` in its ``"vk"`` layout with ``WU = "recomputed"`` and ``A_qk`` stored (DeltaNet and
+Gated DeltaNet, ``FUSE_OUTPUT``): per chunk, with the transposed state ``Sᵀ`` ``[BV, K]`` in float32 registers,
+
+* ``(K S)ᵀ = Sᵀ kᵀ``; ``Xᵀ = (vᵀ − (K S)ᵀ ⊙ e^γ) ⊙ β`` (per token column); ``V_newᵀ = Xᵀ Tᵀ``
+  (``T = (I + A_kk)⁻¹``, stage 1's inverse);
+* ``Oᵀ = (Sᵀ qᵀ) ⊙ (scale · e^γ) + V_newᵀ A_qkᵀ`` (``A_qk`` as stage 1 stores it: scale and decay in it);
+* ``Sᵀ ← Sᵀ e^{γ_C} + (V_newᵀ ⊙ e^{γ_C − γ}) k``.
+
+Every product is a wgmma with the left operand in registers (the state, ``Xᵀ``, ``V_newᵀ``) and the right one in
+shared memory. Two partitions per program: a one-warp loader that brings each chunk's ``k``, ``q``, ``v`` (this
+program's ``BV`` columns), ``T`` and ``A_qk`` tiles by TMA into a ring of ``NUM_BUF`` buffers, and the compute
+warpgroups (``BV / 16`` warps, one per 16 state rows) that wait for a buffer, run the chunk and hand it back
+(mbarriers both ways). The loader runs up to ``NUM_BUF`` chunks ahead, so the chain never waits for memory once
+the ring is full.
+
+A chunk's rows past its sequence hold the next sequence's tokens (TMA reads whole tiles): β reads 0 there and the
+columns of ``V_newᵀ`` past the sequence are zeroed, so they reach neither the output (not stored) nor the state.
+
+Runs only on sm_90 (wgmma, TMA, mbarriers) with 16-bit inputs; :func:`applies` says where, and the caller runs the
+Triton pass elsewhere (the interpreter included: Gluon has none).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .buffers import Intermediates, Outputs
+from .call import ChunkCall
+
+_LOG2E = gl.constexpr(1.4426950408889634)
+# TMA's global-to-shared copy: ``async_copy_global_to_shared`` in Triton 3.6, ``async_load`` from 3.7 on
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _exp(x):
+    return gl.exp2(x * _LOG2E)
+
+
+@gluon.jit
+def _loader(
+    k_desc,
+    q_desc,
+    v_desc,
+    t_desc,
+    a_desc,
+    k_s,
+    q_s,
+    v_s,
+    t_s,
+    a_s,
+    ready,
+    empty,
+    bos,
+    NT,
+    c_qk,
+    c_v,
+    c_a,
+    BT: gl.constexpr,
+    NUM_BUF: gl.constexpr,
+):
+    """One warp: chunk ``i``'s five tiles into buffer ``i % NUM_BUF`` once the compute warps have released it."""
+    nbytes: gl.constexpr = (
+        k_desc.block_type.nbytes
+        + q_desc.block_type.nbytes
+        + v_desc.block_type.nbytes
+        + t_desc.block_type.nbytes
+        + a_desc.block_type.nbytes
+    )
+    for i in range(NT):
+        s = i % NUM_BUF
+        ph = (i // NUM_BUF) & 1
+        mbarrier.wait(empty.index(s), ph ^ 1)  # (a fresh barrier's previous phase counts as complete)
+        bar = ready.index(s)
+        mbarrier.expect(bar, nbytes)
+        r = (bos + i * BT).to(gl.int32)
+        _tma_load(k_desc, [r, c_qk], bar, k_s.index(s))
+        _tma_load(v_desc, [r, c_v], bar, v_s.index(s))
+        _tma_load(t_desc, [r, c_a], bar, t_s.index(s))
+        _tma_load(q_desc, [r, c_qk], bar, q_s.index(s))
+        _tma_load(a_desc, [r, c_a], bar, a_s.index(s))
+
+
+@gluon.jit
+def _compute(
+    k_s,
+    q_s,
+    v_s,
+    t_s,
+    a_s,
+    ready,
+    empty,
+    gout,
+    beta,
+    h0,
+    ht,
+    o,
+    bos,
+    eos,
+    NT,
+    i_nh,
+    i_hv,
+    v0,
+    scale,
+    HV: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BT: gl.constexpr,
+    BV: gl.constexpr,
+    GATE: gl.constexpr,
+    USE_H0: gl.constexpr,
+    STORE_HT: gl.constexpr,
+    NUM_BUF: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """The compute warpgroups: the chain of products per chunk (module docstring), the output, the final state."""
+    DT: gl.constexpr = k_s.dtype
+    # wgmma accumulators: [BV, BT] (products with a token axis) and [BV, K] (the state), one warp per 16 rows
+    mma_t: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BT, 16]
+    )
+    mma_k: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, K, 16]
+    )
+    op_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_t, k_width=2)
+    op_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_k, k_width=2)
+    col_t: gl.constexpr = gl.SliceLayout(0, mma_t)  # a vector over the chunk's tokens
+    # the output's store: value channels fastest (16 bytes a thread, a warp's 8 × 4 threads over 64 × 4 of [BV, BT])
+    out_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])
+
+    # the state Sᵀ [BV, K]: element (v, k) of the [K, V] state in memory
+    o_sv = gl.arange(0, BV, layout=gl.SliceLayout(1, mma_k))
+    o_sk = gl.arange(0, K, layout=gl.SliceLayout(0, mma_k))
+    off_s = o_sk[None, :] * V + (v0 + o_sv)[:, None]
+    b_s = gl.zeros([BV, K], gl.float32, layout=mma_k)
+    if USE_H0:
+        b_s += gl.load(h0 + i_nh.to(gl.int64) * K * V + off_s).to(gl.float32)
+
+    o_t = gl.arange(0, BT, layout=col_t)
+    o_ov = gl.arange(0, BV, layout=gl.SliceLayout(1, out_l))
+    o_ot = gl.arange(0, BT, layout=gl.SliceLayout(0, out_l))
+    zero_t = gl.zeros([BV, BT], gl.float32, layout=mma_t)
+    for i in range(NT):
+        s = i % NUM_BUF
+        ph = (i // NUM_BUF) & 1
+        t0 = bos + i * BT
+        L = gl.minimum(eos - t0, BT).to(gl.int32)
+        m_t = o_t < L
+        row = t0 * HV + i_hv  # the chunk's first row of [tokens, HV]
+        b_beta = gl.load(beta + row + o_t * HV, mask=m_t, other=0).to(gl.float32)
+        if GATE == 1:
+            b_gam = gl.load(gout + row + o_t * HV, mask=m_t, other=0)
+            b_gC = gl.load(gout + (t0 + L - 1) * HV + i_hv)
+            b_eg = _exp(b_gam)
+        mbarrier.wait(ready.index(s), ph)
+        kb = k_s.index(s)
+        b_sc = gl.convert_layout(b_s.to(DT), op_t)
+        # (K S)ᵀ = Sᵀ kᵀ, then Xᵀ = (vᵀ − (K S)ᵀ e^γ) β
+        b_ks = warpgroup_mma(b_sc, kb.permute((1, 0)), zero_t, use_acc=False)
+        b_x = v_s.index(s).permute((1, 0)).load(mma_t).to(gl.float32)
+        if GATE == 1:
+            b_x = b_x - b_ks * b_eg[None, :]
+        else:
+            b_x = b_x - b_ks
+        b_x = gl.convert_layout((b_x * b_beta[None, :]).to(DT), op_t)
+        # V_newᵀ = Xᵀ Tᵀ, its columns past the sequence zeroed
+        b_vn = warpgroup_mma(b_x, t_s.index(s).permute((1, 0)), zero_t, use_acc=False)
+        b_vn = gl.where(m_t[None, :], b_vn, 0.0)
+        # Oᵀ = (Sᵀ qᵀ) (scale e^γ) + V_newᵀ A_qkᵀ
+        b_o = warpgroup_mma(b_sc, q_s.index(s).permute((1, 0)), zero_t, use_acc=False)
+        if GATE == 1:
+            b_o = b_o * (b_eg * scale)[None, :]
+        else:
+            b_o = b_o * scale
+        b_o = warpgroup_mma(gl.convert_layout(b_vn.to(DT), op_t), a_s.index(s).permute((1, 0)), b_o)
+        # Sᵀ ← Sᵀ e^{γ_C} + (V_newᵀ e^{γ_C − γ}) k
+        if GATE == 1:
+            b_vk = b_vn * _exp(b_gC - b_gam)[None, :]
+            b_s = b_s * _exp(b_gC)
+        else:
+            b_vk = b_vn
+        b_s = warpgroup_mma(gl.convert_layout(b_vk.to(DT), op_k), kb, b_s)
+        fence_async_shared()  # (v's tile was read through the generic proxy; the next TMA load writes it)
+        mbarrier.arrive(empty.index(s), count=1)
+        # the output's rows of this chunk: [BV, BT] of Oᵀ to o[t0 + t, i_hv, v0 + v]
+        b_out = gl.convert_layout(b_o.to(o.dtype.element_ty), out_l)
+        off_o = (row + o_ot * HV)[None, :].to(gl.int64) * V + (v0 + o_ov)[:, None]
+        gl.store(o + off_o, b_out, mask=(o_ot < L)[None, :])
+    if STORE_HT:
+        gl.store(ht + i_nh.to(gl.int64) * K * V + off_s, b_s)
+
+
+@gluon.jit(do_not_specialize=["T"])
+def chunk_state_ws_kernel(
+    k_desc,
+    q_desc,
+    v_desc,
+    t_desc,
+    a_desc,
+    gout,
+    beta,
+    h0,
+    ht,
+    o,
+    bounds,
+    scale,
+    T,
+    H: gl.constexpr,
+    HV: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BT: gl.constexpr,
+    BV: gl.constexpr,
+    GATE: gl.constexpr,
+    USE_H0: gl.constexpr,
+    STORE_HT: gl.constexpr,
+    VARLEN: gl.constexpr,
+    NUM_BUF: gl.constexpr,
+    LOADER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    i_v, i_nh = gl.program_id(0), gl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = gl.load(bounds + i_n).to(gl.int64)
+        eos = gl.load(bounds + i_n + 1).to(gl.int64)
+    else:
+        bos = i_n.to(gl.int64) * T
+        eos = bos + T
+    NT = gl.cdiv(eos - bos, BT).to(gl.int32)
+
+    k_s = gl.allocate_shared_memory(k_desc.dtype, [NUM_BUF, BT, K], k_desc.layout)
+    q_s = gl.allocate_shared_memory(q_desc.dtype, [NUM_BUF, BT, K], q_desc.layout)
+    v_s = gl.allocate_shared_memory(v_desc.dtype, [NUM_BUF, BT, BV], v_desc.layout)
+    t_s = gl.allocate_shared_memory(t_desc.dtype, [NUM_BUF, BT, BT], t_desc.layout)
+    a_s = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF, BT, BT], a_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(NUM_BUF):
+        mbarrier.init(ready.index(b), count=1)
+        mbarrier.init(empty.index(b), count=1)
+    v0 = i_v * BV
+    gl.warp_specialize(
+        [
+            (
+                _compute,
+                (k_s, q_s, v_s, t_s, a_s, ready, empty, gout, beta, h0, ht, o, bos, eos, NT, i_nh, i_hv, v0, scale,
+                 HV, K, V, BT, BV, GATE, USE_H0, STORE_HT, NUM_BUF, num_warps),
+            ),
+            (
+                _loader,
+                (k_desc, q_desc, v_desc, t_desc, a_desc, k_s, q_s, v_s, t_s, a_s, ready, empty, bos, NT,
+                 i_h * K, i_hv * V + v0, i_hv * BT, BT, NUM_BUF),
+            ),
+        ],
+        [1],
+        [LOADER_REGS],
+    )  # fmt: skip
+    for b in gl.static_range(NUM_BUF):
+        mbarrier.invalidate(ready.index(b))
+        mbarrier.invalidate(empty.index(b))
+
+
+GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str | None:
+    """Why the Gluon pass cannot serve this call (then the Triton pass runs its config), or None where it can.
+    ``capability``: the GPU's compute capability (default: the call's device's; none on the CPU)."""
+    cfg = call.config
+    if capability is None and call.device.type == "cuda":
+        capability = torch.cuda.get_device_capability(call.device)
+    if capability is None or capability[0] != 9:
+        return "not an sm_90 GPU (wgmma, TMA; Gluon has no interpreter)"
+    if call.gate == 2:
+        return "KDA (per-channel decays)"
+    if call.dt not in GL_DTYPES or any(t.dtype != call.dt for t in (call.q, call.k, call.v)):
+        return "inputs not all bf16 or all fp16"
+    if not call.recompute or call.recompute_qk or not call.fuse:
+        return 'needs WU = "recomputed", AQK = "stored" and FUSE_OUTPUT'
+    if call.tables.segments is not None:
+        return "sequence-parallel (SEG_CHUNKS)"
+    if call.in_kernel.chunk_args():
+        return "in-kernel l2norm or beta activation"
+    if call.K not in (64, 128) or call.BT not in (32, 64):
+        return "K not 64 or 128, or BT not 32 or 64"
+    if call.V % call.h_BV or call.h_BV not in (64, 128):
+        return "h_BV not 64 or 128, or not dividing V"
+    if not call.tokens or any(t.data_ptr() % 16 for t in (call.q, call.k, call.v)):
+        return "no tokens, or an input not 16-byte aligned (TMA)"
+    if int(cfg.get("h_num_stages", 2)) < 1:
+        return "h_num_stages < 1"
+    return None
+
+
+def _desc(t: torch.Tensor, rows: int, width: int, block: list[int]) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
+    return TensorDescriptor(t.view(rows, width), [rows, width], [width, 1], block, layout)
+
+
+def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
+    """The warp-specialised state pass with the output (``why_not(call)`` must be None): one program per value tile
+    of ``h_BV`` columns, sequence and value head; ``h_num_stages`` buffers in the loader's ring."""
+    rows, H, HV, K, V, BT, BV = call.tokens, call.H, call.HV, call.K, call.V, call.BT, call.h_BV
+    assert inter.ai is not None and inter.aqk is not None and out.o is not None
+    grid = (V // BV, call.N * HV)
+    return chunk_state_ws_kernel[grid](
+        _desc(call.k, rows, H * K, [BT, K]),
+        _desc(call.q, rows, H * K, [BT, K]),
+        _desc(call.v, rows, HV * V, [BT, BV]),
+        _desc(inter.ai, rows, HV * BT, [BT, BT]),
+        _desc(inter.aqk, rows, HV * BT, [BT, BT]),
+        inter.gout if inter.gout is not None else call.beta,
+        call.beta,
+        call.h0,
+        out.final_state,
+        out.o,
+        call.tables.seq_bounds,
+        call.scale,
+        call.T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=BT,
+        BV=BV,
+        GATE=call.gate,
+        USE_H0=call.h0 is not None,
+        STORE_HT=call.output_final_state,
+        VARLEN=call.tables.seq_bounds is not None,
+        NUM_BUF=max(1, int(call.config.get("h_num_stages", 2))),
+        LOADER_REGS=int(call.config.get("ws_loader_regs", 40)),
+        num_warps=BV // 16,
+        **({"maxnreg": int(call.config["h_maxnreg"])} if int(call.config.get("h_maxnreg", 0)) else {}),
+    )
