@@ -68,6 +68,10 @@ TINY = {"B8": (2, 64), "B1": (1, 256)}  # --interpret
 H, D = 16, 128
 WU = {"WU": "recomputed"}
 TMA = {"STATE_TMA": True}
+GLUON = {
+    **WU, **TMA, "AQK": "stored", "STATE_LAYOUT": "vk", "FUSE_OUTPUT": True, "SEG_CHUNKS": 0, "h_BV": 64,
+    "h_num_stages": 2, "STATE_LOOP": "gluon",
+}  # fmt: skip
 ALL = KERNEL_NAMES
 DN = ("chunk_delta_rule",)
 GDN = ("chunk_gated_delta_rule",)
@@ -89,6 +93,13 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("segments by burn-in", {"SEG_START": "burnin"}, GDN),
     # the decay-driven skip off (on by default: measured on strong decays; --decays model times it on a model's gates)
     ("no decay skip", {"SEG_DECAY": False}, GDN),
+    # the state pass with the output in Gluon, warp-specialised (STATE_LOOP = "gluon", kernels/chunk/state_ws.py):
+    # a TMA loader warp h_num_stages chunks ahead of the compute warpgroups; unsegmented, so B8 only
+    ("gluon state pass", GLUON, DN + GDN),
+    ("gluon 3 deep", {**GLUON, "h_num_stages": 3}, DN + GDN),
+    ("gluon h_BV 128", {**GLUON, "h_BV": 128}, DN + GDN),
+    ("gluon maxnreg 128", {**GLUON, "h_maxnreg": 128}, DN + GDN),
+    ("gluon BT 64", {**GLUON, "BT": 64}, GDN),
 ]
 
 

@@ -326,3 +326,52 @@ def stage_stats(gate: str, stage: str, dim: int, dtype: str, overrides: dict[str
     counts = {name: len(re.findall(p, body)) for name, p in PATTERNS.items()}
     regs, spills = ptxas_usage(ptx)
     return {**counts, "regs": regs, "spills": spills, **sass_loop(ptx)}
+
+
+def compile_state_ws(
+    gate: str, dtype: str, K: int, V: int, config: dict[str, Any], H: int = 16, HV: int = 16, varlen: bool = True
+) -> Any:
+    """The Gluon state pass (``STATE_LOOP = "gluon"``, kernels/chunk/state_ws.py) of ``config`` compiled for sm_90a,
+    as :func:`compile_sm90` does the Triton stages: its TMA descriptors' types built from block shapes."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import native_specialize_impl
+
+    from dtune.kernels.chunk.state_ws import chunk_state_ws_kernel, tma_descriptor
+
+    cfg = KERNELS[OPS[gate]].check_config(K, V, config)
+    BT, BV = int(cfg["BT"]), int(cfg["h_BV"])
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+    def desc_type(block: list[int]) -> str:
+        base = torch.empty(256 * 256, dtype=tdt)  # (a CPU tensor stands for the device's: only its type is read)
+        d = tma_descriptor(base, 256, 256, block)
+        return str(native_specialize_impl(type(d), d, False, True, True)[0])
+
+    fn = chunk_state_ws_kernel
+    blocks = {"k_desc": [BT, K], "q_desc": [BT, K], "v_desc": [BT, BV], "t_desc": [BT, BT], "a_desc": [BT, BT]}
+    ptrs = {"gout": "*fp32", "beta": f"*{dtype}", "h0": "*fp32", "ht": "*fp32", "o": f"*{dtype}", "bounds": "*i32"}
+    consts = {
+        "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "GATE": {"none": 0, "scalar": 1}[gate], "USE_H0": True,
+        "STORE_HT": True, "VARLEN": varlen, "NUM_BUF": int(cfg["h_num_stages"]), "LOADER_REGS": 40,
+        "num_warps": BV // 16,
+    }  # fmt: skip
+    sig: dict[str, str] = {}
+    values: dict[tuple[int, ...], Any] = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in blocks:
+            sig[name] = desc_type(blocks[name])
+        elif name in ptrs:
+            sig[name] = ptrs[name]
+        elif name in ("scale", "T"):
+            sig[name] = "fp32" if name == "scale" else "i32"
+        else:
+            sig[name], values[(i,)] = "constexpr", consts[name]
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
+    options = {"num_warps": BV // 16} | ({"maxnreg": int(cfg["h_maxnreg"])} if int(cfg["h_maxnreg"]) else {})
+    try:
+        return triton.compile(GluonASTSource(fn, sig, values, attrs), target=SM90, options=options)
+    except RuntimeError as e:
+        if "ptxas" in str(e).lower():
+            raise NoToolchain(f"cannot build CUDA code here: {e}") from None
+        raise

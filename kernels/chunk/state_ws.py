@@ -308,7 +308,8 @@ def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str |
     return None
 
 
-def _desc(t: torch.Tensor, rows: int, width: int, block: list[int]) -> TensorDescriptor:
+def tma_descriptor(t: torch.Tensor, rows: int, width: int, block: list[int]) -> TensorDescriptor:
+    """A Gluon TMA descriptor of ``t`` as a ``[rows, width]`` matrix, ``block`` tiles in the NVMMA shared layout."""
     layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
     return TensorDescriptor(t.view(rows, width), [rows, width], [width, 1], block, layout)
 
@@ -320,11 +321,11 @@ def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
     assert inter.ai is not None and inter.aqk is not None and out.o is not None
     grid = (V // BV, call.N * HV)
     return chunk_state_ws_kernel[grid](
-        _desc(call.k, rows, H * K, [BT, K]),
-        _desc(call.q, rows, H * K, [BT, K]),
-        _desc(call.v, rows, HV * V, [BT, BV]),
-        _desc(inter.ai, rows, HV * BT, [BT, BT]),
-        _desc(inter.aqk, rows, HV * BT, [BT, BT]),
+        tma_descriptor(call.k, rows, H * K, [BT, K]),
+        tma_descriptor(call.q, rows, H * K, [BT, K]),
+        tma_descriptor(call.v, rows, HV * V, [BT, BV]),
+        tma_descriptor(inter.ai, rows, HV * BT, [BT, BT]),
+        tma_descriptor(inter.aqk, rows, HV * BT, [BT, BT]),
         inter.gout if inter.gout is not None else call.beta,
         call.beta,
         call.h0,
