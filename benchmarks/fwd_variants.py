@@ -100,6 +100,7 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("gluon h_BV 128", {**GLUON, "h_BV": 128}, DN + GDN),
     ("gluon maxnreg 128", {**GLUON, "h_maxnreg": 128}, DN + GDN),
     ("gluon BT 64", {**GLUON, "BT": 64}, GDN),
+    ("gluon serial", {**GLUON, "h_OVERLAP": False}, DN + GDN),
 ]
 
 

@@ -329,7 +329,15 @@ def stage_stats(gate: str, stage: str, dim: int, dtype: str, overrides: dict[str
 
 
 def compile_state_ws(
-    gate: str, dtype: str, K: int, V: int, config: dict[str, Any], H: int = 16, HV: int = 16, varlen: bool = True
+    gate: str,
+    dtype: str,
+    K: int,
+    V: int,
+    config: dict[str, Any],
+    H: int = 16,
+    HV: int = 16,
+    varlen: bool = True,
+    **constexprs: Any,
 ) -> Any:
     """The Gluon state pass (``STATE_LOOP = "gluon"``, kernels/chunk/state_ws.py) of ``config`` compiled for sm_90a,
     as :func:`compile_sm90` does the Triton stages: its TMA descriptors' types built from block shapes."""
@@ -355,7 +363,7 @@ def compile_state_ws(
         "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "GATE": {"none": 0, "scalar": 1}[gate], "USE_H0": True,
         "STORE_HT": True, "VARLEN": varlen, "NUM_BUF": int(cfg["h_num_stages"]), "LOADER_REGS": 40,
         "num_warps": BV // 16,
-    }  # fmt: skip
+    } | constexprs  # fmt: skip
     sig: dict[str, str] = {}
     values: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -365,8 +373,8 @@ def compile_state_ws(
             sig[name] = ptrs[name]
         elif name in ("scale", "T"):
             sig[name] = "fp32" if name == "scale" else "i32"
-        else:
-            sig[name], values[(i,)] = "constexpr", consts[name]
+        else:  # (a constexpr the launch leaves at its default: that default)
+            sig[name], values[(i,)] = "constexpr", consts.get(name, fn.params[i].default)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
     options = {"num_warps": BV // 16} | ({"maxnreg": int(cfg["h_maxnreg"])} if int(cfg["h_maxnreg"]) else {})
     try:

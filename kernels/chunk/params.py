@@ -100,6 +100,9 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         # operand in registers; WU = "recomputed", AQK = "stored", FUSE_OUTPUT, no segments, 16-bit inputs, K 64 or
         # 128 (elsewhere the Triton pass runs the config)
         params["STATE_LOOP"] = (*params["STATE_LOOP"], "gluon")
+        # its products issued asynchronously (True: the output's S qᵀ on the tensor cores while the chain's X is formed,
+        # the output's second product and the state update together; three waits per chunk instead of five)
+        params["h_OVERLAP"] = (True, False)
     if gate == "scalar":
         # the state pass's gate rows (γ and γ_C per chunk): "pipelined" (loads in the chunk they serve, which Triton's
         # pipeliner turns into cp.async through shared memory: per chunk a wait, a barrier and ~180 instructions of
@@ -168,6 +171,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["DIAG_BF16"] = False
     else:
         cfg["QK_DIRECT"] = False  # not yet timed on a GPU (2026-12-01)
+        cfg["h_OVERLAP"] = True  # (STATE_LOOP = "gluon" only)
     if gate == "scalar":
         cfg["GATE_LOADS"] = "pipelined"  # "prefetched" not yet timed on a GPU
         # exact to rounding, and the H100 (commit 6690d18) measured it faster: B1 T32768 H16 0.918 -> 0.861 ms, Qwen3-Next's

@@ -35,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
+    warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -125,6 +126,7 @@ def _compute(
     USE_H0: gl.constexpr,
     STORE_HT: gl.constexpr,
     NUM_BUF: gl.constexpr,
+    OVERLAP: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """The compute warpgroups: the chain of products per chunk (module docstring), the output, the final state."""
@@ -169,8 +171,16 @@ def _compute(
         mbarrier.wait(ready.index(s), ph)
         kb = k_s.index(s)
         b_sc = gl.convert_layout(b_s.to(DT), op_t)
-        # (K S)ᵀ = Sᵀ kᵀ, then Xᵀ = (vᵀ − (K S)ᵀ e^γ) β
-        b_ks = warpgroup_mma(b_sc, kb.permute((1, 0)), zero_t, use_acc=False)
+        k_t, q_t = kb.permute((1, 0)), q_s.index(s).permute((1, 0))
+        t_t, a_t = t_s.index(s).permute((1, 0)), a_s.index(s).permute((1, 0))
+        # (K S)ᵀ = Sᵀ kᵀ (with OVERLAP the output's Sᵀ qᵀ runs on the tensor cores while Xᵀ is formed)
+        if OVERLAP:
+            tok_ks = warpgroup_mma(b_sc, k_t, zero_t, use_acc=False, is_async=True)
+            tok_sq = warpgroup_mma(b_sc, q_t, zero_t, use_acc=False, is_async=True)
+            b_ks, b_sc = warpgroup_mma_wait(1, deps=[tok_ks, b_sc])  # (in order: (K S)ᵀ is done)
+        else:
+            b_ks = warpgroup_mma(b_sc, k_t, zero_t, use_acc=False)
+        # Xᵀ = (vᵀ − (K S)ᵀ e^γ) β
         b_x = v_s.index(s).permute((1, 0)).load(mma_t).to(gl.float32)
         if GATE == 1:
             b_x = b_x - b_ks * b_eg[None, :]
@@ -178,22 +188,30 @@ def _compute(
             b_x = b_x - b_ks
         b_x = gl.convert_layout((b_x * b_beta[None, :]).to(DT), op_t)
         # V_newᵀ = Xᵀ Tᵀ, its columns past the sequence zeroed
-        b_vn = warpgroup_mma(b_x, t_s.index(s).permute((1, 0)), zero_t, use_acc=False)
+        if OVERLAP:
+            tok_vn = warpgroup_mma(b_x, t_t, zero_t, use_acc=False, is_async=True)
+            b_o, b_vn, b_sc, b_x = warpgroup_mma_wait(0, deps=[tok_sq, tok_vn, b_sc, b_x])
+        else:
+            b_vn = warpgroup_mma(b_x, t_t, zero_t, use_acc=False)
+            b_o = warpgroup_mma(b_sc, q_t, zero_t, use_acc=False)
         b_vn = gl.where(m_t[None, :], b_vn, 0.0)
-        # Oᵀ = (Sᵀ qᵀ) (scale e^γ) + V_newᵀ A_qkᵀ
-        b_o = warpgroup_mma(b_sc, q_s.index(s).permute((1, 0)), zero_t, use_acc=False)
+        # Oᵀ = (Sᵀ qᵀ) (scale e^γ) + V_newᵀ A_qkᵀ; Sᵀ ← Sᵀ e^{γ_C} + (V_newᵀ e^{γ_C − γ}) k
         if GATE == 1:
             b_o = b_o * (b_eg * scale)[None, :]
-        else:
-            b_o = b_o * scale
-        b_o = warpgroup_mma(gl.convert_layout(b_vn.to(DT), op_t), a_s.index(s).permute((1, 0)), b_o)
-        # Sᵀ ← Sᵀ e^{γ_C} + (V_newᵀ e^{γ_C − γ}) k
-        if GATE == 1:
             b_vk = b_vn * _exp(b_gC - b_gam)[None, :]
             b_s = b_s * _exp(b_gC)
         else:
+            b_o = b_o * scale
             b_vk = b_vn
-        b_s = warpgroup_mma(gl.convert_layout(b_vk.to(DT), op_k), kb, b_s)
+        b_vo = gl.convert_layout(b_vn.to(DT), op_t)
+        b_vk = gl.convert_layout(b_vk.to(DT), op_k)
+        if OVERLAP:
+            tok_o = warpgroup_mma(b_vo, a_t, b_o, is_async=True)
+            tok_s = warpgroup_mma(b_vk, kb, b_s, is_async=True)
+            b_o, b_s, b_vo, b_vk = warpgroup_mma_wait(0, deps=[tok_o, tok_s, b_vo, b_vk])
+        else:
+            b_o = warpgroup_mma(b_vo, a_t, b_o)
+            b_s = warpgroup_mma(b_vk, kb, b_s)
         fence_async_shared()  # (v's tile was read through the generic proxy; the next TMA load writes it)
         mbarrier.arrive(empty.index(s), count=1)
         # the output's rows of this chunk: [BV, BT] of Oᵀ to o[t0 + t, i_hv, v0 + v]
@@ -232,6 +250,7 @@ def chunk_state_ws_kernel(
     NUM_BUF: gl.constexpr,
     LOADER_REGS: gl.constexpr,
     num_warps: gl.constexpr,
+    OVERLAP: gl.constexpr = True,
 ):
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -260,7 +279,7 @@ def chunk_state_ws_kernel(
             (
                 _compute,
                 (k_s, q_s, v_s, t_s, a_s, ready, empty, gout, beta, h0, ht, o, bos, eos, NT, i_nh, i_hv, v0, scale,
-                 HV, K, V, BT, BV, GATE, USE_H0, STORE_HT, NUM_BUF, num_warps),
+                 HV, K, V, BT, BV, GATE, USE_H0, STORE_HT, NUM_BUF, OVERLAP, num_warps),
             ),
             (
                 _loader,
@@ -347,5 +366,6 @@ def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
         NUM_BUF=max(1, int(call.config.get("h_num_stages", 2))),
         LOADER_REGS=int(call.config.get("ws_loader_regs", 40)),
         num_warps=BV // 16,
+        OVERLAP=bool(call.config.get("h_OVERLAP", True)),
         **({"maxnreg": int(call.config["h_maxnreg"])} if int(call.config.get("h_maxnreg", 0)) else {}),
     )

@@ -126,6 +126,7 @@ for gate in (Gate.NONE, Gate.SCALAR):
         "ring1": {"h_num_stages": 1},
         "ring3": {"h_num_stages": 3},
         "maxnreg128": {"h_maxnreg": 128},
+        "serial": {"h_OVERLAP": False},
     }.items():
         GLUON_CASES[f"{tag}-B2-T777-H4-HV8-{name}"] = (Shape(2, 777, 4, 8, 128, 128, 2, gate), None, cfg)
 
