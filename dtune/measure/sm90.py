@@ -359,6 +359,8 @@ def compile_state_ws(
     fn = chunk_state_ws_kernel
     blocks = {"k_desc": [BT, K], "q_desc": [BT, K], "v_desc": [BT, BV], "t_desc": [BT, BT], "a_desc": [BT, BT]}
     ptrs = {"gout": "*fp32", "beta": f"*{dtype}", "h0": "*fp32", "ht": "*fp32", "o": f"*{dtype}", "bounds": "*i32"}
+    if constexprs.get("L2NORM"):
+        ptrs |= {"rq": "*fp32", "rk": "*fp32"}
     consts = {
         "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "GATE": {"none": 0, "scalar": 1}[gate], "USE_H0": True,
         "STORE_HT": True, "VARLEN": varlen, "NUM_BUF": int(cfg["h_num_stages"]), "LOADER_REGS": 40,

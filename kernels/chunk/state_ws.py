@@ -110,13 +110,17 @@ def _compute(
     h0,
     ht,
     o,
+    rq,
+    rk,
     bos,
     eos,
     NT,
     i_nh,
+    i_h,
     i_hv,
     v0,
     scale,
+    H: gl.constexpr,
     HV: gl.constexpr,
     K: gl.constexpr,
     V: gl.constexpr,
@@ -127,10 +131,13 @@ def _compute(
     STORE_HT: gl.constexpr,
     NUM_BUF: gl.constexpr,
     OVERLAP: gl.constexpr,
+    L2NORM: gl.constexpr,
+    BETA_ACT: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """The compute warpgroups: the chain of products per chunk (module docstring), the output, the final state."""
     DT: gl.constexpr = k_s.dtype
+    FACTORS: gl.constexpr = GATE == 1 or L2NORM  # per-token factors on (K S)ᵀ and on V_new in the update
     # wgmma accumulators: [BV, BT] (products with a token axis) and [BV, K] (the state), one warp per 16 rows
     mma_t: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BT, 16]
@@ -164,10 +171,26 @@ def _compute(
         m_t = o_t < L
         row = t0 * HV + i_hv  # the chunk's first row of [tokens, HV]
         b_beta = gl.load(beta + row + o_t * HV, mask=m_t, other=0).to(gl.float32)
+        if BETA_ACT > 0:  # fla's use_beta_sigmoid_in_kernel: sigmoid(β), or 2 sigmoid(β) (allow_neg_eigval)
+            b_beta = gl.where(m_t, BETA_ACT / (1.0 + _exp(-b_beta)), 0.0)
+        # the per-token factors on the products' columns: of (K S)ᵀ (f_k), of the output (f_q), of V_new in the update
+        b_fq = gl.full([BT], scale, gl.float32, layout=col_t)
         if GATE == 1:
             b_gam = gl.load(gout + row + o_t * HV, mask=m_t, other=0)
             b_gC = gl.load(gout + (t0 + L - 1) * HV + i_hv)
-            b_eg = _exp(b_gam)
+            b_fk = _exp(b_gam)
+            b_fq = b_fq * b_fk
+            b_fu = _exp(b_gC - b_gam)
+        if L2NORM:  # q's and k's rows' l2norm factors (stage 1's)
+            b_rq = gl.load(rq + (t0 + o_t) * H + i_h, mask=m_t, other=0)
+            b_rk = gl.load(rk + (t0 + o_t) * H + i_h, mask=m_t, other=0)
+            b_fq = b_fq * b_rq
+            if GATE == 1:
+                b_fk = b_fk * b_rk
+                b_fu = b_fu * b_rk
+            else:
+                b_fk = b_rk
+                b_fu = b_rk
         mbarrier.wait(ready.index(s), ph)
         kb = k_s.index(s)
         b_sc = gl.convert_layout(b_s.to(DT), op_t)
@@ -182,8 +205,8 @@ def _compute(
             b_ks = warpgroup_mma(b_sc, k_t, zero_t, use_acc=False)
         # Xᵀ = (vᵀ − (K S)ᵀ e^γ) β
         b_x = v_s.index(s).permute((1, 0)).load(mma_t).to(gl.float32)
-        if GATE == 1:
-            b_x = b_x - b_ks * b_eg[None, :]
+        if FACTORS:
+            b_x = b_x - b_ks * b_fk[None, :]
         else:
             b_x = b_x - b_ks
         b_x = gl.convert_layout((b_x * b_beta[None, :]).to(DT), op_t)
@@ -196,13 +219,13 @@ def _compute(
             b_o = warpgroup_mma(b_sc, q_t, zero_t, use_acc=False)
         b_vn = gl.where(m_t[None, :], b_vn, 0.0)
         # Oᵀ = (Sᵀ qᵀ) (scale e^γ) + V_newᵀ A_qkᵀ; Sᵀ ← Sᵀ e^{γ_C} + (V_newᵀ e^{γ_C − γ}) k
-        if GATE == 1:
-            b_o = b_o * (b_eg * scale)[None, :]
-            b_vk = b_vn * _exp(b_gC - b_gam)[None, :]
-            b_s = b_s * _exp(b_gC)
+        b_o = b_o * b_fq[None, :]
+        if FACTORS:
+            b_vk = b_vn * b_fu[None, :]
         else:
-            b_o = b_o * scale
             b_vk = b_vn
+        if GATE == 1:
+            b_s = b_s * _exp(b_gC)
         b_vo = gl.convert_layout(b_vn.to(DT), op_t)
         b_vk = gl.convert_layout(b_vk.to(DT), op_k)
         if OVERLAP:
@@ -251,6 +274,10 @@ def chunk_state_ws_kernel(
     LOADER_REGS: gl.constexpr,
     num_warps: gl.constexpr,
     OVERLAP: gl.constexpr = True,
+    L2NORM: gl.constexpr = False,
+    BETA_ACT: gl.constexpr = 0,
+    rq=None,
+    rk=None,
 ):
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -278,8 +305,9 @@ def chunk_state_ws_kernel(
         [
             (
                 _compute,
-                (k_s, q_s, v_s, t_s, a_s, ready, empty, gout, beta, h0, ht, o, bos, eos, NT, i_nh, i_hv, v0, scale,
-                 HV, K, V, BT, BV, GATE, USE_H0, STORE_HT, NUM_BUF, OVERLAP, num_warps),
+                (k_s, q_s, v_s, t_s, a_s, ready, empty, gout, beta, h0, ht, o, rq, rk, bos, eos, NT, i_nh, i_h, i_hv,
+                 v0, scale, H, HV, K, V, BT, BV, GATE, USE_H0, STORE_HT, NUM_BUF, OVERLAP, L2NORM, BETA_ACT,
+                 num_warps),
             ),
             (
                 _loader,
@@ -314,8 +342,6 @@ def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str |
         return 'needs WU = "recomputed", AQK = "stored" and FUSE_OUTPUT'
     if call.tables.segments is not None:
         return "sequence-parallel (SEG_CHUNKS)"
-    if call.in_kernel.chunk_args():
-        return "in-kernel l2norm or beta activation"
     if call.K not in (64, 128) or call.BT not in (32, 64):
         return "K not 64 or 128, or BT not 32 or 64"
     if call.V % call.h_BV or call.h_BV not in (64, 128):
@@ -367,5 +393,7 @@ def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
         LOADER_REGS=int(call.config.get("ws_loader_regs", 40)),
         num_warps=BV // 16,
         OVERLAP=bool(call.config.get("h_OVERLAP", True)),
+        **call.in_kernel.chunk_args(),
+        **inter.rnorm_args(),
         **({"maxnreg": int(call.config["h_maxnreg"])} if int(call.config.get("h_maxnreg", 0)) else {}),
     )

@@ -67,9 +67,14 @@ OPTION_CONFIGS: dict[str, dict[str, Any] | None] = {
         "STATE_TMA": True, "h_BV": 64, "BT": 64, "BC": 16,
     },
     "unfused": {"FUSE_OUTPUT": False, "BT": 64, "BC": 16},
+    # the state pass in Gluon (STATE_LOOP = "gluon", sm_90): the l2norm's factors and beta's sigmoid in it too
+    "gluon": {
+        "WU": "recomputed", "AQK": "stored", "FUSE_OUTPUT": True, "STATE_LAYOUT": "vk", "STATE_TMA": True, "h_BV": 64,
+        "BT": 32, "BC": 16, "STATE_LOOP": "gluon",
+    },
 }  # fmt: skip
 OPTION_CASES = [("chunk_gated_delta_rule", c) for c in OPTION_CONFIGS] + [
-    ("chunk_kda", "shipped"), ("chunk_kda", "unfused"), ("chunk_delta_rule", "shipped"),
+    ("chunk_kda", "shipped"), ("chunk_kda", "unfused"), ("chunk_delta_rule", "shipped"), ("chunk_delta_rule", "gluon"),
     ("fused_recurrent_kda", "shipped"), ("fused_recurrent_gated_delta_rule", "shipped"),
 ]  # fmt: skip
 

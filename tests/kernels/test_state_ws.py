@@ -58,6 +58,9 @@ def test_serves_deltanet_and_gated_deltanet_on_sm90() -> None:
     assert state_ws.why_not(_call(Gate.NONE), HOPPER) is None
     assert state_ws.why_not(_call(Gate.SCALAR, {"h_BV": 128, "BT": 64, "h_num_stages": 3}), HOPPER) is None
     assert state_ws.why_not(_call(Gate.SCALAR, dtype=torch.float16, K=64), HOPPER) is None
+    # fla's in-kernel l2norm of q and k (Qwen3-Next) and beta's sigmoid: applied as the pass loads its factors
+    assert state_ws.why_not(_call(Gate.SCALAR, in_kernel=InKernel(l2norm=True, beta_sigmoid=1)), HOPPER) is None
+    assert state_ws.why_not(_call(Gate.NONE, in_kernel=InKernel(l2norm=True, beta_sigmoid=2)), HOPPER) is None
 
 
 @pytest.mark.parametrize(
@@ -71,8 +74,6 @@ def test_serves_deltanet_and_gated_deltanet_on_sm90() -> None:
         ({"config": {"AQK": "recomputed"}}, HOPPER, "recomputed"),
         ({"config": {"FUSE_OUTPUT": False}}, HOPPER, "FUSE_OUTPUT"),
         ({"config": {"SEG_CHUNKS": 1}}, HOPPER, "sequence-parallel"),
-        ({"in_kernel": InKernel(l2norm=True)}, HOPPER, "l2norm"),
-        ({"in_kernel": InKernel(beta_sigmoid=1)}, HOPPER, "beta"),
         ({"K": 96, "V": 96}, HOPPER, "K not 64 or 128"),
         ({"K": 256}, HOPPER, "K not 64 or 128"),
         ({"config": {"BT": 16}}, HOPPER, "BT not 32 or 64"),
@@ -127,6 +128,8 @@ COMPILE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("none", {"BT": 64}),
     ("scalar", {"h_maxnreg": 128}),
     ("scalar", {"h_OVERLAP": False}),
+    ("scalar", {"L2NORM": True, "BETA_ACT": 1}),
+    ("none", {"L2NORM": True, "BETA_ACT": 2, "h_OVERLAP": False}),
 ]
 
 
@@ -134,15 +137,16 @@ def compile_case(index: int) -> dict[str, Any]:
     from dtune.measure.sm90 import compile_state_ws, ptxas_usage
 
     gate, extra = COMPILE_CASES[index]
+    options = {k: extra.pop(k) for k in ("L2NORM", "BETA_ACT") if k in extra}  # (fla's in-kernel options)
     cfg = {**GLUON, **extra}
-    compiled = compile_state_ws(gate, "bf16", 128, 128, cfg)
+    compiled = compile_state_ws(gate, "bf16", 128, 128, cfg, **options)
     ptx = compiled.asm["ptx"]
     regs, spills = ptxas_usage(ptx)
     count = {p: len(re.findall(p, ptx)) for p in ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor")}
     return {"shared": int(compiled.metadata.shared), "regs": regs, "spills": spills, "count": count, "cfg": cfg}
 
 
-@pytest.mark.parametrize("index", range(len(COMPILE_CASES)), ids=[f"{g}-{e}" for g, e in COMPILE_CASES])
+@pytest.mark.parametrize("index", range(len(COMPILE_CASES)), ids=[f"{g}-{sorted(e.items())}" for g, e in COMPILE_CASES])
 def test_compiles_for_sm90a_as_warp_specialised_wgmma(index: int) -> None:
     from dtune.measure.sm90 import H100_SMEM
 
