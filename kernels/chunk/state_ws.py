@@ -25,6 +25,7 @@ Triton pass elsewhere (the interpreter included: Gluon has none).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -331,7 +332,7 @@ def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str |
     ``capability``: the GPU's compute capability (default: the call's device's; none on the CPU)."""
     cfg = call.config
     if capability is None and call.device.type == "cuda":
-        capability = torch.cuda.get_device_capability(call.device)
+        capability = _capability(call.device.index if call.device.index is not None else torch.cuda.current_device())
     if capability is None or capability[0] != 9:
         return "not an sm_90 GPU (wgmma, TMA; Gluon has no interpreter)"
     if call.gate == 2:
@@ -353,10 +354,20 @@ def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str |
     return None
 
 
+@functools.cache
+def _smem_layout(block: tuple[int, ...], dtype: torch.dtype) -> Any:
+    return gl.NVMMASharedLayout.get_default_for(list(block), GL_DTYPES[dtype])
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def tma_descriptor(t: torch.Tensor, rows: int, width: int, block: list[int]) -> TensorDescriptor:
-    """A Gluon TMA descriptor of ``t`` as a ``[rows, width]`` matrix, ``block`` tiles in the NVMMA shared layout."""
-    layout = gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype])
-    return TensorDescriptor(t.view(rows, width), [rows, width], [width, 1], block, layout)
+    """A Gluon TMA descriptor of ``t`` as a ``[rows, width]`` matrix, ``block`` tiles in the NVMMA shared layout (the
+    layout object cached: building it is most of a descriptor's host time)."""
+    return TensorDescriptor(t.view(rows, width), [rows, width], [width, 1], block, _smem_layout(tuple(block), t.dtype))
 
 
 def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
