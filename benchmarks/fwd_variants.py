@@ -101,6 +101,10 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("gluon maxnreg 128", {**GLUON, "h_maxnreg": 128}, DN + GDN),
     ("gluon BT 64", {**GLUON, "BT": 64}, GDN),
     ("gluon serial", {**GLUON, "h_OVERLAP": False}, DN + GDN),
+    # ... with A_qk formed in it (mma.sync beside the state update's wgmma): stage 1 reads no q, stores no A_qk
+    ("gluon aqk", {**GLUON, "AQK": "recomputed"}, DN + GDN),
+    ("gluon aqk maxnreg 128", {**GLUON, "AQK": "recomputed", "h_maxnreg": 128}, DN + GDN),
+    ("gluon aqk serial", {**GLUON, "AQK": "recomputed", "h_OVERLAP": False}, DN + GDN),
 ]
 
 

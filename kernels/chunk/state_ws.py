@@ -34,6 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    mma_v2,
     tma,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -74,14 +75,16 @@ def _loader(
     c_a,
     BT: gl.constexpr,
     NUM_BUF: gl.constexpr,
+    QK_RE: gl.constexpr,
 ):
-    """One warp: chunk ``i``'s five tiles into buffer ``i % NUM_BUF`` once the compute warps have released it."""
+    """One warp: chunk ``i``'s five tiles (four with ``QK_RE``: no A_qk) into buffer ``i % NUM_BUF`` once the compute
+    warps have released it."""
     nbytes: gl.constexpr = (
         k_desc.block_type.nbytes
         + q_desc.block_type.nbytes
         + v_desc.block_type.nbytes
         + t_desc.block_type.nbytes
-        + a_desc.block_type.nbytes
+        + (0 if QK_RE else a_desc.block_type.nbytes)
     )
     for i in range(NT):
         s = i % NUM_BUF
@@ -94,7 +97,59 @@ def _loader(
         _tma_load(v_desc, [r, c_v], bar, v_s.index(s))
         _tma_load(t_desc, [r, c_a], bar, t_s.index(s))
         _tma_load(q_desc, [r, c_qk], bar, q_s.index(s))
-        _tma_load(a_desc, [r, c_a], bar, a_s.index(s))
+        if not QK_RE:
+            _tma_load(a_desc, [r, c_a], bar, a_s.index(s))
+
+
+@gluon.jit
+def _aqk_t(
+    k_tile,
+    q_tile,
+    gout,
+    rq,
+    rk,
+    t0,
+    L,
+    H,
+    HV,
+    i_h,
+    i_hv,
+    scale,
+    BT: gl.constexpr,
+    GATE: gl.constexpr,
+    L2NORM: gl.constexpr,
+    mma_a: gl.constexpr,
+    mma_o: gl.constexpr,
+    KS: gl.constexpr = 32,
+):
+    """``scale · A_qkᵀ`` of the chunk (``[j, i]``: key row j, query row i; zero unless j ≤ i < L) from its k and q tiles
+    in shared memory, as the right operand of the output's ``V_newᵀ A_qkᵀ`` (``mma_o``'s operand layout)."""
+    K: gl.constexpr = k_tile.shape[1]
+    b_a = gl.zeros([BT, BT], gl.float32, layout=mma_a)
+    for d in gl.static_range(0, K, KS):  # (by key slices: fewer operand registers alive)
+        b_k = k_tile.slice(d, KS, dim=1).load(gl.DotOperandLayout(operand_index=0, parent=mma_a, k_width=2))
+        b_q = (
+            q_tile.slice(d, KS, dim=1)
+            .permute((1, 0))
+            .load(gl.DotOperandLayout(operand_index=1, parent=mma_a, k_width=2))
+        )
+        b_a = mma_v2(b_k, b_q, b_a)
+    o_j = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_a))
+    o_i = gl.arange(0, BT, layout=gl.SliceLayout(0, mma_a))
+    m_a = (o_j[:, None] <= o_i[None, :]) & (o_i < L)[None, :]
+    if L2NORM:
+        f_i = gl.load(rq + (t0 + o_i) * H + i_h, mask=o_i < L, other=0) * scale
+        f_j = gl.load(rk + (t0 + o_j) * H + i_h, mask=o_j < L, other=0)
+        b_a = b_a * f_i[None, :] * f_j[:, None]
+    else:
+        b_a = b_a * scale
+    if GATE == 1:
+        g_i = gl.load(gout + (t0 + o_i) * HV + i_hv, mask=o_i < L, other=0)
+        g_j = gl.load(gout + (t0 + o_j) * HV + i_hv, mask=o_j < L, other=0)
+        b_a = b_a * _exp(gl.where(m_a, g_i[None, :] - g_j[:, None], float("-inf")))
+    else:
+        b_a = gl.where(m_a, b_a, 0.0)
+    return gl.convert_layout(b_a.to(k_tile.dtype), gl.DotOperandLayout(operand_index=1, parent=mma_o, k_width=2))
 
 
 @gluon.jit
@@ -134,6 +189,7 @@ def _compute(
     OVERLAP: gl.constexpr,
     L2NORM: gl.constexpr,
     BETA_ACT: gl.constexpr,
+    QK_RE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """The compute warpgroups: the chain of products per chunk (module docstring), the output, the final state."""
@@ -149,6 +205,9 @@ def _compute(
     op_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_t, k_width=2)
     op_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_k, k_width=2)
     col_t: gl.constexpr = gl.SliceLayout(0, mma_t)  # a vector over the chunk's tokens
+    # QK_RE: A_qkᵀ [BT, BT] and the output's intra-chunk part [BV, BT] by mma.sync (A_qkᵀ has BT < 64 rows), in registers
+    mma_a: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     # the output's store: value channels fastest (16 bytes a thread, a warp's 8 × 4 threads over 64 × 4 of [BV, BT])
     out_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, num_warps], [0, 1])
 
@@ -196,7 +255,9 @@ def _compute(
         kb = k_s.index(s)
         b_sc = gl.convert_layout(b_s.to(DT), op_t)
         k_t, q_t = kb.permute((1, 0)), q_s.index(s).permute((1, 0))
-        t_t, a_t = t_s.index(s).permute((1, 0)), a_s.index(s).permute((1, 0))
+        t_t = t_s.index(s).permute((1, 0))
+        if not QK_RE:
+            a_t = a_s.index(s).permute((1, 0))
         # (K S)ᵀ = Sᵀ kᵀ (with OVERLAP the output's Sᵀ qᵀ runs on the tensor cores while Xᵀ is formed)
         if OVERLAP:
             tok_ks = warpgroup_mma(b_sc, k_t, zero_t, use_acc=False, is_async=True)
@@ -227,13 +288,23 @@ def _compute(
             b_vk = b_vn
         if GATE == 1:
             b_s = b_s * _exp(b_gC)
-        b_vo = gl.convert_layout(b_vn.to(DT), op_t)
         b_vk = gl.convert_layout(b_vk.to(DT), op_k)
-        if OVERLAP:
+        if QK_RE:  # Oᵀ += V_newᵀ A_qkᵀ by mma.sync, both operands in registers, beside the state update's wgmma
+            tok_s = warpgroup_mma(b_vk, kb, b_s, is_async=True)
+            # scale · A_qkᵀ [j, i] = scale · k_j · q_i e^{γ_i − γ_j} (j ≤ i < L), from the tiles in shared memory
+            b_at = _aqk_t(
+                kb, q_s.index(s), gout, rq, rk, t0, L, H, HV, i_h, i_hv, scale, BT, GATE, L2NORM, mma_a, mma_o
+            )
+            b_vo = gl.convert_layout(b_vn.to(DT), gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2))
+            b_o = gl.convert_layout(mma_v2(b_vo, b_at, gl.convert_layout(b_o, mma_o)), mma_t)
+            b_s, b_vk = warpgroup_mma_wait(0, deps=[tok_s, b_vk])
+        elif OVERLAP:
+            b_vo = gl.convert_layout(b_vn.to(DT), op_t)
             tok_o = warpgroup_mma(b_vo, a_t, b_o, is_async=True)
             tok_s = warpgroup_mma(b_vk, kb, b_s, is_async=True)
             b_o, b_s, b_vo, b_vk = warpgroup_mma_wait(0, deps=[tok_o, tok_s, b_vo, b_vk])
         else:
+            b_vo = gl.convert_layout(b_vn.to(DT), op_t)
             b_o = warpgroup_mma(b_vo, a_t, b_o)
             b_s = warpgroup_mma(b_vk, kb, b_s)
         fence_async_shared()  # (v's tile was read through the generic proxy; the next TMA load writes it)
@@ -279,6 +350,7 @@ def chunk_state_ws_kernel(
     BETA_ACT: gl.constexpr = 0,
     rq=None,
     rk=None,
+    QK_RE: gl.constexpr = False,
 ):
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -295,7 +367,10 @@ def chunk_state_ws_kernel(
     q_s = gl.allocate_shared_memory(q_desc.dtype, [NUM_BUF, BT, K], q_desc.layout)
     v_s = gl.allocate_shared_memory(v_desc.dtype, [NUM_BUF, BT, BV], v_desc.layout)
     t_s = gl.allocate_shared_memory(t_desc.dtype, [NUM_BUF, BT, BT], t_desc.layout)
-    a_s = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF, BT, BT], a_desc.layout)
+    if QK_RE:  # (A_qk formed in the pass: no buffer of it; a_desc is t_desc, never loaded)
+        a_s = t_s
+    else:
+        a_s = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF, BT, BT], a_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(NUM_BUF):
@@ -308,12 +383,12 @@ def chunk_state_ws_kernel(
                 _compute,
                 (k_s, q_s, v_s, t_s, a_s, ready, empty, gout, beta, h0, ht, o, rq, rk, bos, eos, NT, i_nh, i_h, i_hv,
                  v0, scale, H, HV, K, V, BT, BV, GATE, USE_H0, STORE_HT, NUM_BUF, OVERLAP, L2NORM, BETA_ACT,
-                 num_warps),
+                 QK_RE, num_warps),
             ),
             (
                 _loader,
                 (k_desc, q_desc, v_desc, t_desc, a_desc, k_s, q_s, v_s, t_s, a_s, ready, empty, bos, NT,
-                 i_h * K, i_hv * V + v0, i_hv * BT, BT, NUM_BUF),
+                 i_h * K, i_hv * V + v0, i_hv * BT, BT, NUM_BUF, QK_RE),
             ),
         ],
         [1],
@@ -339,8 +414,8 @@ def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str |
         return "KDA (per-channel decays)"
     if call.dt not in GL_DTYPES or any(t.dtype != call.dt for t in (call.q, call.k, call.v)):
         return "inputs not all bf16 or all fp16"
-    if not call.recompute or call.recompute_qk or not call.fuse:
-        return 'needs WU = "recomputed", AQK = "stored" and FUSE_OUTPUT'
+    if not call.recompute or not call.fuse:
+        return 'needs WU = "recomputed" and FUSE_OUTPUT'
     if call.tables.segments is not None:
         return "sequence-parallel (SEG_CHUNKS)"
     if call.K not in (64, 128) or call.BT not in (32, 64):
@@ -374,14 +449,15 @@ def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
     """The warp-specialised state pass with the output (``why_not(call)`` must be None): one program per value tile
     of ``h_BV`` columns, sequence and value head; ``h_num_stages`` buffers in the loader's ring."""
     rows, H, HV, K, V, BT, BV = call.tokens, call.H, call.HV, call.K, call.V, call.BT, call.h_BV
-    assert inter.ai is not None and inter.aqk is not None and out.o is not None
+    assert inter.ai is not None and out.o is not None
+    aqk = inter.aqk if inter.aqk is not None else inter.ai  # (AQK = "recomputed": a stand-in, never loaded)
     grid = (V // BV, call.N * HV)
     return chunk_state_ws_kernel[grid](
         tma_descriptor(call.k, rows, H * K, [BT, K]),
         tma_descriptor(call.q, rows, H * K, [BT, K]),
         tma_descriptor(call.v, rows, HV * V, [BT, BV]),
         tma_descriptor(inter.ai, rows, HV * BT, [BT, BT]),
-        tma_descriptor(inter.aqk, rows, HV * BT, [BT, BT]),
+        tma_descriptor(aqk, rows, HV * BT, [BT, BT]),
         inter.gout if inter.gout is not None else call.beta,
         call.beta,
         call.h0,
@@ -404,6 +480,7 @@ def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
         LOADER_REGS=int(call.config.get("ws_loader_regs", 40)),
         num_warps=BV // 16,
         OVERLAP=bool(call.config.get("h_OVERLAP", True)),
+        QK_RE=call.recompute_qk,
         **call.in_kernel.chunk_args(),
         **inter.rnorm_args(),
         **({"maxnreg": int(call.config["h_maxnreg"])} if int(call.config.get("h_maxnreg", 0)) else {}),

@@ -72,9 +72,14 @@ OPTION_CONFIGS: dict[str, dict[str, Any] | None] = {
         "WU": "recomputed", "AQK": "stored", "FUSE_OUTPUT": True, "STATE_LAYOUT": "vk", "STATE_TMA": True, "h_BV": 64,
         "BT": 32, "BC": 16, "STATE_LOOP": "gluon",
     },
+    "gluon-aqk": {
+        "WU": "recomputed", "AQK": "recomputed", "FUSE_OUTPUT": True, "STATE_LAYOUT": "vk", "STATE_TMA": True,
+        "h_BV": 64, "BT": 32, "BC": 16, "STATE_LOOP": "gluon",
+    },
 }  # fmt: skip
 OPTION_CASES = [("chunk_gated_delta_rule", c) for c in OPTION_CONFIGS] + [
     ("chunk_kda", "shipped"), ("chunk_kda", "unfused"), ("chunk_delta_rule", "shipped"), ("chunk_delta_rule", "gluon"),
+    ("chunk_delta_rule", "gluon-aqk"),
     ("fused_recurrent_kda", "shipped"), ("fused_recurrent_gated_delta_rule", "shipped"),
 ]  # fmt: skip
 
@@ -124,6 +129,11 @@ for gate in (Gate.NONE, Gate.SCALAR):
     GLUON_CASES[f"{tag}-B2-T1000-H4-HV8"] = (Shape(2, 1000, 4, 8, 128, 128, 2, gate), None, {})
     GLUON_CASES[f"{tag}-B3-T1"] = (Shape(3, 1, 2, 2, 128, 128, 3, gate), None, {})
     GLUON_CASES[f"{tag}-varlen-K64-V128"] = (Shape(1, 0, 2, 4, 64, 128, 5, gate, True), [1, 700, 0, 333, 64], {})
+    GLUON_CASES[f"{tag}-varlen-K64-V128-aqk"] = (
+        Shape(1, 0, 2, 4, 64, 128, 5, gate, True),
+        [1, 700, 0, 333, 64],
+        {"AQK": "recomputed"},
+    )
     GLUON_CASES[f"{tag}-B8-T4096-H16"] = (Shape(8, 4096, 16, 16, 128, 128, 8, gate), None, {})
     for name, cfg in {
         "BT64": {"BT": 64},
@@ -132,6 +142,9 @@ for gate in (Gate.NONE, Gate.SCALAR):
         "ring3": {"h_num_stages": 3},
         "maxnreg128": {"h_maxnreg": 128},
         "serial": {"h_OVERLAP": False},
+        "aqk": {"AQK": "recomputed"},
+        "aqk-serial-maxnreg128": {"AQK": "recomputed", "h_OVERLAP": False, "h_maxnreg": 128},
+        "aqk-BT64": {"AQK": "recomputed", "BT": 64},
     }.items():
         GLUON_CASES[f"{tag}-B2-T777-H4-HV8-{name}"] = (Shape(2, 777, 4, 8, 128, 128, 2, gate), None, cfg)
 
