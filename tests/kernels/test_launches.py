@@ -135,6 +135,22 @@ def test_pointer_outside_the_calls_tensors_is_never_replayed(fake: SimpleNamespa
     assert launches.summary().startswith("1 replayable, uncacheable: 1 x")
 
 
+def test_a_gluon_descriptor_keeps_tritons_path(fake: SimpleNamespace) -> None:
+    """Gluon's TensorDescriptor (a shared-memory layout with it, kernels/chunk/state_ws.py) is not replayed."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    def call(x: Tensor, y: Tensor) -> None:
+        layout = gl.NVMMASharedLayout.get_default_for([2, 8], gl.float32)
+        desc = GluonDescriptor(y, [4, 8], [8, 1], [2, 8], layout)
+        launches.run(("gluon",), [x, y], lambda: KERNEL[(4, 2)](x, y, 5, 0.5, BLOCK=32, desc=desc, tail=None))
+
+    for _ in range(2):
+        call(torch.randn(16), torch.randn(4, 8))
+    assert len(fake.triton) == 2 and launches.cached() == 0
+    assert "Gluon tensor descriptor" in launches.summary()
+
+
 def test_check_mode_catches_what_a_key_left_out(fake: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     toy_call(torch.randn(16), torch.randn(4, 8), n=5)
     monkeypatch.setattr(launches, "MODE", "check")
@@ -177,8 +193,9 @@ def test_replayed_only_where_tritons_launch_path_is_in_force(monkeypatch: pytest
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     t = [torch.empty(1)]
-    assert launches.parse_mode(None) == "off", "on by default"
-    assert [launches.parse_mode(v) for v in ("0", "1", "on", "check", "junk")] == ["off", "on", "on", "check", "off"]
+    assert launches.parse_mode(None) == "on" and launches.parse_mode("") == "on", "off by default"
+    values = ("0", "off", "False", "no", "1", "on", "check", "junk")
+    assert [launches.parse_mode(v) for v in values] == ["off"] * 4 + ["on", "on", "check", "on"]
     monkeypatch.setattr(launches, "MODE", "off")
     assert not launches._replayable(t) and not launches.active(t[0])
     monkeypatch.setattr(launches, "MODE", "on")
