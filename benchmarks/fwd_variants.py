@@ -18,7 +18,8 @@ events with the L2 flushed (median of up to 50, dtune.measure.timing.time_fn), i
 (every row of a shape and kernel once per round; the row's time is the median of its rounds', with their spread);
 fla's op the same way (its Triton path: ``FLA_FLASH_QLA=0``; chunk_kda only with ``--fla-kda``, its autotune takes
 minutes), and FlashQLA's ``chunk_gated_delta_rule`` when it is importable. Per launch: CUDA time
-per call from torch.profiler (mean of 10 calls) by kernel name. Error: relative RMS (dtune.measure.error) of the
+per call from torch.profiler (mean of 10 calls) by kernel name, and their sum (``kernels``: an op call well above it
+waited between its launches, for the host). Error: relative RMS (dtune.measure.error) of the
 output and the final state against ``kernels.reference.chunk_reference`` in float64 on the GPU, same inputs.
 
 Order: first every dtune config is compiled in parallel child processes (``--workers``, one small call each at the
@@ -359,6 +360,7 @@ def main() -> None:
         "vs_fla",
         "err_o",
         "err_state",
+        "kernels_ms",
         "launches",
         "note",
     ]
@@ -396,6 +398,7 @@ def main() -> None:
                             row["err_o"], row["err_state"] = errors(result, ref)
                             launches = launch_times(fn) if not interpret else {}
                             row["launches"] = "; ".join(f"{k[:40]} {v:.3f}" for k, v in launches.items())
+                            row["kernels_ms"] = sum(launches.values()) if launches else None
                             fjl.write(
                                 json.dumps({"shape": kind, "kernel": kernel, "variant": name, "ms": launches}) + "\n"
                             )
@@ -445,15 +448,16 @@ def main() -> None:
     print(
         f"\nchunk forward variants: bf16, H {H}, D {D}, initial + final state; {env_info(interpret).get('gpu', 'CPU')}"
     )
-    print("times: op call, CUDA events, L2 flushed, median (interpreter: host clock, not meaningful)")
+    print("times: op call, CUDA events, L2 flushed, median (interpreter: host clock, not meaningful); kernels: the")
+    print("call's launches summed (torch.profiler): a call well above it waited between its launches (host time)")
     print(
-        f"{'shape':<18}{'kernel':<24}{'variant':<18}{'ms':>8}{'spread':>14}{'x ship':>8}{'x fla':>7}{'err o':>9}"
-        f"{'err S':>9}  note"
+        f"{'shape':<18}{'kernel':<24}{'variant':<18}{'ms':>8}{'spread':>14}{'kernels':>9}{'x ship':>8}{'x fla':>7}"
+        f"{'err o':>9}{'err S':>9}  note"
     )
     for r in rows:
         print(
             f"{r['shape']:<18}{r['kernel']:<24}{r['variant']:<18}{f(r.get('median_ms'), '.3f'):>8}"
-            f"{' ' + f(r.get('min_ms'), '.3f') + '-' + f(r.get('max_ms'), '.3f'):>14}"
+            f"{' ' + f(r.get('min_ms'), '.3f') + '-' + f(r.get('max_ms'), '.3f'):>14}{f(r.get('kernels_ms'), '.3f'):>9}"
             f"{f(r.get('vs_shipped'), '.2f'):>8}{f(r.get('vs_fla'), '.2f'):>7}{f(r.get('err_o'), '.2e'):>9}"
             f"{f(r.get('err_state'), '.2e'):>9}  {r.get('note') or ''}"
         )
