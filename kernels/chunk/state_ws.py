@@ -1,16 +1,20 @@
 """The chunk forward's state pass with the output, warp-specialised for Hopper (``STATE_LOOP = "gluon"``): Gluon, not
 Triton's language, so that the data movement runs in its own warp beside the chain of products.
 
-Same algebra as :mod:`.state` in its ``"vk"`` layout with ``WU = "recomputed"`` and ``A_qk`` stored (DeltaNet and
-Gated DeltaNet, ``FUSE_OUTPUT``): per chunk, with the transposed state ``Sᵀ`` ``[BV, K]`` in float32 registers,
+Same algebra as :mod:`.state` in its ``"vk"`` layout with ``WU = "recomputed"`` (DeltaNet and Gated DeltaNet,
+``FUSE_OUTPUT``): per chunk, with the transposed state ``Sᵀ`` ``[BV, K]`` in float32 registers,
 
 * ``(K S)ᵀ = Sᵀ kᵀ``; ``Xᵀ = (vᵀ − (K S)ᵀ ⊙ e^γ) ⊙ β`` (per token column); ``V_newᵀ = Xᵀ Tᵀ``
   (``T = (I + A_kk)⁻¹``, stage 1's inverse);
-* ``Oᵀ = (Sᵀ qᵀ) ⊙ (scale · e^γ) + V_newᵀ A_qkᵀ`` (``A_qk`` as stage 1 stores it: scale and decay in it);
+* ``Oᵀ = (Sᵀ qᵀ) ⊙ (scale · e^γ) + V_newᵀ A_qkᵀ`` (``A_qk`` as stage 1 stores it, scale and decay in it; or,
+  ``AQK = "recomputed"`` (``QK_RE``), formed here from the k and q tiles by mma.sync, ``BT`` rows being fewer than a
+  wgmma's 64, and its product with ``V_newᵀ`` by mma.sync in registers);
 * ``Sᵀ ← Sᵀ e^{γ_C} + (V_newᵀ ⊙ e^{γ_C − γ}) k``.
 
-Every product is a wgmma with the left operand in registers (the state, ``Xᵀ``, ``V_newᵀ``) and the right one in
-shared memory. Two partitions per program: a one-warp loader that brings each chunk's ``k``, ``q``, ``v`` (this
+Every other product is a wgmma with the left operand in registers (the state, ``Xᵀ``, ``V_newᵀ``) and the right one
+in shared memory; ``OVERLAP`` (``h_OVERLAP``) issues them asynchronously, the output's beside the chain's. fla's
+in-kernel l2norm of q and k (``L2NORM``: stage 1's row factors ``rq``, ``rk``) and beta's sigmoid (``BETA_ACT``) act on
+the products' token columns as in the Triton pass. Two partitions per program: a one-warp loader that brings each chunk's ``k``, ``q``, ``v`` (this
 program's ``BV`` columns), ``T`` and ``A_qk`` tiles by TMA into a ring of ``NUM_BUF`` buffers, and the compute
 warpgroups (``BV / 16`` warps, one per 16 state rows) that wait for a buffer, run the chunk and hand it back
 (mbarriers both ways). The loader runs up to ``NUM_BUF`` chunks ahead, so the chain never waits for memory once
@@ -19,8 +23,9 @@ the ring is full.
 A chunk's rows past its sequence hold the next sequence's tokens (TMA reads whole tiles): β reads 0 there and the
 columns of ``V_newᵀ`` past the sequence are zeroed, so they reach neither the output (not stored) nor the state.
 
-Runs only on sm_90 (wgmma, TMA, mbarriers) with 16-bit inputs; :func:`applies` says where, and the caller runs the
-Triton pass elsewhere (the interpreter included: Gluon has none).
+Runs only on sm_90 (wgmma, TMA, mbarriers) with 16-bit inputs; :func:`why_not` says where not, and the caller runs
+the Triton pass there (the interpreter included: Gluon has none). Two programs per SM (``h_maxnreg`` 128 at
+``h_BV = 64``) was its fastest form on an H100 (reports/h100/NOTES.md).
 """
 
 from __future__ import annotations
