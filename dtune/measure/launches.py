@@ -246,6 +246,10 @@ def dtune_stages(
     return step
 
 
+# kernels that run a stage in another kernel's place: the state pass in Gluon (STATE_LOOP = "gluon") is the state pass
+SAME_STAGE = {"chunk_state_ws_kernel": "chunk_state_kernel"}
+
+
 def match_stages(
     launches: Sequence[Launch], stages: Sequence[wm.StageWork]
 ) -> tuple[list[str | None], list[wm.StageWork]]:
@@ -259,13 +263,14 @@ def match_stages(
     last: dict[str, str] = {}
     cursor = 0
     for launch in launches:
-        j = next((j for j in range(cursor, len(stages)) if stages[j].kernel == launch.name), None)
+        name = SAME_STAGE.get(launch.name, launch.name)
+        j = next((j for j in range(cursor, len(stages)) if stages[j].kernel == name), None)
         if j is None:
-            owner.append(last.get(launch.name))
+            owner.append(last.get(name))
             continue
         taken[j] = True
         cursor = j + 1
-        last[launch.name] = stages[j].name
+        last[name] = stages[j].name
         owner.append(stages[j].name)
     return owner, [s for s, t in zip(stages, taken) if not t]
 

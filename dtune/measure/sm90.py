@@ -358,14 +358,20 @@ def compile_state_ws(
 
     fn = chunk_state_ws_kernel
     blocks = {"k_desc": [BT, K], "q_desc": [BT, K], "v_desc": [BT, BV], "t_desc": [BT, BT], "a_desc": [BT, BT]}
-    ptrs = {"gout": "*fp32", "beta": f"*{dtype}", "h0": "*fp32", "ht": "*fp32", "o": f"*{dtype}", "bounds": "*i32"}
+    ptrs = {"gout": "*fp32", "beta": f"*{dtype}", "h0": "*fp32", "ht": "*fp32", "o": f"*{dtype}", "bounds": "*i64"}
     if constexprs.get("L2NORM"):
         ptrs |= {"rq": "*fp32", "rk": "*fp32"}
+    if constexprs.get("STORE_STATES"):  # the training forward's: the chunk states and V_new stored by TMA
+        ptrs |= {"vnew": f"*{dtype}", "chunk_offsets": "*i64"}
+        blocks_states = {"hs_desc": [K, BV], "vn_desc": [BT, BV]}
+    else:
+        blocks_states = {}
     consts = {
         "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "GATE": {"none": 0, "scalar": 1}[gate], "USE_H0": True,
         "STORE_HT": True, "VARLEN": varlen, "NUM_BUF": int(cfg["h_num_stages"]), "LOADER_REGS": 40,
         "num_warps": BV // 16,
     } | constexprs  # fmt: skip
+    blocks |= blocks_states
     sig: dict[str, str] = {}
     values: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):

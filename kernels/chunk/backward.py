@@ -183,6 +183,12 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
     # stored or read back, the dq/dk stage's loads of the chunk states, V_new and dO gone with its launch, more work
     # on the pass's sequential programs
     "REVERSE_DQK": (False, True),
+    # the forward's state pass under autograd in Gluon, warp-specialised (the forward's STATE_LOOP = "gluon",
+    # kernels/chunk/state_ws.py; needs fh_U = "recomputed": its chunk states and V_new stored by TMA off the chain),
+    # or Triton's loop ("range"); and its register cap (the forward's h_maxnreg: 128 runs the Gluon pass two programs
+    # per SM)
+    "fh_LOOP": ("range", "gluon"),
+    "fh_maxnreg": (0, 128, 168),
 }
 
 
@@ -276,6 +282,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["fh_AQK"] = "stored"
         cfg["dqk_DECAY"] = "pairwise"
         cfg["REVERSE_DQK"] = False
+        cfg["fh_LOOP"] = "range"
+        cfg["fh_maxnreg"] = 0
     if gate == "scalar":
         # Both skips off: on the gates of fla's layers at initialisation (make_inputs' "model" decays) they cost the
         # step, on the strong decays the search times they gain under 0.5% (H100, the shipped B1 T32768 entry, medians
@@ -489,8 +497,9 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     forming V_new from T as ``WU = "recomputed"`` does; with ``fh_W`` W neither, with ``fh_AQK`` no A_qk, formed by
     the state pass with the output fused), the state pass's tiles by TMA descriptors where ``fh_TMA``
     says so, else by pointer loads, its chunk states and V_new stored through them where ``fh_STORE_TMA`` does, in
-    its plain loop (the forward's ``STATE_TMA`` and ``STATE_LOOP`` are timed in the
-    forward, not in the step), everything else the forward's."""
+    its plain loop, or in Gluon (``fh_LOOP = "gluon"``: tiles and stores by TMA) under ``fh_maxnreg`` (the forward's
+    ``STATE_TMA``, ``STATE_LOOP`` and, for its Gluon pass, ``h_maxnreg`` are timed in the forward, not in the step),
+    everything else the forward's."""
     BT = bwd_config["BT"]
     seg = int(fwd_config.get("SEG_CHUNKS", 0))
     if seg > 0:
@@ -502,7 +511,12 @@ def training_forward_config(fwd_config: Config, bwd_config: Config, gate: str) -
     wu = "recomputed" if bwd_config.get("fh_U") == "recomputed" else "stored"
     # (AQK = "recomputed" here: A_qk not stored, formed by the state pass's fused output and by the reverse pass, fh_AQK)
     aqk = "recomputed" if bwd_config.get("fh_AQK") == "recomputed" else "stored"
-    cfg.update(WU=wu, AQK=aqk, STATE_TMA=bool(bwd_config.get("fh_TMA", False)), STATE_LOOP="range")
+    loop = bwd_config.get("fh_LOOP", "range")  # (Gluon: the state pass with the output, its states stored by TMA)
+    cfg.update(WU=wu, AQK=aqk, STATE_TMA=bool(bwd_config.get("fh_TMA", False)) or loop == "gluon", STATE_LOOP=loop)
+    if bwd_config.get("fh_maxnreg", 0):
+        cfg["h_maxnreg"] = bwd_config["fh_maxnreg"]
+    elif fwd_config.get("STATE_LOOP") == "gluon":  # (the forward's cap was the Gluon pass's, not the Triton one's)
+        cfg["h_maxnreg"] = 0
     cfg["STATES_TMA"] = bool(bwd_config.get("fh_STORE_TMA", False))
     if aqk == "recomputed":
         cfg["FUSE_OUTPUT"] = True  # (the output is formed in the state pass, which forms A_qk)

@@ -610,7 +610,7 @@ def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: S
     per segment by burn-in (:func:`burns_in`: no scratch)."""
     t = call.tables
     BV = call.h_BV
-    if call.config.get("STATE_LOOP") == "gluon" and scratch is None and inter.h is None and inter.v_new is None:
+    if call.config.get("STATE_LOOP") == "gluon" and scratch is None and (inter.h is None) == (inter.v_new is None):
         from .state_ws import launch_state_ws, why_not  # (Gluon imported only where a config asks for it)
 
         if why_not(call) is None:

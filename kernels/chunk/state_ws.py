@@ -52,6 +52,8 @@ from .call import ChunkCall
 _LOG2E = gl.constexpr(1.4426950408889634)
 # TMA's global-to-shared copy: ``async_copy_global_to_shared`` in Triton 3.6, ``async_load`` from 3.7 on
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# ... and its shared-to-global one: ``async_copy_shared_to_global`` in 3.6, ``async_store`` from 3.7 on
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 
 @gluon.jit
@@ -195,6 +197,13 @@ def _compute(
     L2NORM: gl.constexpr,
     BETA_ACT: gl.constexpr,
     QK_RE: gl.constexpr,
+    STORE_STATES: gl.constexpr,
+    hs_desc,
+    vn_desc,
+    vnew,
+    hs_stage,
+    vn_stage,
+    c0,
     num_warps: gl.constexpr,
 ):
     """The compute warpgroups: the chain of products per chunk (module docstring), the output, the final state."""
@@ -259,6 +268,11 @@ def _compute(
         mbarrier.wait(ready.index(s), ph)
         kb = k_s.index(s)
         b_sc = gl.convert_layout(b_s.to(DT), op_t)
+        if STORE_STATES:  # the chunk-start state for the backward, [K, BV] of [chunks·HV·K, V], by one TMA store
+            tma.store_wait(0)  # (the last chunk's stores have read their staging buffers)
+            hs_stage.permute((1, 0)).store(b_s.to(DT))
+            fence_async_shared()
+            _tma_store(hs_desc, [((c0 + i) * HV + i_hv) * K, v0], hs_stage)
         k_t, q_t = kb.permute((1, 0)), q_s.index(s).permute((1, 0))
         t_t = t_s.index(s).permute((1, 0))
         if not QK_RE:
@@ -285,6 +299,14 @@ def _compute(
             b_vn = warpgroup_mma(b_x, t_t, zero_t, use_acc=False)
             b_o = warpgroup_mma(b_sc, q_t, zero_t, use_acc=False)
         b_vn = gl.where(m_t[None, :], b_vn, 0.0)
+        if STORE_STATES:  # V_new for the backward: a whole chunk by one TMA store, a partial one by pointers
+            if L == BT:
+                vn_stage.permute((1, 0)).store(b_vn.to(DT))
+                fence_async_shared()
+                _tma_store(vn_desc, [t0.to(gl.int32), i_hv * V + v0], vn_stage)
+            else:
+                off_n = (row + o_ot * HV)[None, :].to(gl.int64) * V + (v0 + o_ov)[:, None]
+                gl.store(vnew + off_n, gl.convert_layout(b_vn.to(DT), out_l), mask=(o_ot < L)[None, :])
         # Oᵀ = (Sᵀ qᵀ) (scale e^γ) + V_newᵀ A_qkᵀ; Sᵀ ← Sᵀ e^{γ_C} + (V_newᵀ e^{γ_C − γ}) k
         b_o = b_o * b_fq[None, :]
         if FACTORS:
@@ -318,6 +340,8 @@ def _compute(
         b_out = gl.convert_layout(b_o.to(o.dtype.element_ty), out_l)
         off_o = (row + o_ot * HV)[None, :].to(gl.int64) * V + (v0 + o_ov)[:, None]
         gl.store(o + off_o, b_out, mask=(o_ot < L)[None, :])
+    if STORE_STATES:
+        tma.store_wait(0)
     if STORE_HT:
         gl.store(ht + i_nh.to(gl.int64) * K * V + off_s, b_s)
 
@@ -356,6 +380,11 @@ def chunk_state_ws_kernel(
     rq=None,
     rk=None,
     QK_RE: gl.constexpr = False,
+    STORE_STATES: gl.constexpr = False,
+    hs_desc=None,
+    vn_desc=None,
+    vnew=None,
+    chunk_offsets=None,
 ):
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -376,6 +405,17 @@ def chunk_state_ws_kernel(
         a_s = t_s
     else:
         a_s = gl.allocate_shared_memory(a_desc.dtype, [NUM_BUF, BT, BT], a_desc.layout)
+    if STORE_STATES:  # the sequence's first chunk in the chunk states' index; the stores' staging buffers
+        if VARLEN:
+            c0 = gl.load(chunk_offsets + i_n).to(gl.int32)
+        else:
+            c0 = i_n * gl.cdiv(T, BT)
+        hs_stage = gl.allocate_shared_memory(hs_desc.dtype, [K, BV], hs_desc.layout)
+        vn_stage = gl.allocate_shared_memory(vn_desc.dtype, [BT, BV], vn_desc.layout)
+    else:  # (constant stand-ins, never touched: a partition's arguments cannot be None)
+        c0 = 0
+        hs_stage = 0
+        vn_stage = 0
     ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     for b in gl.static_range(NUM_BUF):
@@ -388,7 +428,8 @@ def chunk_state_ws_kernel(
                 _compute,
                 (k_s, q_s, v_s, t_s, a_s, ready, empty, gout, beta, h0, ht, o, rq, rk, bos, eos, NT, i_nh, i_h, i_hv,
                  v0, scale, H, HV, K, V, BT, BV, GATE, USE_H0, STORE_HT, NUM_BUF, OVERLAP, L2NORM, BETA_ACT,
-                 QK_RE, num_warps),
+                 QK_RE, STORE_STATES, hs_desc if STORE_STATES else 0, vn_desc if STORE_STATES else 0,
+                 vnew if STORE_STATES else 0, hs_stage, vn_stage, c0, num_warps),
             ),
             (
                 _loader,
@@ -452,9 +493,22 @@ def tma_descriptor(t: torch.Tensor, rows: int, width: int, block: list[int]) -> 
 
 def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
     """The warp-specialised state pass with the output (``why_not(call)`` must be None): one program per value tile
-    of ``h_BV`` columns, sequence and value head; ``h_num_stages`` buffers in the loader's ring."""
+    of ``h_BV`` columns, sequence and value head; ``h_num_stages`` buffers in the loader's ring. Where ``inter`` holds
+    chunk-state and V_new buffers (the training forward's) it fills them too (``STORE_STATES``: by TMA stores, a
+    sequence's partial last chunk of V_new by pointers)."""
     rows, H, HV, K, V, BT, BV = call.tokens, call.H, call.HV, call.K, call.V, call.BT, call.h_BV
     assert inter.ai is not None and out.o is not None
+    states = inter.h is not None and inter.v_new is not None  # (the training forward's: stored for the backward)
+    extra: dict[str, Any] = {}
+    if states:
+        assert inter.h is not None and inter.v_new is not None
+        extra = {
+            "STORE_STATES": True,
+            "hs_desc": tma_descriptor(inter.h, inter.h.numel() // V, V, [K, BV]),
+            "vn_desc": tma_descriptor(inter.v_new, rows, HV * V, [BT, BV]),
+            "vnew": inter.v_new,
+            "chunk_offsets": call.tables.chunk_offsets,
+        }
     aqk = inter.aqk if inter.aqk is not None else inter.ai  # (AQK = "recomputed": a stand-in, never loaded)
     grid = (V // BV, call.N * HV)
     return chunk_state_ws_kernel[grid](
@@ -488,5 +542,6 @@ def launch_state_ws(call: ChunkCall, inter: Intermediates, out: Outputs) -> Any:
         QK_RE=call.recompute_qk,
         **call.in_kernel.chunk_args(),
         **inter.rnorm_args(),
+        **extra,
         **({"maxnreg": int(call.config["h_maxnreg"])} if int(call.config.get("h_maxnreg", 0)) else {}),
     )

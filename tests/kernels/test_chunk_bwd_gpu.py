@@ -123,3 +123,51 @@ def test_bf16_gradients_match_float64(
             continue
         assert grad is not None and torch.isfinite(grad).all(), name
         assert rel_err(grad, want) < tol, f"d{name} rel err {rel_err(grad, want):.3g} (tolerance {tol})"
+
+
+# the training forward's state pass in Gluon (fh_LOOP = "gluon", kernels/chunk/state_ws.py): its chunk states and
+# V_new stored by TMA for the backward (a sequence's partial last chunk of V_new by pointers); sm_90 only
+GLUON_FH = {**VK, "fh_LOOP": "gluon", "fh_U": "recomputed", "fh_BV": 64, "fh_maxnreg": 128, "SAVE": "all"}
+GLUON_CASES: dict[str, tuple[Shape, list[int] | None, dict[str, Any]]] = {}
+for gate in (Gate.NONE, Gate.SCALAR):
+    tag = CHUNK[gate]
+    GLUON_CASES[f"{tag}-B2-T777-H2-HV4-K128"] = (Shape(2, 777, 2, 4, 128, 128, 2, gate), None, GLUON_FH)
+    GLUON_CASES[f"{tag}-varlen-K64-V128"] = (Shape(1, 0, 2, 4, 64, 128, 5, gate, True), [1, 700, 0, 333, 64], GLUON_FH)
+    GLUON_CASES[f"{tag}-B2-T1000-H4-fhW-aqk"] = (
+        Shape(2, 1000, 4, 4, 128, 128, 2, gate), None,
+        {**GLUON_FH, "REVERSE_DV": True, "fh_W": "recomputed", "fh_AQK": "recomputed", "fh_maxnreg": 0},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("shape", "seq_lens", "bwd"), list(GLUON_CASES.values()), ids=list(GLUON_CASES))
+def test_gluon_training_forward_gradients_match_float64(
+    shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon state pass is sm_90 only")
+    from dtune.kernels.chunk import state_ws
+
+    stored: list[bool] = []
+    real = state_ws.launch_state_ws
+
+    def spy(call: Any, inter: Any, out: Any) -> Any:
+        stored.append(inter.h is not None)
+        return real(call, inter, out)
+
+    monkeypatch.setattr(state_ws, "launch_state_ws", spy)
+    kernel = CHUNK[shape.gate]
+    tol = load_space(kernel + "_bwd").tolerance["bf16"]
+    x = make_inputs(shape, torch.bfloat16, "cuda", seed=9, seq_lens=seq_lens, gate_min=-5.0)
+    x = with_output_grads({**x, "scale": shape.K**-0.5, "output_final_state": True})
+    got = op_step(kernel, x, bwd, None)()
+    torch.cuda.synchronize()
+    assert True in stored, "the training forward's Gluon pass (storing the chunk states) did not run"
+    ref = reference_step(x)
+    assert rel_err(got.o, ref.o) < tol, f"output rel err {rel_err(got.o, ref.o):.3g} (tolerance {tol})"
+    for name, grad in got.grads.items():
+        want = ref.grads[name]
+        if want is None:
+            assert grad is None, name
+            continue
+        assert grad is not None and torch.isfinite(grad).all(), name
+        assert rel_err(grad, want) < tol, f"d{name} rel err {rel_err(grad, want):.3g} (tolerance {tol})"

@@ -120,6 +120,44 @@ def test_the_triton_pass_runs_it_where_gluon_cannot(gate: Gate, monkeypatch: pyt
     assert rel_err(o, o_tr) == 0 and rel_err(s, s_tr) == 0
 
 
+def test_the_training_forward_takes_it_from_fh_loop() -> None:
+    """``fh_LOOP = "gluon"``: the forward under autograd runs the Gluon pass (its tiles by TMA, under ``fh_maxnreg``);
+    ``"range"`` keeps Triton's, without a register cap that was the forward's Gluon pass's."""
+    from dtune.kernels.chunk.backward import check_config, training_forward_config
+
+    fwd = KERNELS["chunk_gated_delta_rule"].check_config(128, 128, {**GLUON, "h_maxnreg": 128})
+    bwd = check_config(128, 128, "scalar", {"fh_LOOP": "gluon", "fh_U": "recomputed", "fh_maxnreg": 128})
+    cfg = training_forward_config(fwd, bwd, "scalar")
+    assert cfg["STATE_LOOP"] == "gluon" and cfg["STATE_TMA"] and cfg["h_maxnreg"] == 128 and cfg["WU"] == "recomputed"
+    cfg = training_forward_config(fwd, check_config(128, 128, "scalar", {}), "scalar")
+    assert cfg["STATE_LOOP"] == "range" and cfg["h_maxnreg"] == 0
+    with pytest.raises(ValueError, match="fh_LOOP"):
+        check_config(128, 128, "channel", {"fh_LOOP": "gluon"})
+
+
+@pytest.mark.parametrize("gate", list(OPS), ids=[g.value for g in OPS])
+def test_the_training_step_runs_the_triton_pass_where_gluon_cannot(gate: Gate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the interpreter a training step asking for the Gluon pass (``fh_LOOP``) gets the Triton one's gradients,
+    exactly, without touching the Gluon launcher."""
+    from dtune.measure.grad import op_step, with_output_grads
+
+    def boom(*a: Any) -> Any:
+        raise AssertionError("the Gluon pass was launched off sm_90")
+
+    monkeypatch.setattr(state_ws, "launch_state_ws", boom)
+    shape = Shape(2, 45, 2, 4, 32, 32, 2, gate)
+    x = make_inputs(shape, torch.float32, "cpu", seed=5, gate_min=-5.0)
+    x = with_output_grads({**x, "scale": 32**-0.5, "output_final_state": True})
+    bwd = {"BT": 32, "BC": 16, "fh_U": "recomputed", "fh_BV": 16, "SAVE": "all"}
+    got = op_step(OPS[gate], x, {**bwd, "fh_LOOP": "gluon", "fh_maxnreg": 128}, None)()
+    want = op_step(OPS[gate], x, bwd, None)()
+    assert rel_err(got.o, want.o) == 0
+    for name, grad in got.grads.items():
+        assert (grad is None) == (want.grads[name] is None), name
+        if grad is not None:
+            assert rel_err(grad, want.grads[name]) == 0, name
+
+
 # compiled for sm_90a in a child process without TRITON_INTERPRET (compiled Triton and the interpreter do not mix)
 COMPILE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("scalar", {}),
@@ -133,6 +171,8 @@ COMPILE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("none", {"L2NORM": True, "BETA_ACT": 2, "h_OVERLAP": False}),
     ("scalar", {"AQK": "recomputed"}),
     ("none", {"AQK": "recomputed", "L2NORM": True}),
+    # the training forward's: its chunk states and V_new stored by TMA
+    ("scalar", {"STORE_STATES": True, "h_maxnreg": 128}),
 ]
 
 
@@ -140,13 +180,17 @@ def compile_case(index: int) -> dict[str, Any]:
     from dtune.measure.sm90 import compile_state_ws, ptxas_usage
 
     gate, extra = COMPILE_CASES[index]
-    options = {k: extra.pop(k) for k in ("L2NORM", "BETA_ACT") if k in extra}  # (fla's in-kernel options)
+    options = {k: extra.pop(k) for k in ("L2NORM", "BETA_ACT", "STORE_STATES") if k in extra}  # (constexprs)
     cfg = {**GLUON, **extra}
     options["QK_RE"] = cfg.get("AQK") == "recomputed"
     compiled = compile_state_ws(gate, "bf16", 128, 128, cfg, **options)
     ptx = compiled.asm["ptx"]
     regs, spills = ptxas_usage(ptx)
-    count = {p: len(re.findall(p, ptx)) for p in ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mma.sync")}
+    stores = r"cp\.async\.bulk\.tensor\.\dd\.global"  # (TMA stores: shared to global)
+    patterns = ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mma.sync", stores)
+    count = {p: len(re.findall(p, ptx)) for p in patterns}
+    count["tma stores"] = count.pop(patterns[-1])
+    count["store_states"] = int(bool(options.get("STORE_STATES")))
     return {"shared": int(compiled.metadata.shared), "regs": regs, "spills": spills, "count": count, "cfg": cfg}
 
 
@@ -170,6 +214,8 @@ def test_compiles_for_sm90a_as_warp_specialised_wgmma(index: int) -> None:
     assert (r["count"]["mma.sync"] > 0) == qk_re
     assert r["count"]["setmaxnreg"] > 0, "no register split between the partitions: not warp-specialised"
     assert r["count"]["cp.async.bulk.tensor"] >= (4 if qk_re else 5), "the tiles are not TMA loads"
+    # the training forward's chunk states and V_new: two TMA stores per chunk, none otherwise
+    assert r["count"]["tma stores"] == (2 if r["count"]["store_states"] else 0)
     assert r["shared"] <= H100_SMEM
     if cfg.get("h_maxnreg"):
         assert r["regs"] <= cfg["h_maxnreg"]

@@ -132,6 +132,9 @@ def test_match_stages_by_kernel_name_in_order() -> None:
     assert owner[2:4] == ["bwd intra re-run", "bwd intra re-run"]
     assert owner[-4:] == ["bwd state re-run (S, V_new)", "bwd reverse state pass", "bwd dq/dk/dv (fused)",
                           "bwd finish (dβ)"]  # fmt: skip
+    # the state pass in Gluon (STATE_LOOP = "gluon") is the state pass's stage
+    gluon = [la.Launch("chunk_state_ws_kernel" if n == "chunk_state_kernel" else n, 0.1) for n in KDA_LAUNCHES]
+    assert la.match_stages(gluon, KDA_STAGES)[0] == la.match_stages(launches, KDA_STAGES)[0]
 
 
 def test_launch_rows_floor_per_stage_and_the_whole_call() -> None:
