@@ -168,6 +168,20 @@ VARIANTS: list[Variant] = [
     # model times them on a model's gates)
     ("no decay skip", OnShipped({"dh_SEG_DECAY": False}, fwd={"SEG_DECAY": False}), ("b1",), (Gate.SCALAR,)),
     ("no reverse decay skip", OnShipped({"dh_SEG_DECAY": False}), ("b1",), (Gate.SCALAR,)),
+    # the training forward's state pass in Gluon, warp-specialised, its states stored by TMA (fh_LOOP; V_new recomputed
+    # from T there, value tiles of 64), at two programs per SM and at one
+    (
+        "fwd state in Gluon",
+        OnShipped({"fh_LOOP": "gluon", "fh_maxnreg": 128, "fh_BV": 64, "fh_num_warps": 0, "fh_U": "recomputed"}),
+        ("b8",),
+        DN_GDN,
+    ),
+    (
+        "fwd state in Gluon, no cap",
+        OnShipped({"fh_LOOP": "gluon", "fh_maxnreg": 0, "fh_BV": 64, "fh_num_warps": 0, "fh_U": "recomputed"}),
+        ("b8",),
+        DN_GDN,
+    ),
 ]
 
 
