@@ -97,8 +97,8 @@ def legal_params(gate: str) -> dict[str, tuple[Any, ...]]:
         params["AQK"] = ("stored", "recomputed")
         # the state pass with the output in Gluon (kernels/chunk/state_ws.py, sm_90 only): a one-warp TMA loader
         # h_num_stages chunks ahead of the compute warpgroups (h_BV / 16 warps), every product a wgmma with its left
-        # operand in registers; WU = "recomputed", AQK = "stored", FUSE_OUTPUT, no segments, 16-bit inputs, K 64 or
-        # 128 (elsewhere the Triton pass runs the config)
+        # operand in registers (A_qk stored, or with AQK = "recomputed" formed in it by mma.sync); WU = "recomputed",
+        # FUSE_OUTPUT, no segments, 16-bit inputs, K 64 or 128 (elsewhere the Triton pass runs the config)
         params["STATE_LOOP"] = (*params["STATE_LOOP"], "gluon")
         # its products issued asynchronously (True: the output's S qᵀ on the tensor cores while the chain's X is formed,
         # the output's second product and the state update together; three waits per chunk instead of five)

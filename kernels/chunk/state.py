@@ -607,7 +607,9 @@ def burns_in(config: Config) -> bool:
 
 def launch_state(call: ChunkCall, inter: Intermediates, out: Outputs, scratch: SegmentScratch | None) -> Any:
     """The state pass (with the output when ``FUSE_OUTPUT``): per sequence, or per segment from ``scratch.starts``, or
-    per segment by burn-in (:func:`burns_in`: no scratch)."""
+    per segment by burn-in (:func:`burns_in`: no scratch). ``STATE_LOOP = "gluon"``: the pass in Gluon
+    (:mod:`.state_ws`) where it serves the call (the fused output, with or without the chunk states stored), else
+    this one."""
     t = call.tables
     BV = call.h_BV
     if call.config.get("STATE_LOOP") == "gluon" and scratch is None and (inter.h is None) == (inter.v_new is None):
