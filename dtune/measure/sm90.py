@@ -78,10 +78,15 @@ def compile_sm90(
             consts[(i,)] = constexprs.get(name, None if default is inspect.Parameter.empty else default)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in ptrs.items() if t.startswith("*")}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    options = {"num_warps": num_warps, "num_stages": num_stages} | ({"maxnreg": maxnreg} if maxnreg else {})
+    return _compile(src, options)
+
+
+def _compile(src: Any, options: dict[str, Any]) -> Any:
+    """``triton.compile`` for sm_90; NoToolchain where this Triton build has no ptxas."""
     try:
-        options = {"num_warps": num_warps, "num_stages": num_stages} | ({"maxnreg": maxnreg} if maxnreg else {})
         return triton.compile(src, target=SM90, options=options)
-    except RuntimeError as e:  # no CUDA toolchain in this Triton build
+    except RuntimeError as e:
         if "ptxas" in str(e).lower():
             raise NoToolchain(f"cannot build CUDA code here: {e}") from None
         raise
@@ -363,15 +368,12 @@ def compile_state_ws(
         ptrs |= {"rq": "*fp32", "rk": "*fp32"}
     if constexprs.get("STORE_STATES"):  # the training forward's: the chunk states and V_new stored by TMA
         ptrs |= {"vnew": f"*{dtype}", "chunk_offsets": "*i64"}
-        blocks_states = {"hs_desc": [K, BV], "vn_desc": [BT, BV]}
-    else:
-        blocks_states = {}
+        blocks |= {"hs_desc": [K, BV], "vn_desc": [BT, BV]}
     consts = {
         "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "GATE": {"none": 0, "scalar": 1}[gate], "USE_H0": True,
         "STORE_HT": True, "VARLEN": varlen, "NUM_BUF": int(cfg["h_num_stages"]), "LOADER_REGS": 40,
         "num_warps": BV // 16,
     } | constexprs  # fmt: skip
-    blocks |= blocks_states
     sig: dict[str, str] = {}
     values: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -385,9 +387,4 @@ def compile_state_ws(
             sig[name], values[(i,)] = "constexpr", consts.get(name, fn.params[i].default)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
     options = {"num_warps": BV // 16} | ({"maxnreg": int(cfg["h_maxnreg"])} if int(cfg["h_maxnreg"]) else {})
-    try:
-        return triton.compile(GluonASTSource(fn, sig, values, attrs), target=SM90, options=options)
-    except RuntimeError as e:
-        if "ptxas" in str(e).lower():
-            raise NoToolchain(f"cannot build CUDA code here: {e}") from None
-        raise
+    return _compile(GluonASTSource(fn, sig, values, attrs), options)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +36,8 @@ from dtune.kernels.chunk.state import chunk_state_kernel  # noqa: E402
 from dtune.kernels.config import GATE_CODES, next_power_of_2  # noqa: E402
 from dtune.kernels.reference_bwd import GATE_FLOOR  # noqa: E402
 
+from tests.kernels import sm90_child  # noqa: E402
+
 try:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -44,7 +45,7 @@ except ImportError:  # pragma: no cover
     pytest.skip("this Triton has no AOT compile API", allow_module_level=True)
 
 SM90 = GPUTarget("cuda", 90, 32)
-SKIP_CODE = 77
+SKIP_CODE = sm90_child.SKIP_CODE
 H100_SMEM = 232448
 
 
@@ -325,15 +326,7 @@ def case_ids() -> list[str]:
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=case_ids())
 def test_backward_stages_compile_for_sm90(index: int) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run(
-        [sys.executable, __file__, str(index)], env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    if proc.returncode == SKIP_CODE:
-        pytest.skip(proc.stdout.strip()[-500:])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    smem = json.loads(proc.stdout.strip().splitlines()[-1])
+    smem = sm90_child.run(__file__, str(index), timeout=600)
     for stage, nbytes in smem.items():
         if stage.endswith(" registers"):
             cap, regs = nbytes
@@ -351,16 +344,7 @@ def test_kda_key_loop_compiles_without_spills(index: int) -> None:
     3.9 spills 16 bytes at dqk_BK = 32)."""
     if not triton.__version__.startswith("3.6"):
         pytest.skip(f"spill budgets are measured with Triton 3.6, this is {triton.__version__}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run(
-        [sys.executable, __file__, "--dqk", str(index)], env=env, capture_output=True, text=True, timeout=600,
-        check=False,
-    )  # fmt: skip
-    if proc.returncode == SKIP_CODE:
-        pytest.skip(proc.stdout.strip()[-500:])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    usage = json.loads(proc.stdout.strip().splitlines()[-1])["dqk"]
+    usage = sm90_child.run(__file__, "--dqk", str(index), timeout=600)["dqk"]
     assert usage["spills"] == 0, f"dq/dk stage: {usage}"
 
 

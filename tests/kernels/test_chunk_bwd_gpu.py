@@ -105,6 +105,18 @@ for gate in Gate:
         )  # fmt: skip
 
 
+def assert_step_matches(got: Any, ref: Any, tol: float) -> None:
+    """A training step's output and every gradient within ``tol`` of the float64 reference's, finite."""
+    assert rel_err(got.o, ref.o) < tol, f"output rel err {rel_err(got.o, ref.o):.3g} (tolerance {tol})"
+    for name, grad in got.grads.items():
+        want = ref.grads[name]
+        if want is None:
+            assert grad is None, name
+            continue
+        assert grad is not None and torch.isfinite(grad).all(), name
+        assert rel_err(grad, want) < tol, f"d{name} rel err {rel_err(grad, want):.3g} (tolerance {tol})"
+
+
 @pytest.mark.parametrize(("shape", "seq_lens", "bwd", "fwd"), list(CASES.values()), ids=list(CASES))
 def test_bf16_gradients_match_float64(
     shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], fwd: dict[str, Any] | None
@@ -115,14 +127,7 @@ def test_bf16_gradients_match_float64(
     x = with_output_grads({**x, "scale": shape.K**-0.5, "output_final_state": True})
     got = op_step(kernel, x, bwd, fwd)()
     ref = reference_step(x)
-    assert rel_err(got.o, ref.o) < tol, f"output rel err {rel_err(got.o, ref.o):.3g} (tolerance {tol})"
-    for name, grad in got.grads.items():
-        want = ref.grads[name]
-        if want is None:
-            assert grad is None, name
-            continue
-        assert grad is not None and torch.isfinite(grad).all(), name
-        assert rel_err(grad, want) < tol, f"d{name} rel err {rel_err(grad, want):.3g} (tolerance {tol})"
+    assert_step_matches(got, ref, tol)
 
 
 # the training forward's state pass in Gluon (fh_LOOP = "gluon", kernels/chunk/state_ws.py): its chunk states and
@@ -163,11 +168,4 @@ def test_gluon_training_forward_gradients_match_float64(
     torch.cuda.synchronize()
     assert True in stored, "the training forward's Gluon pass (storing the chunk states) did not run"
     ref = reference_step(x)
-    assert rel_err(got.o, ref.o) < tol, f"output rel err {rel_err(got.o, ref.o):.3g} (tolerance {tol})"
-    for name, grad in got.grads.items():
-        want = ref.grads[name]
-        if want is None:
-            assert grad is None, name
-            continue
-        assert grad is not None and torch.isfinite(grad).all(), name
-        assert rel_err(grad, want) < tol, f"d{name} rel err {rel_err(grad, want):.3g} (tolerance {tol})"
+    assert_step_matches(got, ref, tol)

@@ -9,22 +9,18 @@ specialises them at a real launch. Skipped where this Triton cannot build CUDA c
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from typing import Any
 
 import pytest
 from dtune.kernels import KERNELS
 
-from dtune._env import child_env
+from tests.kernels import sm90_child
 
 try:
     from dtune.measure.sm90 import H100_SMEM, NoToolchain, compile_sm90, ptxas_usage, stage_kernels
 except ImportError:  # pragma: no cover
     pytest.skip("this Triton has no AOT compile API", allow_module_level=True)
-
-SKIP_CODE = 77
 
 
 STATES = {"STATE_LAYOUT": "vk", "h_BV": 64, "FUSE_OUTPUT": False, "STATES_TMA": True}
@@ -219,14 +215,7 @@ def case_ids() -> list[str]:
 @pytest.mark.parametrize("index", range(len(CASES)), ids=case_ids())
 def test_stages_compile_for_sm90(index: int) -> None:
     # Compiled Triton and the interpreter do not mix in one process: compile in a child without TRITON_INTERPRET.
-    env = child_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})  # this checkout's dtune
-    proc = subprocess.run(
-        [sys.executable, __file__, str(index)], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    if proc.returncode == SKIP_CODE:
-        pytest.skip(proc.stdout.strip()[-500:])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    smem = json.loads(proc.stdout.strip().splitlines()[-1])
+    smem = sm90_child.run(__file__, str(index))
     for stage, nbytes in smem.items():
         if stage.endswith(" registers"):
             cap, regs = nbytes
@@ -240,4 +229,4 @@ if __name__ == "__main__":
         print(json.dumps(compile_case(int(sys.argv[1]))))
     except NoToolchain as e:
         print(e)
-        raise SystemExit(SKIP_CODE) from None
+        raise SystemExit(sm90_child.SKIP_CODE) from None

@@ -5,9 +5,7 @@ compiles for sm_90a as warp-specialised wgmma code. Its numbers on a GPU: tests/
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from typing import Any
 
@@ -19,12 +17,11 @@ from dtune.kernels.chunk.call import prepare_call
 from dtune.kernels.options import InKernel
 
 from dtune import ops
-from dtune._env import child_env
 from dtune.measure.inputs import make_inputs
 from dtune.shape import Gate, Shape
 from tests.conftest import rel_err
+from tests.kernels import sm90_child
 
-SKIP_CODE = 77
 GLUON = {
     "WU": "recomputed", "AQK": "stored", "FUSE_OUTPUT": True, "STATE_LAYOUT": "vk", "STATE_TMA": True, "BT": 32,
     "BC": 16, "h_BV": 64, "h_num_stages": 2, "STATE_LOOP": "gluon",
@@ -198,14 +195,7 @@ def compile_case(index: int) -> dict[str, Any]:
 def test_compiles_for_sm90a_as_warp_specialised_wgmma(index: int) -> None:
     from dtune.measure.sm90 import H100_SMEM
 
-    env = child_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
-    proc = subprocess.run(
-        [sys.executable, __file__, str(index)], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    if proc.returncode == SKIP_CODE:
-        pytest.skip(proc.stdout.strip()[-500:])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = sm90_child.run(__file__, str(index))
     cfg, K, BT = r["cfg"], 128, r["cfg"]["BT"]
     # per chunk: (K S)ᵀ and Sᵀ qᵀ reduce over K, V_newᵀ, V_newᵀ A_qkᵀ and the state update over BT, 16 per instruction
     # (with A_qk formed in the pass, A_qkᵀ and V_newᵀ A_qkᵀ are mma.sync: one wgmma product fewer)
@@ -230,4 +220,4 @@ if __name__ == "__main__":
         print(json.dumps(compile_case(int(sys.argv[1]))))
     except NoToolchain as e:
         print(e)
-        raise SystemExit(SKIP_CODE) from None
+        raise SystemExit(sm90_child.SKIP_CODE) from None
