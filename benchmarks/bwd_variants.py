@@ -182,6 +182,39 @@ VARIANTS: list[Variant] = [
         ("b8",),
         DN_GDN,
     ),
+    # the reverse state pass in Gluon, warp-specialised (dh_LOOP: a TMA loader warp, the products wgmma from registers,
+    # the adjoint stored by TMA; T read zero above its diagonal, fh_U): on the whole value width (one program per
+    # sequence and head), by value tiles of 64 (two waves at B8), and those under a register cap with one buffer (two
+    # programs per SM); then both state passes in Gluon
+    ("reverse in Gluon", OnShipped({"dh_LOOP": "gluon", "dh_BV": 128, "fh_U": "recomputed"}), ("b8",), DN_GDN),
+    (
+        "reverse in Gluon, tiles of 64",
+        OnShipped({"dh_LOOP": "gluon", "dh_BV": 64, "fh_U": "recomputed"}),
+        ("b8",),
+        DN_GDN,
+    ),
+    (
+        "reverse in Gluon, 64, cap",
+        OnShipped({"dh_LOOP": "gluon", "dh_BV": 64, "dh_maxnreg": 128, "dh_num_stages": 1, "fh_U": "recomputed"}),
+        ("b8",),
+        DN_GDN,
+    ),
+    (
+        "both state passes in Gluon",
+        OnShipped(
+            {
+                "dh_LOOP": "gluon",
+                "dh_BV": 128,
+                "fh_LOOP": "gluon",
+                "fh_maxnreg": 128,
+                "fh_BV": 64,
+                "fh_num_warps": 0,
+                "fh_U": "recomputed",
+            }
+        ),
+        ("b8",),
+        DN_GDN,
+    ),
 ]
 
 

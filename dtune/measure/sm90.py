@@ -346,22 +346,10 @@ def compile_state_ws(
 ) -> Any:
     """The Gluon state pass (``STATE_LOOP = "gluon"``, kernels/chunk/state_ws.py) of ``config`` compiled for sm_90a,
     as :func:`compile_sm90` does the Triton stages: its TMA descriptors' types built from block shapes."""
-    import torch
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import native_specialize_impl
-
-    from dtune.kernels.chunk.state_ws import chunk_state_ws_kernel, tma_descriptor
+    from dtune.kernels.chunk.state_ws import chunk_state_ws_kernel
 
     cfg = KERNELS[OPS[gate]].check_config(K, V, config)
     BT, BV = int(cfg["BT"]), int(cfg["h_BV"])
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-
-    def desc_type(block: list[int]) -> str:
-        base = torch.empty(256 * 256, dtype=tdt)  # (a CPU tensor stands for the device's: only its type is read)
-        d = tma_descriptor(base, 256, 256, block)
-        return str(native_specialize_impl(type(d), d, False, True, True)[0])
-
-    fn = chunk_state_ws_kernel
     blocks = {"k_desc": [BT, K], "q_desc": [BT, K], "v_desc": [BT, BV], "t_desc": [BT, BT], "a_desc": [BT, BT]}
     ptrs = {"gout": "*fp32", "beta": f"*{dtype}", "h0": "*fp32", "ht": "*fp32", "o": f"*{dtype}", "bounds": "*i64"}
     if constexprs.get("L2NORM"):
@@ -374,6 +362,68 @@ def compile_state_ws(
         "STORE_HT": True, "VARLEN": varlen, "NUM_BUF": int(cfg["h_num_stages"]), "LOADER_REGS": 40,
         "num_warps": BV // 16,
     } | constexprs  # fmt: skip
+    return _compile_gluon(chunk_state_ws_kernel, dtype, blocks, ptrs, consts, BV // 16, int(cfg["h_maxnreg"]))
+
+
+def compile_reverse_ws(
+    gate: str,
+    dtype: str,
+    K: int,
+    V: int,
+    config: dict[str, Any],
+    H: int = 16,
+    HV: int = 16,
+    varlen: bool = True,
+    **constexprs: Any,
+) -> Any:
+    """The Gluon reverse state pass (``dh_LOOP = "gluon"``, kernels/chunk/bwd_state_ws.py) of the backward config
+    ``config`` (over the backward's default) compiled for sm_90a; ``constexprs``: ``QK_RE``, ``W_READ``."""
+    from dtune.kernels.chunk.backward import check_config
+    from dtune.kernels.chunk.bwd_state_ws import chunk_bwd_state_ws_kernel
+
+    cfg = check_config(K, V, gate, config)
+    BT, BV = int(cfg["BT"]), int(cfg["dh_BV"])
+    blocks = {
+        "do_desc": [BT, BV], "q_desc": [BT, K], "k_desc": [BT, K], "t_desc": [BT, BT], "v_desc": [BT, BV],
+        "a_desc": [BT, BT], "w_desc": [BT, K], "xs_desc": [K, BV],
+    }  # fmt: skip
+    ptrs = {
+        "gout": "*fp32", "beta": f"*{dtype}", "dht": "*fp32", "dh0": "*fp32", "dv": f"*{dtype}", "dvn": f"*{dtype}",
+        "dbeta_part": "*fp32", "bounds": "*i64", "chunk_offsets": "*i64",
+    }  # fmt: skip
+    consts = {
+        "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "GATE": {"none": 0, "scalar": 1}[gate], "USE_DHT": True,
+        "STORE_DH0": True, "VARLEN": varlen, "NUM_BUF": int(cfg["dh_num_stages"]), "LOADER_REGS": 40,
+        "num_warps": BV // 16,
+    } | constexprs  # fmt: skip
+    return _compile_gluon(chunk_bwd_state_ws_kernel, dtype, blocks, ptrs, consts, BV // 16, int(cfg["dh_maxnreg"]))
+
+
+def _compile_gluon(
+    fn: Any,
+    dtype: str,
+    blocks: dict[str, list[int]],
+    ptrs: dict[str, str],
+    consts: dict[str, Any],
+    num_warps: int,
+    maxnreg: int,
+) -> Any:
+    """A Gluon kernel compiled for sm_90a: TMA descriptors' types from ``blocks`` (the inputs' ``dtype``), pointers
+    16-byte aligned, ``scale`` fp32, ``T`` and ``SS`` i32, every other argument a constexpr (``consts``, else its
+    default)."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import native_specialize_impl
+
+    from dtune.kernels.chunk.state_ws import tma_descriptor
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+    def desc_type(block: list[int]) -> str:
+        base = torch.empty(256 * 256, dtype=tdt)  # (a CPU tensor stands for the device's: only its type is read)
+        d = tma_descriptor(base, 256, 256, block)
+        return str(native_specialize_impl(type(d), d, False, True, True)[0])
+
     sig: dict[str, str] = {}
     values: dict[tuple[int, ...], Any] = {}
     for i, name in enumerate(fn.arg_names):
@@ -381,10 +431,10 @@ def compile_state_ws(
             sig[name] = desc_type(blocks[name])
         elif name in ptrs:
             sig[name] = ptrs[name]
-        elif name in ("scale", "T"):
+        elif name in ("scale", "T", "SS"):
             sig[name] = "fp32" if name == "scale" else "i32"
         else:  # (a constexpr the launch leaves at its default: that default)
             sig[name], values[(i,)] = "constexpr", consts.get(name, fn.params[i].default)
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
-    options = {"num_warps": BV // 16} | ({"maxnreg": int(cfg["h_maxnreg"])} if int(cfg["h_maxnreg"]) else {})
+    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
     return _compile(GluonASTSource(fn, sig, values, attrs), options)

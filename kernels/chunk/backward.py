@@ -189,6 +189,11 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
     # per SM)
     "fh_LOOP": ("range", "gluon"),
     "fh_maxnreg": (0, 128, 168),
+    # the reverse state pass in Gluon, warp-specialised (kernels/chunk/bwd_state_ws.py: a TMA loader warp beside the
+    # compute warps, every product a wgmma from registers; needs REVERSE_DV and fh_U = "recomputed"), or Triton's
+    # ("range"); and its register cap (128 at dh_BV = 64: two programs per SM)
+    "dh_LOOP": ("range", "gluon"),
+    "dh_maxnreg": (0, 128, 168),
 }
 
 
@@ -284,6 +289,8 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["REVERSE_DQK"] = False
         cfg["fh_LOOP"] = "range"
         cfg["fh_maxnreg"] = 0
+        cfg["dh_LOOP"] = "range"
+        cfg["dh_maxnreg"] = 0
     if gate == "scalar":
         # Both skips off: on the gates of fla's layers at initialisation (make_inputs' "model" decays) they cost the
         # step, on the strong decays the search times they gain under 0.5% (H100, the shipped B1 T32768 entry, medians

@@ -455,13 +455,32 @@ def launch_reverse(
             DQK=True, hbuf=hbuf, vnew=vnew, graw=dbeta if graw is None else graw, dq=dq, dk=dk,
             dg=dbeta if dg is None else dg, dbeta=dbeta, FLOOR=GATE_FLOOR,
         )  # fmt: skip
+    seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
+    if config.get("dh_LOOP", "range") == "gluon" and dv_work is not None:
+        from .bwd_state_ws import launch_reverse_ws, why_not  # (Gluon imported only where a config asks for it)
+
+        w_read = not (w_from_k or w_rebuild)
+        reads = [t for t in (do, q, k, dv_work[0], dv_work[1], dh, w if w_read else None) if t is not None]
+        if not qk_re and aqk is not None:
+            reads.append(aqk)
+        why = why_not(
+            device=q.device, gate=GATE, dtype=dh.dtype, inputs=tuple(reads), K=K, V=V, BT=BT, BV=BV, config=config,
+            segmented=seg is not None, dv_work=True, dqk_work=dqk_work is not None, w_rebuild=w_rebuild,
+            qk_re=qk_re, w_read=w_read,
+        )  # fmt: skip
+        if why is None:
+            launch_reverse_ws(
+                q=q, k=k, w=w, aqk=aqk, gout=gout, do=do, dht=dht, dh0=dh0, dh=dh, dvn=dvn, dv_work=dv_work,
+                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, scale=scale, N=N, T=T, H=H, HV=HV, K=K, V=V,
+                BT=BT, BV=BV, GATE=GATE, config=config, qk_re=qk_re, w_read=w_read,
+            )  # fmt: skip
+            return
     tds = descriptors(
         q, k, w, aqk, qg, kg, do, dv_work, w_from_k or w_rebuild, qk_re, H, HV, K, V, BT, BK, BV, config, dqk_work
     )  # fmt: skip
     extra |= tds  # (the plain pass and phase 3; phase 1 loads by pointers)
     if dqk_work is None:  # (REVERSE_DQK stores no adjoint)
         extra |= store_descriptor(dh, K, V, BK, BV, config)
-    seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
     if seg is not None and config.get("dh_SEG_START", "transitions") == "burnin":
         if dqk_work is not None or beta is None or GATE != 1:
             raise ValueError("dh_SEG_START='burnin' needs beta, Gated DeltaNet's gate and no REVERSE_DQK")

@@ -169,3 +169,56 @@ def test_gluon_training_forward_gradients_match_float64(
     assert True in stored, "the training forward's Gluon pass (storing the chunk states) did not run"
     ref = reference_step(x)
     assert_step_matches(got, ref, tol)
+
+
+# the reverse state pass in Gluon (dh_LOOP = "gluon", kernels/chunk/bwd_state_ws.py): with REVERSE_DV and stage 1's T
+# zero above its diagonal (fh_U = "recomputed"); W's product from k (fh_W = "recomputed") or W read, A_qk read or
+# formed in the pass, rings of 1 to 3 buffers, value tiles of 64 and 128, a register cap, with the training forward's
+# Gluon pass
+GLUON_DH = {**VK, "REVERSE_DV": True, "fh_U": "recomputed", "fh_W": "recomputed", "dh_LOOP": "gluon", "dh_BV": 64}
+GLUON_DH_CASES: dict[str, tuple[Shape, list[int] | None, dict[str, Any]]] = {}
+for gate in (Gate.NONE, Gate.SCALAR):
+    tag = CHUNK[gate]
+    GLUON_DH_CASES[f"{tag}-B2-T777-H2-HV4-K128"] = (Shape(2, 777, 2, 4, 128, 128, 2, gate), None, GLUON_DH)
+    GLUON_DH_CASES[f"{tag}-varlen-K64-V128-bv128"] = (
+        Shape(1, 0, 2, 4, 64, 128, 5, gate, True), [1, 700, 0, 333, 64], {**GLUON_DH, "dh_BV": 128},
+    )  # fmt: skip
+    GLUON_DH_CASES[f"{tag}-B2-T1000-H4-W-read-1buf"] = (
+        Shape(2, 1000, 4, 4, 128, 128, 2, gate), None, {**GLUON_DH, "fh_W": "stored", "dh_num_stages": 1},
+    )  # fmt: skip
+    GLUON_DH_CASES[f"{tag}-B2-T1000-H4-aqk-3buf-cap"] = (
+        Shape(2, 1000, 4, 4, 128, 128, 2, gate), None,
+        {**GLUON_DH, "fh_AQK": "recomputed", "dh_num_stages": 3, "dh_maxnreg": 128, "SAVE": "all"},
+    )  # fmt: skip
+    GLUON_DH_CASES[f"{tag}-B1-T4096-H4-bv128-fh-gluon"] = (
+        Shape(1, 4096, 4, 4, 128, 128, 1, gate), None,
+        {**GLUON_DH, "dh_BV": 128, "fh_LOOP": "gluon", "fh_BV": 64, "fh_maxnreg": 128, "SAVE": "all"},
+    )  # fmt: skip
+GLUON_DH_CASES["chunk_gated_delta_rule-B2-T1"] = (Shape(2, 1, 2, 2, 128, 128, 2, Gate.SCALAR), None, GLUON_DH)
+
+
+@pytest.mark.parametrize(("shape", "seq_lens", "bwd"), list(GLUON_DH_CASES.values()), ids=list(GLUON_DH_CASES))
+def test_gluon_reverse_pass_gradients_match_float64(
+    shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon reverse pass is sm_90 only")
+    from dtune.kernels.chunk import bwd_state_ws
+
+    ran: list[bool] = []
+    real = bwd_state_ws.launch_reverse_ws
+
+    def spy(**kwargs: Any) -> Any:
+        ran.append(True)
+        return real(**kwargs)
+
+    monkeypatch.setattr(bwd_state_ws, "launch_reverse_ws", spy)
+    kernel = CHUNK[shape.gate]
+    tol = load_space(kernel + "_bwd").tolerance["bf16"]
+    x = make_inputs(shape, torch.bfloat16, "cuda", seed=11, seq_lens=seq_lens, gate_min=-5.0)
+    x = with_output_grads({**x, "scale": shape.K**-0.5, "output_final_state": True})
+    got = op_step(kernel, x, bwd, None)()
+    torch.cuda.synchronize()
+    assert ran, "the Gluon reverse pass did not run"
+    ref = reference_step(x)
+    assert_step_matches(got, ref, tol)
