@@ -246,8 +246,9 @@ def dtune_stages(
     return step
 
 
-# kernels that run a stage in another kernel's place: the state pass in Gluon (STATE_LOOP = "gluon") is the state pass
-SAME_STAGE = {"chunk_state_ws_kernel": "chunk_state_kernel"}
+# kernels that run a stage in another kernel's place: the state pass in Gluon (STATE_LOOP = "gluon") is the state pass,
+# the reverse pass in Gluon (dh_LOOP = "gluon") the reverse pass
+SAME_STAGE = {"chunk_state_ws_kernel": "chunk_state_kernel", "chunk_bwd_state_ws_kernel": "chunk_bwd_state_kernel"}
 
 
 def match_stages(

@@ -135,6 +135,10 @@ def test_match_stages_by_kernel_name_in_order() -> None:
     # the state pass in Gluon (STATE_LOOP = "gluon") is the state pass's stage
     gluon = [la.Launch("chunk_state_ws_kernel" if n == "chunk_state_kernel" else n, 0.1) for n in KDA_LAUNCHES]
     assert la.match_stages(gluon, KDA_STAGES)[0] == la.match_stages(launches, KDA_STAGES)[0]
+    # ... and the reverse pass in Gluon (dh_LOOP = "gluon") the reverse pass's
+    rev = {"chunk_bwd_state_kernel": "chunk_bwd_state_ws_kernel"}
+    gluon = [la.Launch(rev.get(n, n), 0.1) for n in KDA_LAUNCHES]
+    assert la.match_stages(gluon, KDA_STAGES)[0] == la.match_stages(launches, KDA_STAGES)[0]
 
 
 def test_launch_rows_floor_per_stage_and_the_whole_call() -> None:
