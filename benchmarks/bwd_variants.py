@@ -199,6 +199,34 @@ VARIANTS: list[Variant] = [
         ("b8",),
         DN_GDN,
     ),
+    # the dq/dk stage in Gluon, persistent and warp-specialised (dqk_LOOP: one key tile, value tiles of 64, two buffers),
+    # alone and with both state passes in Gluon
+    (
+        "dq/dk in Gluon",
+        OnShipped({"dqk_LOOP": "gluon", "dqk_BK": 128, "dqk_BV": 64, "dqk_num_stages": 2}),
+        ("b8",),
+        DN_GDN,
+    ),
+    (
+        "all three in Gluon",
+        OnShipped(
+            {
+                "dqk_LOOP": "gluon",
+                "dqk_BK": 128,
+                "dqk_BV": 64,
+                "dqk_num_stages": 2,
+                "dh_LOOP": "gluon",
+                "dh_BV": 128,
+                "fh_LOOP": "gluon",
+                "fh_maxnreg": 128,
+                "fh_BV": 64,
+                "fh_num_warps": 0,
+                "fh_U": "recomputed",
+            }
+        ),
+        ("b8",),
+        DN_GDN,
+    ),
     (
         "both state passes in Gluon",
         OnShipped(

@@ -399,6 +399,39 @@ def compile_reverse_ws(
     return _compile_gluon(chunk_bwd_state_ws_kernel, dtype, blocks, ptrs, consts, BV // 16, int(cfg["dh_maxnreg"]))
 
 
+def compile_dqk_ws(
+    gate: str,
+    dtype: str,
+    K: int,
+    V: int,
+    config: dict[str, Any],
+    H: int = 16,
+    HV: int = 16,
+    varlen: bool = True,
+) -> Any:
+    """The Gluon dq/dk stage (``dqk_LOOP = "gluon"``, kernels/chunk/bwd_dqk_ws.py) of the backward config ``config``
+    (over the backward's default) compiled for sm_90a."""
+    from dtune.kernels.chunk.backward import check_config
+    from dtune.kernels.chunk.bwd_dqk_ws import BT_GLUON, COMPUTE_WARPS, chunk_bwd_dqk_ws_kernel
+
+    cfg = check_config(K, V, gate, config)
+    BT, BV = BT_GLUON, int(cfg["dqk_BV"])
+    blocks = {
+        "q_desc": [BT, K], "k_desc": [BT, K], "do_desc": [BT, BV], "vn_desc": [BT, BV], "dvb_desc": [BT, BV],
+        "h_desc": [K, BV], "x_desc": [K, BV],
+    }  # fmt: skip
+    ptrs = {
+        "g": f"*{dtype}", "beta": f"*{dtype}", "dq": f"*{dtype}", "dk": f"*{dtype}", "dg": "*fp32",
+        "dbeta_part": "*fp32", "chunk_info": "*i64",
+    }  # fmt: skip
+    consts = {
+        "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "NUM_BUF": int(cfg["dqk_num_stages"]),
+        "GATE": {"none": 0, "scalar": 1}[gate], "VARLEN": varlen, "FLOOR": -20.0, "LOADER_REGS": 40,
+        "num_warps": COMPUTE_WARPS,
+    }  # fmt: skip
+    return _compile_gluon(chunk_bwd_dqk_ws_kernel, dtype, blocks, ptrs, consts, COMPUTE_WARPS, 0)
+
+
 def _compile_gluon(
     fn: Any,
     dtype: str,
@@ -431,7 +464,7 @@ def _compile_gluon(
             sig[name] = desc_type(blocks[name])
         elif name in ptrs:
             sig[name] = ptrs[name]
-        elif name in ("scale", "T", "SS"):
+        elif name in ("scale", "T", "SS", "SLOT", "n_items"):
             sig[name] = "fp32" if name == "scale" else "i32"
         else:  # (a constexpr the launch leaves at its default: that default)
             sig[name], values[(i,)] = "constexpr", consts.get(name, fn.params[i].default)

@@ -194,6 +194,10 @@ _SCALAR: dict[str, tuple[Any, ...]] = {
     # ("range"); and its register cap (128 at dh_BV = 64: two programs per SM)
     "dh_LOOP": ("range", "gluon"),
     "dh_maxnreg": (0, 128, 168),
+    # the dq/dk stage in Gluon, persistent and warp-specialised (kernels/chunk/bwd_dqk_ws.py: a TMA loader warp running
+    # into the next chunk while 8 compute warps finish this one; needs FUSE_DV, REVERSE_DV, BT = 64 and dqk_BK = K), or
+    # Triton's ("range")
+    "dqk_LOOP": ("range", "gluon"),
 }
 
 
@@ -291,6 +295,7 @@ def default_config(K: int, V: int, gate: str) -> Config:
         cfg["fh_maxnreg"] = 0
         cfg["dh_LOOP"] = "range"
         cfg["dh_maxnreg"] = 0
+        cfg["dqk_LOOP"] = "range"
     if gate == "scalar":
         # Both skips off: on the gates of fla's layers at initialisation (make_inputs' "model" decays) they cost the
         # step, on the strong decays the search times they gain under 0.5% (H100, the shipped B1 T32768 entry, medians
@@ -826,6 +831,26 @@ class BackwardPass:
         self.dg_part = self._new(self.dg_part, NK, self.tokens, HV, dtype=torch.float32) if GATE == 1 else None
         plain = fused and not rev_dv  # the dq/dk stage does dVβ, dv and the v part itself
         v = self.v if plain else None
+        if cfg.get("dqk_LOOP", "range") == "gluon" and self.tables.NC > 0:
+            from .bwd_dqk_ws import launch_dqk_ws, why_not  # (Gluon imported only where a config asks for it)
+
+            assert inter.hbuf is not None and inter.vnew is not None and self.dvn is not None and self.dh is not None
+            assert self.dq is not None and self.dk is not None and self.dbeta_part is not None
+            reads = (self.q, self.k, self.do, inter.vnew, self.dvn, inter.hbuf, self.dh)
+            why = why_not(
+                device=self.dev, gate=GATE, dtype=self.dt, inputs=reads, K=K, V=V, BT=BT, BK=self.dqk_BK,
+                BV=self.dqk_BV, config=cfg, fused=fused, dvb_given=rev_dv, kloop=kloop,
+            )  # fmt: skip
+            if why is None:
+                launch_dqk_ws(
+                    q=self.q, k=self.k, g=self.g, beta=self.beta, hbuf=inter.hbuf, dh=self.dh, do=self.do,
+                    vnew=inter.vnew, dvb=self.dvn, dq=self.dq, dk=self.dk, dg=self.dg_part,
+                    dbeta_part=self.dbeta_part, chunk_info=self.tables.chunk_info, scale=self.scale, T=self.T,
+                    NC=self.tables.NC, H=self.H, HV=HV, K=K, V=V, BV=self.dqk_BV, GATE=GATE, slot=self.n_v,
+                    ss=self.ss, varlen=self.varlen, floor=GATE_FLOOR, config=cfg,
+                )  # fmt: skip
+                self._release_dqk_inputs()
+                return
         # dqk_TMA: its value-side and state tiles by TMA descriptors (fused; not where the key loop reads back the dVβ
         # it stores by pointers: TMA's async loads would need a proxy fence after those stores)
         tds: dict[str, Any] = {}
@@ -845,7 +870,11 @@ class BackwardPass:
             num_warps=cfg["dqk_num_warps"],
             num_stages=cfg["dqk_num_stages"], **tds, **register_cap(cfg, "dqk"),
         )  # fmt: skip
+        self._release_dqk_inputs()
+
+    def _release_dqk_inputs(self) -> None:
         if not self.keep:
+            inter = self.inter
             inter.hbuf = inter.vnew = inter.ai = None
             self.dh = self.dvn = self.dvb = self.daq = self.dak = None
 

@@ -195,6 +195,22 @@ for gate in (Gate.NONE, Gate.SCALAR):
         {**GLUON_DH, "dh_BV": 128, "fh_LOOP": "gluon", "fh_BV": 64, "fh_maxnreg": 128, "SAVE": "all"},
     )  # fmt: skip
 GLUON_DH_CASES["chunk_gated_delta_rule-B2-T1"] = (Shape(2, 1, 2, 2, 128, 128, 2, Gate.SCALAR), None, GLUON_DH)
+# ... and the dq/dk stage in Gluon (dqk_LOOP = "gluon", kernels/chunk/bwd_dqk_ws.py: one key tile, chunks of 64)
+GLUON_DQK = {**VK, "REVERSE_DV": True, "fh_U": "recomputed", "dqk_LOOP": "gluon", "dqk_BK": 128, "dqk_BV": 64}
+GLUON_DQK_CASES: dict[str, tuple[Shape, list[int] | None, dict[str, Any]]] = {}
+for gate in (Gate.NONE, Gate.SCALAR):
+    tag = CHUNK[gate]
+    GLUON_DQK_CASES[f"{tag}-B2-T777-H2-HV4-K128"] = (Shape(2, 777, 2, 4, 128, 128, 2, gate), None, GLUON_DQK)
+    GLUON_DQK_CASES[f"{tag}-varlen-K64-V128-bv128-1buf"] = (
+        Shape(1, 0, 2, 4, 64, 128, 5, gate, True), [1, 700, 0, 333, 64],
+        {**GLUON_DQK, "dqk_BK": 64, "dqk_BV": 128, "dqk_num_stages": 1},
+    )  # fmt: skip
+    GLUON_DQK_CASES[f"{tag}-B1-T4096-H4-all-gluon"] = (
+        Shape(1, 4096, 4, 4, 128, 128, 1, gate), None,
+        {**GLUON_DQK, "fh_W": "recomputed", "dh_LOOP": "gluon", "dh_BV": 128, "fh_LOOP": "gluon", "fh_BV": 64,
+         "fh_maxnreg": 128, "SAVE": "all", "dqk_GROUP": "input"},
+    )  # fmt: skip
+GLUON_DQK_CASES["chunk_gated_delta_rule-B2-T1"] = (Shape(2, 1, 2, 2, 128, 128, 2, Gate.SCALAR), None, GLUON_DQK)
 
 
 @pytest.mark.parametrize(("shape", "seq_lens", "bwd"), list(GLUON_DH_CASES.values()), ids=list(GLUON_DH_CASES))
@@ -220,5 +236,32 @@ def test_gluon_reverse_pass_gradients_match_float64(
     got = op_step(kernel, x, bwd, None)()
     torch.cuda.synchronize()
     assert ran, "the Gluon reverse pass did not run"
+    ref = reference_step(x)
+    assert_step_matches(got, ref, tol)
+
+
+@pytest.mark.parametrize(("shape", "seq_lens", "bwd"), list(GLUON_DQK_CASES.values()), ids=list(GLUON_DQK_CASES))
+def test_gluon_dqk_stage_gradients_match_float64(
+    shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon dq/dk stage is sm_90 only")
+    from dtune.kernels.chunk import bwd_dqk_ws
+
+    ran: list[bool] = []
+    real = bwd_dqk_ws.launch_dqk_ws
+
+    def spy(**kwargs: Any) -> Any:
+        ran.append(True)
+        return real(**kwargs)
+
+    monkeypatch.setattr(bwd_dqk_ws, "launch_dqk_ws", spy)
+    kernel = CHUNK[shape.gate]
+    tol = load_space(kernel + "_bwd").tolerance["bf16"]
+    x = make_inputs(shape, torch.bfloat16, "cuda", seed=13, seq_lens=seq_lens, gate_min=-5.0)
+    x = with_output_grads({**x, "scale": shape.K**-0.5, "output_final_state": True})
+    got = op_step(kernel, x, bwd, None)()
+    torch.cuda.synchronize()
+    assert ran, "the Gluon dq/dk stage did not run"
     ref = reference_step(x)
     assert_step_matches(got, ref, tol)
