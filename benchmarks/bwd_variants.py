@@ -199,7 +199,8 @@ VARIANTS: list[Variant] = [
         ("b8",),
         DN_GDN,
     ),
-    # the dq/dk stage in Gluon, persistent and warp-specialised (dqk_LOOP: one key tile, value tiles of 64, two buffers),
+    # the dq/dk stage in Gluon, persistent and warp-specialised (dqk_LOOP: one key tile, value tiles of 64, two
+    # buffers),
     # alone and with both state passes in Gluon
     (
         "dq/dk in Gluon",
