@@ -26,6 +26,7 @@ interpreter included: Gluon has none).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -390,6 +391,11 @@ def chunk_bwd_dqk_ws_kernel(
         mbarrier.invalidate(v_empty.index(b))
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
 def smem_bytes(K: int, BV: int, num_buf: int, BT: int = BT_GLUON, itemsize: int = 2) -> int:
     """Shared memory of one program: q and k (two buffers), the value tiles' ring, the three dA tiles, the barriers."""
     ring = num_buf * (3 * BT * BV + 2 * K * BV)
@@ -478,8 +484,7 @@ def launch_dqk_ws(
     BT = BT_GLUON
     rows = do.shape[0] * do.shape[1]
     n_items = NC * HV
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    grid = (max(1, min(n_items, sms)),)
+    grid = (max(1, min(n_items, _sm_count(q.device.index if q.device.index is not None else 0))),)
     return chunk_bwd_dqk_ws_kernel[grid](
         tma_descriptor(q, rows, H * K, [BT, K]),
         tma_descriptor(k, rows, H * K, [BT, K]),
