@@ -305,10 +305,12 @@ def _compute(
         fence_async_shared()  # (the q and k tiles were read through the generic proxy; the next TMA load writes them)
         mbarrier.arrive(qk_empty.index(sq), count=1)
         gl.store(dbeta_part + SLOT.to(gl.int64) * SS + row + o_t * HV, b_db, mask=m_t)
-        off = (row + o_st * HV)[:, None].to(gl.int64) * K + o_sk[None, :]
+        # (the chunk's base by a 64-bit scalar, int32 offsets inside it)
+        off = (o_st * (HV * K))[:, None] + o_sk[None, :]
         m_st = (o_st < L)[:, None]
-        gl.store(dq + off, gl.convert_layout(b_dq.to(dq.dtype.element_ty), st_l), mask=m_st)
-        gl.store(dk + off, gl.convert_layout(b_dk.to(dk.dtype.element_ty), st_l), mask=m_st)
+        base = row.to(gl.int64) * K
+        gl.store(dq + base + off, gl.convert_layout(b_dq.to(dq.dtype.element_ty), st_l), mask=m_st)
+        gl.store(dk + base + off, gl.convert_layout(b_dk.to(dk.dtype.element_ty), st_l), mask=m_st)
 
 
 @gluon.jit(do_not_specialize=["T", "SLOT", "SS", "n_items"])

@@ -299,10 +299,13 @@ def _compute(
         b_v = v_s.index(s).permute((1, 0)).load(mma_t).to(gl.float32)
         b_dbv = gl.sum(b_dvb * b_v, 0)
         gl.store(dbeta_part + i_v.to(gl.int64) * SS + row + o_t * HV, b_dbv, mask=m_t)
-        off_o = (row + o_ot * HV)[None, :].to(gl.int64) * V + (v0 + o_ov)[:, None]
+        # (the chunk's base by a 64-bit scalar, int32 offsets inside it: no [BT, BV] tile of 64-bit offsets alive)
+        off_o = (o_ot * (HV * V))[None, :] + (v0 + o_ov)[:, None]
         m_o = (o_ot < L)[None, :]
-        gl.store(dv + off_o, gl.convert_layout((b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), out_l), mask=m_o)
-        gl.store(dvn + off_o, gl.convert_layout(b_dvb.to(dvn.dtype.element_ty), out_l), mask=m_o)
+        base = row.to(gl.int64) * V
+        b_dvo = gl.convert_layout((b_dvb * b_beta[None, :]).to(dv.dtype.element_ty), out_l)
+        gl.store(dv + base + off_o, b_dvo, mask=m_o)
+        gl.store(dvn + base + off_o, gl.convert_layout(b_dvb.to(dvn.dtype.element_ty), out_l), mask=m_o)
         b_x, b_doq, b_dvw = warpgroup_mma_wait(0, deps=[tok_x, b_doq, b_dvw])
         fence_async_shared()  # (tiles were read through the generic proxy; the next TMA load writes them)
         mbarrier.arrive(empty.index(s), count=1)
