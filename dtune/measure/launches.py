@@ -247,8 +247,12 @@ def dtune_stages(
 
 
 # kernels that run a stage in another kernel's place: the state pass in Gluon (STATE_LOOP = "gluon") is the state pass,
-# the reverse pass in Gluon (dh_LOOP = "gluon") the reverse pass
-SAME_STAGE = {"chunk_state_ws_kernel": "chunk_state_kernel", "chunk_bwd_state_ws_kernel": "chunk_bwd_state_kernel"}
+# the reverse pass in Gluon (dh_LOOP = "gluon") the reverse pass, the dq/dk stage in Gluon (dqk_LOOP) the dq/dk stage
+SAME_STAGE = {
+    "chunk_state_ws_kernel": "chunk_state_kernel",
+    "chunk_bwd_state_ws_kernel": "chunk_bwd_state_kernel",
+    "chunk_bwd_dqk_ws_kernel": "chunk_bwd_dqk_kernel",
+}
 
 
 def match_stages(

@@ -136,7 +136,7 @@ def test_match_stages_by_kernel_name_in_order() -> None:
     gluon = [la.Launch("chunk_state_ws_kernel" if n == "chunk_state_kernel" else n, 0.1) for n in KDA_LAUNCHES]
     assert la.match_stages(gluon, KDA_STAGES)[0] == la.match_stages(launches, KDA_STAGES)[0]
     # ... and the reverse pass in Gluon (dh_LOOP = "gluon") the reverse pass's
-    rev = {"chunk_bwd_state_kernel": "chunk_bwd_state_ws_kernel"}
+    rev = {"chunk_bwd_state_kernel": "chunk_bwd_state_ws_kernel", "chunk_bwd_dqk_kernel": "chunk_bwd_dqk_ws_kernel"}
     gluon = [la.Launch(rev.get(n, n), 0.1) for n in KDA_LAUNCHES]
     assert la.match_stages(gluon, KDA_STAGES)[0] == la.match_stages(launches, KDA_STAGES)[0]
 
