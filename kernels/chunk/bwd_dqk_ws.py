@@ -272,6 +272,9 @@ def _compute(
         ak_s.store(b_ak)
         akb_s.store((b_ak.to(gl.float32) * b_ba[:, None]).to(DT))
         fence_async_shared()
+        # dβ's pairwise term Σ_j (dA_kk ⊙ D ⊙ k kᵀ)_ij now: k kᵀ and dA_kk die before the local terms' products
+        b_kk = warpgroup_mma_wait(0, deps=[tok_g])
+        b_dbp = gl.convert_layout(gl.sum(b_ak.to(gl.float32) * b_kk, 1), row_k)
         # ---- the local terms, each the accumulator of its pairwise products ------------------------------------------
         b_k = gl.where(m_t[:, None], kb.load(mma_k).to(gl.float32), 0.0)
         if GATE == 1:  # dq = scale e^γ dq̃ + (dA_qk ⊙ D) k
@@ -294,8 +297,7 @@ def _compute(
             b_db = -gl.sum(acc_kb * b_k, 1)
             b_dkrow = acc_kb * (-b_beta)[:, None]
         b_dkrow = warpgroup_mma(akb_s, kb, b_dkrow, is_async=True)
-        b_kk = warpgroup_mma_wait(4, deps=[tok_g])
-        b_db += gl.convert_layout(gl.sum(b_ak.to(gl.float32) * b_kk, 1), row_k)
+        b_db += b_dbp
         b_dq, b_dkcol, b_dkrow = warpgroup_mma_wait(0, deps=[b_dq, b_dkcol, b_dkrow])
         b_dk = b_dkrow + b_dkcol
         if GATE == 1:  # dγ of the chunk's rows (the finish stage takes the reverse cumulative sum)
