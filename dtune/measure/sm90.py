@@ -391,6 +391,8 @@ def compile_reverse_ws(
         "gout": "*fp32", "beta": f"*{dtype}", "dht": "*fp32", "dh0": "*fp32", "dv": f"*{dtype}", "dvn": f"*{dtype}",
         "dbeta_part": "*fp32", "bounds": "*i64", "chunk_offsets": "*i64",
     }  # fmt: skip
+    if constexprs.get("SEG"):  # phase 3 of the sequence-parallel pass: the segments' end adjoints, their sequences
+        ptrs |= {"xend": "*fp32", "first": "*i32"}
     consts = {
         "H": H, "HV": HV, "K": K, "V": V, "BT": BT, "BV": BV, "GATE": {"none": 0, "scalar": 1}[gate], "USE_DHT": True,
         "STORE_DH0": True, "VARLEN": varlen, "NUM_BUF": int(cfg["dh_num_stages"]), "LOADER_REGS": 40,

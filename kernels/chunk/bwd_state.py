@@ -52,7 +52,7 @@ With ``DV`` (``REVERSE_DV``) the pass also does the V-separable part of the chun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -456,6 +456,7 @@ def launch_reverse(
             dg=dbeta if dg is None else dg, dbeta=dbeta, FLOOR=GATE_FLOOR,
         )  # fmt: skip
     seg = reverse_segments(offsets, B, T, BT, int(config["dh_SEG_CHUNKS"]), q.device)
+    gluon: Callable[..., Any] | None = None  # the Gluon pass, where it serves this call (the plain one or phase 3)
     if config.get("dh_LOOP", "range") == "gluon" and dv_work is not None:
         from .bwd_state_ws import launch_reverse_ws, why_not  # (Gluon imported only where a config asks for it)
 
@@ -469,12 +470,14 @@ def launch_reverse(
             qk_re=qk_re, w_read=w_read,
         )  # fmt: skip
         if why is None:
-            launch_reverse_ws(
-                q=q, k=k, w=w, aqk=aqk, gout=gout, do=do, dht=dht, dh0=dh0, dh=dh, dvn=dvn, dv_work=dv_work,
-                cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, scale=scale, N=N, T=T, H=H, HV=HV, K=K, V=V,
-                BT=BT, BV=BV, GATE=GATE, config=config, qk_re=qk_re, w_read=w_read,
+            gluon = partial(
+                launch_reverse_ws, q=q, k=k, w=w, aqk=aqk, gout=gout, do=do, dh0=dh0, dh=dh, dvn=dvn,
+                dv_work=dv_work, scale=scale, T=T, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, GATE=GATE, config=config,
+                qk_re=qk_re, w_read=w_read,
             )  # fmt: skip
-            return
+            if seg is None:
+                gluon(dht=dht, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, N=N)
+                return
     tds = descriptors(
         q, k, w, aqk, qg, kg, do, dv_work, w_from_k or w_rebuild, qk_re, H, HV, K, V, BT, BK, BV, config, dqk_work
     )  # fmt: skip
@@ -534,6 +537,12 @@ def launch_reverse(
     )  # fmt: skip
     if tiled_pass is not None:
         tiled_pass(seg.NS, None, dh0, seg.bounds, seg.chunk_offsets, SEG=2, first=seg.first, xend=xend)
+        return
+    if gluon is not None:  # phase 3 in Gluon: each segment's walk from its end adjoint
+        gluon(
+            dht=None, cu_seqlens=seg.bounds, chunk_offsets=seg.chunk_offsets, N=seg.NS,
+            seg={"SEG": True, "xend": xend, "first": seg.first},
+        )  # fmt: skip
         return
     chunk_bwd_state_kernel[(triton.cdiv(V, BV), seg.NS * HV)](
         *args, None, dh0, dh, dvn, seg.bounds, seg.chunk_offsets, scale, T, BV=BV, USE_DHT=False,

@@ -13,7 +13,9 @@ adjoint of the state after the chunk) in float32 registers; per chunk:
 * ``Xᵀ ← Xᵀ e^{γ_C} + (dOᵀ ⊙ scale e^γ) q − dV_newᵀ W``, the last product from ``W`` as stage 1 stored it, or
   (``fh_W = "recomputed"``, ``W_FROM_K``) as ``(dVβᵀ ⊙ β e^γ) k``, one more product on the chain and no W read.
 
-At the sequence's start ``X`` is the initial state's gradient (float32). Every product is a wgmma with its left
+At the sequence's start ``X`` is the initial state's gradient (float32). Sequence-parallel (``dh_SEG_CHUNKS``,
+constexpr ``SEG``): the third phase of :mod:`.bwd_segments`, one program per segment walking from the end adjoint that
+phases 1 and 2 (Triton's) gave it, the sequence's first segment storing the initial state's gradient. Every product is a wgmma with its left
 operand in registers (the adjoint, ``dOᵀ``, ``dV_newᵀ``, ``dVβᵀ``) and its right one in shared memory, issued
 asynchronously: ``dOᵀ A_qk`` and ``dOᵀ q`` beside the chain's. With ``fh_AQK = "recomputed"`` (``QK_RE``) ``A_qk`` is
 formed here from the q and k tiles by mma.sync (``BT`` rows are fewer than a wgmma's 64) and ``dOᵀ A_qk`` too.
@@ -189,6 +191,9 @@ def _compute(
     NUM_BUF: gl.constexpr,
     QK_RE: gl.constexpr,
     W_READ: gl.constexpr,
+    SEG: gl.constexpr,
+    xend,
+    first,
     num_warps: gl.constexpr,
 ):
     """The compute warps: per chunk, last first, the adjoint's store, dV_new, dVβ with dv and dβ's v part, and the
@@ -215,7 +220,9 @@ def _compute(
     o_sk = gl.arange(0, K, layout=gl.SliceLayout(0, mma_k))
     off_s = o_sk[None, :] * V + (v0 + o_sv)[:, None]
     b_x = gl.zeros([BV, K], gl.float32, layout=mma_k)
-    if USE_DHT:
+    if SEG:  # phase 3 of the sequence-parallel pass: the segment's end adjoint from phase 2 (float32)
+        b_x += gl.load(xend + i_nh.to(gl.int64) * K * V + off_s)
+    elif USE_DHT:
         b_x += gl.load(dht + i_nh.to(gl.int64) * K * V + off_s).to(gl.float32)
 
     o_t = gl.arange(0, BT, layout=col_t)
@@ -310,7 +317,12 @@ def _compute(
         fence_async_shared()  # (tiles were read through the generic proxy; the next TMA load writes them)
         mbarrier.arrive(empty.index(s), count=1)
     tma.store_wait(0)
-    if STORE_DH0:
+    if SEG:  # the sequence's first segment: its start adjoint is the initial state's gradient
+        if STORE_DH0:
+            i_out = gl.load(first + i_nh // HV)
+            if i_out >= 0:
+                gl.store(dh0 + (i_out.to(gl.int64) * HV + i_hv) * K * V + off_s, b_x)
+    elif STORE_DH0:
         gl.store(dh0 + i_nh.to(gl.int64) * K * V + off_s, b_x)
 
 
@@ -351,6 +363,9 @@ def chunk_bwd_state_ws_kernel(
     num_warps: gl.constexpr,
     QK_RE: gl.constexpr = False,
     W_READ: gl.constexpr = False,
+    SEG: gl.constexpr = False,
+    xend=None,
+    first=None,
 ):
     i_v, i_nh = gl.program_id(0), gl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -391,7 +406,7 @@ def chunk_bwd_state_ws_kernel(
                 _compute,
                 (do_s, q_s, k_s, t_s, v_s, a_s, w_s, ready, empty, xs_desc, xs_stage, gout, beta, dht, dh0, dv, dvn,
                  dbeta_part, bos, eos, NT, c0, i_nh, i_hv, i_v, v0, scale, SS, HV, K, V, BT, BV, GATE, USE_DHT,
-                 STORE_DH0, NUM_BUF, QK_RE, W_READ, num_warps),
+                 STORE_DH0, NUM_BUF, QK_RE, W_READ, SEG, xend if SEG else 0, first if SEG else 0, num_warps),
             ),
             (
                 _loader,
@@ -447,8 +462,8 @@ def why_not(
         return 'needs REVERSE_DV, without REVERSE_DQK or fh_W = "rebuilt"'
     if config.get("fh_U", "stored") != "recomputed":
         return 'needs fh_U = "recomputed" (stage 1 then stores T with zeros above its diagonal)'
-    if segmented:
-        return "sequence-parallel (dh_SEG_CHUNKS)"
+    if segmented and config.get("dh_SEG_START", "transitions") == "burnin":
+        return 'segments started by burn-in (dh_SEG_START = "burnin")'
     if K not in (64, 128) or BT not in (32, 64):
         return "K not 64 or 128, or BT not 32 or 64"
     if V % BV or BV not in (64, 128):
@@ -491,6 +506,7 @@ def launch_reverse_ws(
     config: dict[str, Any],
     qk_re: bool,
     w_read: bool,
+    seg: dict[str, Any] | None = None,
 ) -> Any:
     """The warp-specialised reverse pass (``why_not(...)`` must be None): one program per value tile of ``BV``
     columns, sequence and value head; ``dh_num_stages`` buffers in the loader's ring, the compute warps under the cap
@@ -537,5 +553,6 @@ def launch_reverse_ws(
         num_warps=BV // 16,
         QK_RE=qk_re,
         W_READ=w_read,
+        **(seg or {}),
         **({"maxnreg": int(config["dh_maxnreg"])} if int(config.get("dh_maxnreg", 0)) else {}),
     )

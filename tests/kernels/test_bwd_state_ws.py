@@ -46,6 +46,8 @@ def test_serves_deltanet_and_gated_deltanet_on_sm90() -> None:
     assert _why(dtype=torch.float16, K=64) is None
     assert _why(qk_re=True, BT=32) is None
     assert _why(w_read=True, config={"dh_num_stages": 1}) is None
+    # the sequence-parallel pass: its phase 3 (each segment's walk from its end adjoint)
+    assert _why(segmented=True, config={"dh_SEG_CHUNKS": 16}) is None
 
 
 @pytest.mark.parametrize(
@@ -61,7 +63,7 @@ def test_serves_deltanet_and_gated_deltanet_on_sm90() -> None:
         ({"dqk_work": True}, "REVERSE_DQK"),
         ({"w_rebuild": True}, "rebuilt"),
         ({"config": {"fh_U": "stored"}}, "fh_U"),
-        ({"segmented": True}, "sequence-parallel"),
+        ({"segmented": True, "config": {"dh_SEG_START": "burnin"}}, "burn-in"),
         ({"K": 96}, "K not 64 or 128"),
         ({"BT": 16}, "BT not 32 or 64"),
         ({"BV": 32}, "dh_BV"),
@@ -143,6 +145,32 @@ def test_the_reverse_pass_dispatches_to_gluon_where_it_serves(
     assert seen["dh0"] is not None and seen["dht"] is not None and len(seen["dv_work"]) == 5
 
 
+def test_phase_3_of_the_sequence_parallel_pass_goes_to_gluon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With segments (dh_SEG_CHUNKS) phases 1 and 2 stay Triton's and phase 3 is handed to the Gluon pass: the
+    segment table's bounds and chunks, each segment's end adjoint and the sequence it starts (for dh0), no dht."""
+
+    class Launched(Exception):
+        pass
+
+    seen: dict[str, Any] = {}
+
+    def fake(**kw: Any) -> None:
+        seen.update(kw)
+        raise Launched
+
+    monkeypatch.setattr(bwd_state_ws, "why_not", lambda **_: None)
+    monkeypatch.setattr(bwd_state_ws, "launch_reverse_ws", fake)
+    x = make_inputs(Shape(1, 300, 2, 4, 32, 32, 1, Gate.SCALAR), torch.float32, "cpu", seed=5, gate_min=-5.0)
+    x = with_output_grads({**x, "scale": 32**-0.5, "output_final_state": True})
+    bwd = {**GLUON, "BT": 32, "BC": 16, "dh_BV": 16, "dh_LAYOUT": "vk", "SAVE": "all", "dh_SEG_CHUNKS": 2}
+    with pytest.raises(Launched):
+        op_step("chunk_gated_delta_rule", x, bwd, None)()
+    assert seen["dht"] is None and seen["N"] == 5  # (300 tokens: 10 chunks of 32, segments of 2 chunks)
+    assert seen["seg"]["SEG"] is True and seen["seg"]["xend"].shape == (5, 4, 32, 32)
+    assert seen["seg"]["first"].tolist() == [0, -1, -1, -1, -1]
+    assert seen["cu_seqlens"].tolist() == [0, 64, 128, 192, 256, 300]
+
+
 # compiled for sm_90a in a child process without TRITON_INTERPRET (compiled Triton and the interpreter do not mix)
 COMPILE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("scalar", {}),
@@ -153,6 +181,8 @@ COMPILE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("scalar", {"fh_W": "stored", "dh_num_stages": 1}),
     ("scalar", {"fh_AQK": "recomputed"}),
     ("none", {"fh_AQK": "recomputed", "dh_num_stages": 3}),
+    # phase 3 of the sequence-parallel pass
+    ("scalar", {"dh_SEG_CHUNKS": 16, "SEG": True}),
 ]
 
 
@@ -160,9 +190,11 @@ def compile_case(index: int) -> dict[str, Any]:
     from dtune.measure.sm90 import compile_reverse_ws, ptxas_usage
 
     gate, extra = COMPILE_CASES[index]
+    extra = dict(extra)
+    seg = extra.pop("SEG", False)
     cfg = {**GLUON, "SAVE": "all", **extra}
     qk_re, w_read = cfg.get("fh_AQK") == "recomputed", cfg["fh_W"] == "stored"
-    compiled = compile_reverse_ws(gate, "bf16", 128, 128, cfg, QK_RE=qk_re, W_READ=w_read)
+    compiled = compile_reverse_ws(gate, "bf16", 128, 128, cfg, QK_RE=qk_re, W_READ=w_read, SEG=seg)
     ptx = compiled.asm["ptx"]
     regs, spills = ptxas_usage(ptx)
     stores = r"cp\.async\.bulk\.tensor\.\dd\.global"  # (TMA stores: shared to global)

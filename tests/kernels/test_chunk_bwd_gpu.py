@@ -195,6 +195,10 @@ for gate in (Gate.NONE, Gate.SCALAR):
         {**GLUON_DH, "dh_BV": 128, "fh_LOOP": "gluon", "fh_BV": 64, "fh_maxnreg": 128, "SAVE": "all"},
     )  # fmt: skip
 GLUON_DH_CASES["chunk_gated_delta_rule-B2-T1"] = (Shape(2, 1, 2, 2, 128, 128, 2, Gate.SCALAR), None, GLUON_DH)
+for gate in (Gate.NONE, Gate.SCALAR):  # phase 3 of the sequence-parallel pass in Gluon, the forward segmented too
+    GLUON_DH_CASES[f"{CHUNK[gate]}-B1-T5000-H2-HV4-seg"] = (
+        Shape(1, 5000, 2, 4, 128, 128, 1, gate), None, {**GLUON_DH, "dh_BV": 128, "dh_SEG_CHUNKS": 16},
+    )  # fmt: skip
 # ... and the dq/dk stage in Gluon (dqk_LOOP = "gluon", kernels/chunk/bwd_dqk_ws.py: one key tile, chunks of 64)
 GLUON_DQK = {**VK, "REVERSE_DV": True, "fh_U": "recomputed", "dqk_LOOP": "gluon", "dqk_BK": 128, "dqk_BV": 64}
 GLUON_DQK_CASES: dict[str, tuple[Shape, list[int] | None, dict[str, Any]]] = {}
