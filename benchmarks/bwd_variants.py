@@ -184,9 +184,9 @@ VARIANTS: list[Variant] = [
     ),
     # the reverse state pass in Gluon, warp-specialised (dh_LOOP: a TMA loader warp, the products wgmma from registers,
     # the adjoint stored by TMA; T read zero above its diagonal, fh_U): on the whole value width (one program per
-    # sequence and head), by value tiles of 64 (two waves at B8), and those under a register cap with one buffer (two
-    # programs per SM); then both state passes in Gluon
-    ("reverse in Gluon", OnShipped({"dh_LOOP": "gluon", "dh_BV": 128, "fh_U": "recomputed"}), ("b8",), DN_GDN),
+    # sequence and head; at B1 the sequence-parallel pass's third phase), by value tiles of 64 (two waves at B8), and
+    # those under a register cap with one buffer (two programs per SM); then both state passes in Gluon
+    ("reverse in Gluon", OnShipped({"dh_LOOP": "gluon", "dh_BV": 128, "fh_U": "recomputed"}), ("b8", "b1"), DN_GDN),
     (
         "reverse in Gluon, tiles of 64",
         OnShipped({"dh_LOOP": "gluon", "dh_BV": 64, "fh_U": "recomputed"}),
@@ -205,7 +205,7 @@ VARIANTS: list[Variant] = [
     (
         "dq/dk in Gluon",
         OnShipped({"dqk_LOOP": "gluon", "dqk_BK": 128, "dqk_BV": 64, "dqk_num_stages": 2}),
-        ("b8",),
+        ("b8", "b1"),
         DN_GDN,
     ),
     (
