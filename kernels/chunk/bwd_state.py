@@ -425,7 +425,8 @@ def launch_reverse(
     (``REVERSE_DQK``, needs ``dv_work``; DeltaNet, Gated DeltaNet): ``(S_c, V_new, g, dq, dk, dg, dβ)``: the pass also
     forms every chunk's ``dq``, ``dk``, ``dβ`` and ``dg`` (:mod:`.bwd_reverse_dqk`) on the whole value width (one value
     tile, ``dh_BV`` unused), and stores neither ``dh`` nor ``dvn`` nor ``dv_work``'s ``dbeta_part``. ``beta``: the
-    inputs' β, for ``dh_SEG_DECAY`` (phase 1's test of each segment's transition)."""
+    inputs' β, for ``dh_SEG_DECAY`` (phase 1's test of each segment's transition). ``dh_LOOP = "gluon"``: the plain
+    pass, or the sequence-parallel pass's phase 3, in Gluon (:mod:`.bwd_state_ws`) where its ``why_not`` allows."""
     BV = tile(config["dh_BV"], V)
     # (REVERSE_DQK: on the whole value width in registers, or by value tiles with the adjoint in a scratch)
     whole = tile(next_power_of_2(V), V)
