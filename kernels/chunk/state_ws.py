@@ -343,6 +343,9 @@ def _compute(
     if STORE_STATES:
         tma.store_wait(0)
     if STORE_HT:
+        # the state's offsets again, from a zero the compiler cannot fold (NT >= 0): otherwise it reuses the tile
+        # computed before the loop, 64 registers a thread kept alive through it
+        off_s = o_sk[None, :] * V + (v0 + gl.minimum(NT, 0) + o_sv)[:, None]
         gl.store(ht + i_nh.to(gl.int64) * K * V + off_s, b_s)
 
 
