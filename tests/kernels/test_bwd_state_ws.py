@@ -186,6 +186,10 @@ COMPILE_CASES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+# the cases that compile without spills with Triton 3.6 (the GPU machines') and 3.9 (CI): no cap, W from k, A_qk read
+SPILL_FREE = {0, 1, 2, 8}
+
+
 def compile_case(index: int) -> dict[str, Any]:
     from dtune.measure.sm90 import compile_reverse_ws, ptxas_usage
 
@@ -223,6 +227,8 @@ def test_compiles_for_sm90a_as_warp_specialised_wgmma(index: int) -> None:
     assert r["shared"] <= H100_SMEM
     if r["cfg"].get("dh_maxnreg"):
         assert r["regs"] <= r["cfg"]["dh_maxnreg"]
+    if index in SPILL_FREE:  # (a tile kept alive through the chain's loop showed here as 312-520 bytes of spills)
+        assert r["spills"] == 0, f"{r['spills']} bytes of spills"
 
 
 if __name__ == "__main__":

@@ -170,7 +170,13 @@ COMPILE_CASES: list[tuple[str, dict[str, Any]]] = [
     ("none", {"AQK": "recomputed", "L2NORM": True}),
     # the training forward's: its chunk states and V_new stored by TMA
     ("scalar", {"STORE_STATES": True, "h_maxnreg": 128}),
+    ("scalar", {"AQK": "recomputed", "h_maxnreg": 128}),
 ]
+
+
+# the cases that compile without spills with Triton 3.6 (the GPU machines') and 3.9 (CI): the plain pass, at value tiles
+# of 128, at two programs per SM (h_maxnreg 128) with A_qk read or formed in the pass
+SPILL_FREE = {0, 3, 5, 9, 12}
 
 
 def compile_case(index: int) -> dict[str, Any]:
@@ -211,6 +217,8 @@ def test_compiles_for_sm90a_as_warp_specialised_wgmma(index: int) -> None:
         assert r["regs"] <= cfg["h_maxnreg"]
     # (ptxas's allocation moves with Triton's version: 0-152 bytes of spills with 3.6 and 3.9 for these cases)
     assert r["spills"] <= 256, f"{r['spills']} bytes of spills"
+    if index in SPILL_FREE:  # (the final state's offsets kept alive through the loop: 120-360 bytes of spills here)
+        assert r["spills"] == 0, f"{r['spills']} bytes of spills"
 
 
 if __name__ == "__main__":
