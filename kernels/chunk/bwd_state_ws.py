@@ -14,11 +14,13 @@ adjoint of the state after the chunk) in float32 registers; per chunk:
   (``fh_W = "recomputed"``, ``W_FROM_K``) as ``(dVβᵀ ⊙ β e^γ) k``, one more product on the chain and no W read.
 
 At the sequence's start ``X`` is the initial state's gradient (float32). Sequence-parallel (``dh_SEG_CHUNKS``,
-constexpr ``SEG``): the third phase of :mod:`.bwd_segments`, one program per segment walking from the end adjoint that
-phases 1 and 2 (Triton's) gave it, the sequence's first segment storing the initial state's gradient. Every product is a wgmma with its left
-operand in registers (the adjoint, ``dOᵀ``, ``dV_newᵀ``, ``dVβᵀ``) and its right one in shared memory, issued
-asynchronously: ``dOᵀ A_qk`` and ``dOᵀ q`` beside the chain's. With ``fh_AQK = "recomputed"`` (``QK_RE``) ``A_qk`` is
-formed here from the q and k tiles by mma.sync (``BT`` rows are fewer than a wgmma's 64) and ``dOᵀ A_qk`` too.
+constexpr ``SEG``): the third phase of :mod:`.bwd_segments`, one program per segment walking from the end adjoint
+that phases 1 and 2 (Triton's) gave it, the sequence's first segment storing the initial state's gradient.
+
+Every product is a wgmma with its left operand in registers (the adjoint, ``dOᵀ``, ``dV_newᵀ``, ``dVβᵀ``) and its
+right one in shared memory, issued asynchronously: ``dOᵀ A_qk`` and ``dOᵀ q`` beside the chain's. With ``fh_AQK =
+"recomputed"`` (``QK_RE``) ``A_qk`` is formed here from the q and k tiles by mma.sync, and ``dOᵀ A_qk`` by mma.sync
+with both operands in registers (a wgmma's right operand would have to go through shared memory).
 
 Two partitions per program (one per value tile of ``BV`` columns, sequence and value head): a one-warp loader that
 brings each chunk's ``dO``, ``q``, ``k``, ``T``, ``v`` (``A_qk``, ``W`` where read) by TMA into a ring of ``NUM_BUF``
