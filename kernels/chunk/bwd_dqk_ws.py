@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .state_ws import GL_DTYPES, _capability, _exp, _tma_load, tma_descriptor
+from .state_ws import _exp, _tma_load, gluon_refusal, tma_descriptor
 
 # a barrier of the partition's warps: ``thread_barrier`` in Triton 3.6, ``barrier`` from 3.7 on
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -426,14 +426,9 @@ def why_not(
     """Why the Gluon dq/dk stage cannot serve this call (then the Triton stage runs its config), or None where it can.
     ``inputs``: the tensors it reads by TMA (16-byte aligned, the intermediates' dtype); ``capability``: the GPU's
     compute capability (default: the device's; none on the CPU)."""
-    if capability is None and device.type == "cuda":
-        capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
-    if capability is None or capability[0] != 9:
-        return "not an sm_90 GPU (wgmma, TMA; Gluon has no interpreter)"
-    if gate == 2:
-        return "KDA (per-channel decays)"
-    if dtype not in GL_DTYPES or any(t.dtype != dtype for t in inputs):
-        return "inputs not all bf16 or all fp16"
+    why = gluon_refusal(device, capability, gate, dtype, inputs)
+    if why is not None:
+        return why
     if not (fused and dvb_given) or kloop:
         return "needs FUSE_DV and REVERSE_DV, without dqk_KLOOP"
     if BT != BT_GLUON:
@@ -442,8 +437,6 @@ def why_not(
         return "K not 64 or 128, or dqk_BK not K"
     if V % BV or BV not in (64, 128):
         return "dqk_BV not 64 or 128, or not dividing V"
-    if any(not t.numel() for t in inputs) or any(t.data_ptr() % 16 for t in inputs):
-        return "no tokens, or an input not 16-byte aligned (TMA)"
     num_buf = int(config.get("dqk_num_stages", 2))
     if num_buf < 1:
         return "dqk_num_stages < 1"

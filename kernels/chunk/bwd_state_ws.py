@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .state_ws import GL_DTYPES, _capability, _exp, _tma_load, _tma_store, tma_descriptor
+from .state_ws import _exp, _tma_load, _tma_store, gluon_refusal, tma_descriptor
 
 SMEM_LIMIT = 227 * 1024  # shared memory one program may take on sm_90 (bytes)
 
@@ -456,14 +456,9 @@ def why_not(
     """Why the Gluon reverse pass cannot serve this call (then the Triton pass runs its config), or None where it can.
     ``inputs``: the tensors it reads by TMA (16-byte aligned, the intermediates' dtype); ``capability``: the GPU's
     compute capability (default: the device's; none on the CPU)."""
-    if capability is None and device.type == "cuda":
-        capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
-    if capability is None or capability[0] != 9:
-        return "not an sm_90 GPU (wgmma, TMA; Gluon has no interpreter)"
-    if gate == 2:
-        return "KDA (per-channel decays)"
-    if dtype not in GL_DTYPES or any(t.dtype != dtype for t in inputs):
-        return "inputs not all bf16 or all fp16"
+    why = gluon_refusal(device, capability, gate, dtype, inputs)
+    if why is not None:
+        return why
     if not dv_work or dqk_work or w_rebuild:
         return 'needs REVERSE_DV, without REVERSE_DQK or fh_W = "rebuilt"'
     if config.get("fh_U", "stored") != "recomputed":
@@ -474,8 +469,6 @@ def why_not(
         return "K not 64 or 128, or BT not 32 or 64"
     if V % BV or BV not in (64, 128):
         return "dh_BV not 64 or 128, or not dividing V"
-    if any(not t.numel() for t in inputs) or any(t.data_ptr() % 16 for t in inputs):
-        return "no tokens, or an input not 16-byte aligned (TMA)"
     num_buf = int(config.get("dh_num_stages", 2))
     if num_buf < 1:
         return "dh_num_stages < 1"

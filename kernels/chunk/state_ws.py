@@ -455,14 +455,9 @@ def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str |
     """Why the Gluon pass cannot serve this call (then the Triton pass runs its config), or None where it can.
     ``capability``: the GPU's compute capability (default: the call's device's; none on the CPU)."""
     cfg = call.config
-    if capability is None and call.device.type == "cuda":
-        capability = _capability(call.device.index if call.device.index is not None else torch.cuda.current_device())
-    if capability is None or capability[0] != 9:
-        return "not an sm_90 GPU (wgmma, TMA; Gluon has no interpreter)"
-    if call.gate == 2:
-        return "KDA (per-channel decays)"
-    if call.dt not in GL_DTYPES or any(t.dtype != call.dt for t in (call.q, call.k, call.v)):
-        return "inputs not all bf16 or all fp16"
+    why = gluon_refusal(call.device, capability, call.gate, call.dt, (call.q, call.k, call.v))
+    if why is not None:
+        return why
     if not call.recompute or not call.fuse:
         return 'needs WU = "recomputed" and FUSE_OUTPUT'
     if call.tables.segments is not None:
@@ -471,10 +466,31 @@ def why_not(call: ChunkCall, capability: tuple[int, int] | None = None) -> str |
         return "K not 64 or 128, or BT not 32 or 64"
     if call.V % call.h_BV or call.h_BV not in (64, 128):
         return "h_BV not 64 or 128, or not dividing V"
-    if not call.tokens or any(t.data_ptr() % 16 for t in (call.q, call.k, call.v)):
-        return "no tokens, or an input not 16-byte aligned (TMA)"
     if int(cfg.get("h_num_stages", 2)) < 1:
         return "h_num_stages < 1"
+    return None
+
+
+def gluon_refusal(
+    device: torch.device,
+    capability: tuple[int, int] | None,
+    gate: int,
+    dtype: torch.dtype,
+    inputs: tuple[torch.Tensor, ...],
+) -> str | None:
+    """What every Gluon kernel of the chunk pipeline refuses (the backward's ``why_not`` start here): no sm_90 GPU
+    (``capability``: the device's where not given; none on the CPU), KDA's per-channel decays, inputs not all bf16 or
+    all fp16, no tokens, or an input not 16-byte aligned for TMA; None where none applies."""
+    if capability is None and device.type == "cuda":
+        capability = _capability(device.index if device.index is not None else torch.cuda.current_device())
+    if capability is None or capability[0] != 9:
+        return "not an sm_90 GPU (wgmma, TMA; Gluon has no interpreter)"
+    if gate == 2:
+        return "KDA (per-channel decays)"
+    if dtype not in GL_DTYPES or any(t.dtype != dtype for t in inputs):
+        return "inputs not all bf16 or all fp16"
+    if any(not t.numel() for t in inputs) or any(t.data_ptr() % 16 for t in inputs):
+        return "no tokens, or an input not 16-byte aligned (TMA)"
     return None
 
 

@@ -217,55 +217,44 @@ for gate in (Gate.NONE, Gate.SCALAR):
 GLUON_DQK_CASES["chunk_gated_delta_rule-B2-T1"] = (Shape(2, 1, 2, 2, 128, 128, 2, Gate.SCALAR), None, GLUON_DQK)
 
 
-@pytest.mark.parametrize(("shape", "seq_lens", "bwd"), list(GLUON_DH_CASES.values()), ids=list(GLUON_DH_CASES))
-def test_gluon_reverse_pass_gradients_match_float64(
-    shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def check_gluon_step(
+    module: Any, launcher: str, what: str, shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A bf16 training step with ``bwd`` against float64, its Gluon kernel (``module.launcher``) seen to run."""
     if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon reverse pass is sm_90 only")
-    from dtune.kernels.chunk import bwd_state_ws
-
+        pytest.skip(f"the Gluon {what} is sm_90 only")
     ran: list[bool] = []
-    real = bwd_state_ws.launch_reverse_ws
+    real = getattr(module, launcher)
 
     def spy(**kwargs: Any) -> Any:
         ran.append(True)
         return real(**kwargs)
 
-    monkeypatch.setattr(bwd_state_ws, "launch_reverse_ws", spy)
+    monkeypatch.setattr(module, launcher, spy)
     kernel = CHUNK[shape.gate]
     tol = load_space(kernel + "_bwd").tolerance["bf16"]
-    x = make_inputs(shape, torch.bfloat16, "cuda", seed=11, seq_lens=seq_lens, gate_min=-5.0)
+    x = make_inputs(shape, torch.bfloat16, "cuda", seed=seed, seq_lens=seq_lens, gate_min=-5.0)
     x = with_output_grads({**x, "scale": shape.K**-0.5, "output_final_state": True})
     got = op_step(kernel, x, bwd, None)()
     torch.cuda.synchronize()
-    assert ran, "the Gluon reverse pass did not run"
-    ref = reference_step(x)
-    assert_step_matches(got, ref, tol)
+    assert ran, f"the Gluon {what} did not run"
+    assert_step_matches(got, reference_step(x), tol)
+
+
+@pytest.mark.parametrize(("shape", "seq_lens", "bwd"), list(GLUON_DH_CASES.values()), ids=list(GLUON_DH_CASES))
+def test_gluon_reverse_pass_gradients_match_float64(
+    shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dtune.kernels.chunk import bwd_state_ws
+
+    check_gluon_step(bwd_state_ws, "launch_reverse_ws", "reverse pass", shape, seq_lens, bwd, 11, monkeypatch)
 
 
 @pytest.mark.parametrize(("shape", "seq_lens", "bwd"), list(GLUON_DQK_CASES.values()), ids=list(GLUON_DQK_CASES))
 def test_gluon_dqk_stage_gradients_match_float64(
     shape: Shape, seq_lens: list[int] | None, bwd: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon dq/dk stage is sm_90 only")
     from dtune.kernels.chunk import bwd_dqk_ws
 
-    ran: list[bool] = []
-    real = bwd_dqk_ws.launch_dqk_ws
-
-    def spy(**kwargs: Any) -> Any:
-        ran.append(True)
-        return real(**kwargs)
-
-    monkeypatch.setattr(bwd_dqk_ws, "launch_dqk_ws", spy)
-    kernel = CHUNK[shape.gate]
-    tol = load_space(kernel + "_bwd").tolerance["bf16"]
-    x = make_inputs(shape, torch.bfloat16, "cuda", seed=13, seq_lens=seq_lens, gate_min=-5.0)
-    x = with_output_grads({**x, "scale": shape.K**-0.5, "output_final_state": True})
-    got = op_step(kernel, x, bwd, None)()
-    torch.cuda.synchronize()
-    assert ran, "the Gluon dq/dk stage did not run"
-    ref = reference_step(x)
-    assert_step_matches(got, ref, tol)
+    check_gluon_step(bwd_dqk_ws, "launch_dqk_ws", "dq/dk stage", shape, seq_lens, bwd, 13, monkeypatch)
